@@ -286,8 +286,8 @@ def _questions(rng, entities, side, per_hop, max_hops):
                 options = [r for r in here.facts if _can_start(RELATIONS[r].object, left - 1)]
                 rels.append(rng.choice(options))
                 chain.append(here.facts[rels[-1]])
-            if (chain[0], tuple(rels)) in seen:
-                continue
+            if (chain[0], tuple(rels)) in seen or len(set(chain)) < len(chain):
+                continue  # a chain that revisits an entity would need a repeated query, which the rollout stops
             seen.add((chain[0], tuple(rels)))
             phrase = entities[chain[0]].name
             for r in rels[:-1]:

@@ -1,7 +1,7 @@
 """Scoring the agent: answer metrics (EM, token F1, cover EM), answer extraction and the response format check.
 
-This is the metrics part; the evaluation script (per-dataset table, pass@k) is marked at the end of the file and
-comes with the training issue. Metrics follow SQuAD's official script (normalisation, EM, token F1) and Search-R1's
+The evaluation itself (`evaluate`, and the script at the end: `python eval.py --model DIR`, per-dataset table,
+pass@k, optional LLM judge) samples as the seeds evaluate by default (T = 0.7, top-p 0.8). Metrics follow SQuAD's official script (normalisation, EM, token F1) and Search-R1's
 reward code (extract the final <answer>, substring "cover" EM). Every metric takes the list of golden answers and
 scores the best-matching one; a prediction of None (no answer given) scores 0.
 
@@ -247,12 +247,12 @@ if __name__ == "__main__":
         """Questions: n spread evenly over the split."""
         k: int = 1
         """Samples per question (pass@k); k > 1 needs temperature > 0."""
-        temperature: float = 0.0
-        """0 = greedy; the papers' seeds evaluate at 0.7 with top_p 0.8."""
-        top_p: float = 1.0
+        temperature: float = 0.7
+        """Sampling temperature: the papers' seeds evaluate at 0.7 with top_p 0.8 (as train.py's eval); 0 = greedy."""
+        top_p: float = 0.8
         """Nucleus mass."""
         max_turns: int = 4
-        """Turn limit."""
+        """Search rounds, then one answer-only step (train.py --max_turns)."""
         instruction: str = field(default="auto", metadata={"choices": ["auto", "search_r1", "short"]})
         """Prompt: auto = short for the embedded default's tokenizer, else Search-R1's."""
         judge_model: str = ""

@@ -75,7 +75,8 @@ class AgentConfig:
     think_tag: str = "think"
     """Name of the reasoning tag: "think" (Search-R1), "thinking" or "reason" (the Qwen3 runs in the papers)."""
     max_turns: int = 4
-    """Steps per trajectory; a search at this depth stops the trajectory with reward 0 (max_turns)."""
+    """Search rounds per trajectory (Search-R1's max_turns): steps 1..max_turns may search, step max_turns + 1 may
+    only answer; a search there stops the trajectory with reward 0 (max_turns)."""
     max_step_tokens: int = 256
     """Tokens generated per step."""
     max_traj_tokens: int = 2048
@@ -215,7 +216,7 @@ class Agent:
             used = len(context_ids(child)) - len(tree.root.tokens)
             if used > cfg.max_traj_tokens:
                 self._end(child, "truncated", 0.0)
-            elif flag == "parse_error" and cfg.retry_invalid and child.depth < cfg.max_turns:
+            elif flag == "parse_error" and cfg.retry_invalid and child.depth <= cfg.max_turns:
                 child.flags.append(flag)
                 self.counters["abnormal/" + flag] += 1
                 child.obs_tokens = self.encode(RETRY)
@@ -231,7 +232,7 @@ class Agent:
             elif _key(content) in {_key(s.query) for s in path(node) if s.query}:
                 child.query = content
                 self._end(child, "repeated_query", 0.0)
-            elif child.depth >= cfg.max_turns:
+            elif child.depth > cfg.max_turns:
                 child.query = content
                 self._end(child, "max_turns", 0.0)
             else:
@@ -445,11 +446,14 @@ def jaccard_prune(children: list[Node], k: int) -> list[Node]:
     return list(first.values())
 
 
-def treeps(agent: Agent, examples, rng: random.Random, N: int = 8, D: int = 4, N_retain: int = 2) -> list[list[Tree]]:
+def treeps(agent: Agent, examples, rng: random.Random, N: int = 8, D: int | None = None,
+           N_retain: int = 2) -> list[list[Tree]]:
     """TreePS-RAG §2.2 (Algorithm 1, phase 1): layer by layer from M(0) = {root}. At depth d every retained parent
     gets B_d = ceil(N / |M(d-1)|) children (Eq. 2), all layers' prompts in one engine call; answer (and abnormal)
     children are leaves; among each parent's search children min(N_retain, count) are kept by Jaccard clustering
-    and become M(d); the rest are pruned. Search children at the depth limit D end with reward 0 (Alg. 1 l. 24)."""
+    and become M(d); the rest are pruned. Search children at the depth limit D (default: every step the agent
+    allows, max_turns + 1) end with reward 0 (Alg. 1 l. 24)."""
+    D = D or agent.cfg.max_turns + 1
     prompts = [[agent.new_tree(ex, f"p{i}")] for i, ex in enumerate(examples)]
     retained = {id(trees[0]): [trees[0].root] for trees in prompts}  # M(d-1) per tree
     for d in range(1, D + 1):

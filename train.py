@@ -29,7 +29,7 @@ import os
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -80,7 +80,7 @@ class Args:
     seed: int = 0
     """Seed of data order, sampling and strategies; a CPU run is deterministic for a given seed."""
 
-    steps: int = 30
+    steps: int = 50
     """RL steps (each: one rollout batch, then PPO updates)."""
     prompts_per_step: int = 8
     """Questions rolled out per step (Search-R1 / Tree-GRPO use 512 / 64 on GPUs)."""
@@ -108,7 +108,8 @@ class Args:
     """Gradient-norm clip."""
 
     max_turns: int = 4
-    """Agent steps per trajectory (the papers' 4-turn limit; TreePS-RAG's depth D is this too)."""
+    """Search rounds per trajectory, plus one final answer-only step (the papers' 4-turn limit, as Search-R1's
+    max_turns; TreePS-RAG's depth limit D is max_turns + 1)."""
     max_step_tokens: int = 64
     """Tokens per generated step."""
     max_traj_tokens: int = 1024
@@ -159,10 +160,14 @@ class Args:
     treeps_process: bool = True
     """TreePS-RAG: process advantage (False = GRPO over its trajectories, Table 2 ablation)."""
 
-    eval_every: int = 10
+    eval_every: int = 25
     """Evaluate on test questions every this many steps (and at the start and end); 0 = never."""
-    eval_n: int = 200
+    eval_n: int = 400
     """Test questions per evaluation."""
+    eval_temperature: float = 0.7
+    """Evaluation sampling temperature (the seeds' protocol: 0.7 with top-p 0.8; 0 = greedy)."""
+    eval_top_p: float = 0.8
+    """Evaluation nucleus mass."""
     checkpoint_every: int = 10
     """Save model, optimizer, scheduler, RNG states and step every this many steps; 0 = never."""
     resume: bool = False
@@ -180,9 +185,18 @@ ALGOS = {
                advantages.branpo, lambda a: {"branch_norm": a.branpo_norm}),
     "carl": (rollout.carl, lambda a: {"N0": a.carl_N0, "N": a.carl_N},
              advantages.carl, lambda a: {"update_all": a.carl_update_all}),
-    "treeps": (rollout.treeps, lambda a: {"N": a.treeps_N, "D": a.max_turns, "N_retain": a.treeps_retain},
+    "treeps": (rollout.treeps, lambda a: {"N": a.treeps_N, "N_retain": a.treeps_retain},
                advantages.treeps, lambda a: {"process": a.treeps_process}),
 }
+
+
+def agent_config(args: Args, short: bool) -> rollout.AgentConfig:
+    """The rollout agent's settings from the run's flags (short: the short prompt instead of Search-R1's)."""
+    return rollout.AgentConfig(
+        instruction=rollout.SHORT_INSTRUCTION if short else rollout.INSTRUCTION, think_tag=args.think_tag,
+        max_turns=args.max_turns, max_step_tokens=args.max_step_tokens, max_traj_tokens=args.max_traj_tokens,
+        max_obs_tokens=args.max_obs_tokens, topk=args.topk, temperature=args.temperature, top_p=args.top_p,
+        reward=args.reward, format_penalty=args.format_penalty, seed=args.seed)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -293,7 +307,7 @@ def plot_curves(history: list[dict], path: str):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def main(args: Args):
+def main(args: Args, warm: warmstart.WarmConfig):
     # ---- config: derived values, logged whole
     run_dir = os.path.join(args.out_dir, "runs", args.run_name or args.algo)
     latest = os.path.join(run_dir, "latest")  # names the last complete checkpoint-STEP directory
@@ -305,7 +319,7 @@ def main(args: Args):
     set_seed(args.seed)
     if main_proc:
         os.makedirs(run_dir, exist_ok=True)
-        print(json.dumps(asdict(args), indent=1))
+        print(json.dumps({**asdict(args), **(asdict(warm) if not args.model else {})}, indent=1))
         if args.log_with:
             accelerator.init_trackers("train", config=asdict(args))
 
@@ -317,9 +331,9 @@ def main(args: Args):
     if args.model:
         model, tok = policy.load_policy(args.model, args.gguf_file or None)
         model_path = args.model
-    else:  # the embedded default: warm-start once, with this run's observation format, and cache it
-        model_path = warmstart.ensure(os.path.join(args.out_dir, "warmstart"), world, warmstart.WarmConfig(
-            seed=args.seed, topk=args.topk, max_obs_tokens=args.max_obs_tokens))
+    else:  # the embedded default: warm-start once, in this run's agent format, and cache it
+        model_path = warmstart.ensure(os.path.join(args.out_dir, "warmstart"), world, warm,
+                                      agent_config(args, short=args.instruction != "search_r1"))
         model, tok = policy.load_policy(model_path)
     ref_model, _ = policy.load_policy(model_path, args.gguf_file or None)  # frozen: the KL anchor
     ref_model.requires_grad_(False).eval()
@@ -337,14 +351,10 @@ def main(args: Args):
         engine = make_engine(args.engine, accelerator.unwrap_model(model), tok, model_path,
                              gpu_memory_utilization=args.vllm_gpu_memory_utilization)
         short = args.instruction == "short" or (args.instruction == "auto" and policy.is_world_tokenizer(tok))
-        agent_cfg = rollout.AgentConfig(
-            instruction=rollout.SHORT_INSTRUCTION if short else rollout.INSTRUCTION, think_tag=args.think_tag, max_turns=args.max_turns, max_step_tokens=args.max_step_tokens,
-            max_traj_tokens=args.max_traj_tokens, max_obs_tokens=args.max_obs_tokens, topk=args.topk,
-            temperature=args.temperature, top_p=args.top_p, reward=args.reward,
-            format_penalty=args.format_penalty, seed=args.seed)
+        agent_cfg = agent_config(args, short)
         agent = rollout.Agent(engine, search, tok, agent_cfg)
-        eval_agent = rollout.Agent(engine, search, tok, rollout.AgentConfig(**{**asdict(agent_cfg),
-                                                                               "temperature": 0.0}))
+        eval_agent = rollout.Agent(engine, search, tok, replace(agent_cfg, temperature=args.eval_temperature,
+                                                                top_p=args.eval_top_p))
     rng = random.Random(args.seed)  # strategies' random choices
     order = list(range(len(train_rows)))
     random.Random(args.seed).shuffle(order)
@@ -502,4 +512,4 @@ def main(args: Args):
 
 
 if __name__ == "__main__":
-    main(HfArgumentParser(Args).parse_args_into_dataclasses()[0])
+    main(*HfArgumentParser((Args, warmstart.WarmConfig)).parse_args_into_dataclasses())

@@ -2,18 +2,26 @@
 
     python warmstart.py --out out/warmstart --world out/world
 
-Trajectories are built from the world's gold chains in the agent's exact token format: the prompt ids
-(`Agent.prompt_ids`), each step "<think> ... </think><search> entity </search>", the observation ids the agent
-would append for that query (`Agent.observation_ids` over the real retriever's passages), and a final
-"<think> the answer is X </think><answer> X </answer>". The loss covers the model's tokens only (never the prompt
-or an observation). A share of trajectories carries one realistic mistake, so the warm-started policy is good but
-imperfect and RL has something to fix:
-    early     answer after too few hops (a skipped hop), with the entity found so far (wrong)
-    wrong     search an unrelated entity, then the right one (a wasted search)
-    repeat    search the previous query again, then go on (Cut the Bill's "repeated query")
+Three stages, each a few minutes or less on 2 CPU cores:
+1. copy: random name pieces, a gap, the same pieces again, loss on the repeat. It grows the induction heads (find
+   the earlier occurrence of the current token, copy what followed) that a real base model arrives with and that
+   every later step needs: copying a name from the question or a passage. Measured: without this stage, or at a
+   learning rate of 2e-3 or more, the tiny model copied names only at fixed offsets (a positional shortcut) and
+   never looked a fact up; at 1e-3 the induction loss collapses after ~600 steps.
+2. corpus: language modelling on the passages (as a base model is pretrained on text like Wikipedia).
+3. trajectories: the world's gold chains in the agent's exact token format: the prompt ids (`Agent.prompt_ids`),
+   steps "<think> fact. open question </think><search> entity </search>" with the observation ids the agent
+   would append (`Agent.observation_ids` over the real retriever's passages), and a final
+   "<think> fact. the answer is X </think><answer> X </answer>". Each thought quotes the fact it just read and
+   restates the question still open, so every generated token is a local copy. The loss covers the model's tokens
+   only (never the prompt or an observation). A share of trajectories carries one realistic mistake, so the
+   warm-started policy is good but imperfect and RL has something to fix:
+       early     answer after too few hops (a skipped hop), with the entity found so far (wrong)
+       wrong     search an unrelated entity, then the right one (a wasted search)
+       repeat    search the previous query again (the rollout stops it: Cut the Bill's "repeated query")
 
 Deviations: BranPO's cold start keeps correct trajectories of a zero-RL run of the model itself; a model trained
-from scratch has no such run, so its trajectories come from the gold chains.
+from scratch has no such run, so its trajectories come from the gold chains, with a thought format of our own.
 """
 from __future__ import annotations
 
@@ -37,73 +45,91 @@ MISTAKES = ("early", "wrong", "repeat")
 
 @dataclass
 class WarmConfig:
-    """The warm start's data and optimisation."""
+    """The warm start's stages and optimisation (the trajectories' format is the RL run's rollout.AgentConfig)."""
 
-    pretrain_steps: int = 1500
-    """Language-modelling steps on the corpus passages before the trajectories (0 = none)."""
-    pretrain_length: int = 128
+    copy_steps: int = 1000
+    """Steps of the copy task (stage 1; 0 = none)."""
+    copy_length: int = 16
+    """Most name pieces per copy sequence (each sequence: 4..copy_length pieces, a gap, the same pieces again)."""
+    corpus_steps: int = 500
+    """Language-modelling steps on the corpus passages (stage 2; 0 = none)."""
+    corpus_length: int = 128
     """Tokens per corpus window."""
-    steps: int = 1200
-    """Optimizer steps on trajectories."""
-    batch_size: int = 16
-    """Trajectories per step."""
-    lr: float = 3e-3
-    """AdamW peak learning rate (cosine decay to 10%)."""
+    sft_steps: int = 300
+    """Optimizer steps on trajectories (stage 3)."""
+    warm_batch_size: int = 16
+    """Sequences per step, every stage."""
+    warm_lr: float = 1e-3
+    """AdamW peak learning rate of every stage (constant for copy, cosine decay to 10% for the others); at 2e-3
+    or more the copy stage's induction heads did not form."""
     mistake_rate: float = 0.3
     """Share of trajectories that carry one mistake."""
-    max_obs_tokens: int = 160
-    """Observation cut, as AgentConfig.max_obs_tokens at RL time."""
-    topk: int = 3
-    """Passages per search, as AgentConfig.topk."""
-    seed: int = 0
-    """Seed of the trajectories' order and mistakes, and of the initial weights."""
+
+
+def open_question(row, hop: int) -> str:
+    """The question still open after `hop` hops: the original with its innermost phrase ("the employer of kalo
+    mire") replaced by the entity reached ("ravoki"); hop 0 gives the original wording."""
+    phrase = row.gold_chain[hop]
+    for r in row.gold_relations[hop:-1]:
+        phrase = data.RELATIONS[r].noun.format(s=phrase)
+    return data.RELATIONS[row.gold_relations[-1]].question.format(s=phrase)
+
+
+def fact(row, hop: int) -> str:
+    """The passage sentence that answers hop `hop` ("kalo mire works for ravoki.")."""
+    return data.RELATIONS[row.gold_relations[hop]].fact.format(s=row.gold_chain[hop], o=row.gold_chain[hop + 1])
 
 
 def trajectory(agent: rollout.Agent, row, retriever, rng: random.Random, mistake: str | None, others: list[str],
                observations: dict[str, list[int]]):
     """(input ids, loss mask) of one supervised trajectory for `row`, with at most one mistake (`observations`
-    caches the observation ids per query)."""
+    caches the observation ids per query).
+
+    Each thought quotes the fact just read and restates the question still open, so every generated token is a
+    local copy (the fact from the passage, the question from the previous thought, the next query from the
+    question): "<think> kalo mire works for ravoki. where is ravoki based? </think><search> ravoki </search>"."""
     think = agent.cfg.think_tag
     ids = agent.prompt_ids(row.question)
     mask = [0] * len(ids)
 
-    def act(text: str):
+    def act(thought: str, tag: str, content: str):
         nonlocal ids, mask
-        t = agent.encode(text)
+        t = agent.encode(f"<{think}> {thought} </{think}><{tag}> {content} </{tag}>")
         ids, mask = ids + t, mask + [1] * len(t)
 
-    def search(query: str):
+    def search(thought: str, query: str):
         nonlocal ids, mask
-        act(f"<{think}> search {query} </{think}><search> {query} </search>")
+        act(thought, "search", query)
         if query not in observations:
             passages = retriever.search([query], agent.cfg.topk)[0]
             observations[query] = agent.observation_ids(rollout.format_passages(passages))
-        obs = observations[query]
-        ids, mask = ids + obs, mask + [0] * len(obs)
+        ids, mask = ids + observations[query], mask + [0] * len(observations[query])
 
-    queries = row.gold_queries
+    hops = len(row.gold_queries)
     first = 1 if mistake == "early" else 0  # answering early needs at least one hop done
-    where = rng.randrange(first, len(queries)) if mistake and len(queries) > first else -1
-    for i, q in enumerate(queries):
-        if i == where and mistake == "early" and i > 0:
-            answer = row.gold_chain[i]  # the entity reached so far: a hop is skipped
-            act(f"<{think}> the answer is {answer} </{think}><answer> {answer} </answer>")
+    where = rng.randrange(first, hops) if mistake and hops > first else -1
+    read = ""  # the fact read in the last observation, quoted by the next thought
+    for i, query in enumerate(row.gold_queries):
+        if i == where and mistake == "early":  # a skipped hop: answer with the entity reached so far
+            act(f"{read} the answer is {row.gold_chain[i]}", "answer", row.gold_chain[i])
             return ids, mask
-        if i == where and mistake == "wrong":
-            search(rng.choice(others))
-        search(q)
-        if i == where and mistake == "repeat":
-            search(q)
-    answer = row.golden_answers[0]
-    act(f"<{think}> the answer is {answer} </{think}><answer> {answer} </answer>")
+        if i == where and mistake == "wrong":  # an unrelated search; its passages hold no fact to quote
+            search(f"{read} {open_question(row, i)}".strip(), rng.choice(others))
+            read = ""
+        search(f"{read} {open_question(row, i)}".strip(), query)
+        if i == where and mistake == "repeat":  # the same query again (the rollout stops it: repeated_query)
+            search(open_question(row, i), query)
+        read = fact(row, i)
+    act(f"{read} the answer is {row.golden_answers[0]}", "answer", row.golden_answers[0])
     return ids, mask
 
 
-def fit(model, make_batch, steps: int, lr: float, pad_id: int, desc: str) -> float:
-    """AdamW on next-token loss over the positions `make_batch()`'s masks select; returns the last loss."""
+def fit(model, make_batch, steps: int, lr: float, pad_id: int, desc: str, floor: float = 0.1) -> float:
+    """AdamW on next-token loss over the positions `make_batch()`'s masks select (50 warmup steps, then cosine
+    down to floor x lr); returns the last loss."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(  # 50 warmup steps, then cosine down to 10%
-        optimizer, lambda s: min(1.0, (s + 1) / 50) * (0.1 + 0.45 * (1 + math.cos(math.pi * s / steps))))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * (
+        floor + (1 - floor) * (1 + math.cos(math.pi * s / steps)) / 2))
     model.train()
     bar = tqdm(range(steps), desc=desc)
     loss = torch.tensor(float("nan"))
@@ -125,62 +151,82 @@ def fit(model, make_batch, steps: int, lr: float, pad_id: int, desc: str) -> flo
     return loss.item()
 
 
-def train(out_dir: str, world_dir: str, cfg: WarmConfig) -> str:
-    """Warm-start a fresh tiny Llama on the world and save it (model + tokenizer) to out_dir: first language
-    modelling on the corpus passages (as a real base model is pretrained on text like Wikipedia), then supervised
-    trajectories with the loss on the model's tokens only."""
+def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.AgentConfig) -> str:
+    """Warm-start a fresh tiny Llama on the world and save it (model + tokenizer) to out_dir: the copy task, language
+    modelling on the corpus passages, then supervised trajectories (the module docstring's three stages) in the
+    prompt and observation format of `agent_cfg`; its seed seeds the weights and the data."""
     tok = policy.world_tokenizer()
-    model = policy.tiny_llama(tok, seed=cfg.seed)
+    model = policy.tiny_llama(tok, seed=agent_cfg.seed)
     rows = [r for r in data.load_rows(world_dir, "train") if r.gold_queries]
     if not rows:
         raise ValueError(f"{world_dir}/train.jsonl has no rows with gold_queries; the warm start needs the "
                          f"embedded world (python data.py --out DIR)")
     corpus = load_corpus(os.path.join(world_dir, "corpus.jsonl"))
     retriever = BM25Retriever(corpus)
-    agent = rollout.Agent(None, retriever, tok, rollout.AgentConfig(instruction=rollout.SHORT_INSTRUCTION,
-                                                                    max_obs_tokens=cfg.max_obs_tokens, topk=cfg.topk))
-    rng = random.Random(cfg.seed)
+    agent = rollout.Agent(None, retriever, tok, agent_cfg)
+    rng = random.Random(agent_cfg.seed)
+
+    pieces = sorted(i for p, i in tok.get_vocab().items() if data.syllabify(p.removeprefix("##")))
+
+    def copy_batch():  # name pieces, other pieces, the same name pieces again (loss on the repeat): predictable
+        batch = []     # only by finding the earlier occurrence (an induction head); varied gaps rule out an offset
+        for _ in range(cfg.warm_batch_size):
+            K, gap = rng.randint(4, cfg.copy_length), rng.randint(0, cfg.copy_length // 2)
+            seq, other = [rng.choice(pieces) for _ in range(K)], [rng.choice(pieces) for _ in range(gap)]
+            batch.append(([tok.bos_token_id] + seq + other + seq, [0] * (1 + K + gap) + [1] * K))
+        return batch
 
     stream = [i for text in corpus.contents for i in agent.encode(text) + [tok.eos_token_id]]
-    L = cfg.pretrain_length
+    L = cfg.corpus_length
 
     def text_batch():  # random windows of the passages, every position trained
-        starts = [rng.randrange(len(stream) - L) for _ in range(cfg.batch_size)]
+        starts = [rng.randrange(len(stream) - L) for _ in range(cfg.warm_batch_size)]
         return [(stream[s:s + L], [1] * L) for s in starts]
 
-    names, observations = sorted({n for r in rows for n in r.gold_queries}), {}
+    names, observations, by_hops = sorted({n for r in rows for n in r.gold_queries}), {}, {}
+    for r in rows:
+        by_hops.setdefault(r.hops, []).append(r)
 
-    def trajectory_batch():
-        return [trajectory(agent, rng.choice(rows), retriever, rng,
+    def trajectory_batch():  # one hop count per batch: similar lengths, little padding
+        pool = by_hops[rng.choice(sorted(by_hops))]
+        return [trajectory(agent, rng.choice(pool), retriever, rng,
                            rng.choice(MISTAKES) if rng.random() < cfg.mistake_rate else None, names, observations)
-                for _ in range(cfg.batch_size)]
+                for _ in range(cfg.warm_batch_size)]
 
-    if cfg.pretrain_steps:
-        fit(model, text_batch, cfg.pretrain_steps, cfg.lr, tok.pad_token_id, "warm start: corpus")
-    loss = fit(model, trajectory_batch, cfg.steps, cfg.lr, tok.pad_token_id, "warm start: trajectories")
+    if cfg.copy_steps:
+        fit(model, copy_batch, cfg.copy_steps, cfg.warm_lr, tok.pad_token_id, "warm start: copy", floor=1.0)
+    if cfg.corpus_steps:
+        fit(model, text_batch, cfg.corpus_steps, cfg.warm_lr, tok.pad_token_id, "warm start: corpus")
+    loss = fit(model, trajectory_batch, cfg.sft_steps, cfg.warm_lr, tok.pad_token_id, "warm start: trajectories")
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     with open(os.path.join(out_dir, "warmstart.json"), "w") as f:
-        json.dump({**asdict(cfg), "world": world_dir, "final_loss": loss}, f, indent=1)
+        json.dump({**settings(cfg, agent_cfg), "world": world_dir, "final_loss": loss}, f, indent=1)
     return out_dir
 
 
-def ensure(out_dir: str, world_dir: str, cfg: WarmConfig) -> str:
+def settings(cfg: WarmConfig, agent_cfg: rollout.AgentConfig) -> dict:
+    """What a cached warm start must match: its own settings and the agent format it was trained in."""
+    keep = ("instruction", "think_tag", "topk", "max_obs_tokens", "seed")
+    return {**asdict(cfg), **{k: v for k, v in asdict(agent_cfg).items() if k in keep}}
+
+
+def ensure(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.AgentConfig) -> str:
     """The cached warm-start checkpoint in out_dir; trained first if it is not there yet."""
     saved = os.path.join(out_dir, "warmstart.json")
     if os.path.exists(saved):
         with open(saved) as f:
             was = json.load(f)
-        differ = {k: (was.get(k), v) for k, v in asdict(cfg).items() if was.get(k) != v}
+        differ = {k: (was.get(k), v) for k, v in settings(cfg, agent_cfg).items() if was.get(k) != v}
         if differ:
             raise ValueError(f"the cached warm start in {out_dir} was trained with other settings "
                              f"(setting: (cached, asked)) {differ}; delete {out_dir} to retrain, or match them")
         print(f"warm start: cached in {out_dir}")
         return out_dir
-    print(f"warm start: none in {out_dir}; training one (a few minutes on CPU)")
+    print(f"warm start: none in {out_dir}; training one (about 5 minutes on 2 CPU cores)")
     t0 = time.perf_counter()
-    train(out_dir, world_dir, cfg)
+    train(out_dir, world_dir, cfg, agent_cfg)
     print(f"warm start: saved to {out_dir} in {time.perf_counter() - t0:.0f} s")
     return out_dir
 
@@ -190,11 +236,18 @@ if __name__ == "__main__":
 
     @dataclass
     class Paths:
-        """Where to read the world and write the checkpoint."""
+        """Where to read the world and write the checkpoint, and the agent format to train in."""
         out: str = "out/warmstart"
         """Checkpoint directory (model + tokenizer + warmstart.json)."""
         world: str = "out/world"
         """Embedded world directory (written first if missing)."""
+        topk: int = 3
+        """Passages per search (train.py --topk)."""
+        max_obs_tokens: int = 160
+        """Observation tokens per search (train.py --max_obs_tokens)."""
+        seed: int = 0
+        """Seed of the weights and the data (train.py --seed)."""
 
     cfg, paths = HfArgumentParser((WarmConfig, Paths)).parse_args_into_dataclasses()
-    train(paths.out, data.ensure_world(paths.world), cfg)
+    train(paths.out, data.ensure_world(paths.world), cfg, rollout.AgentConfig(
+        instruction=rollout.SHORT_INSTRUCTION, topk=paths.topk, max_obs_tokens=paths.max_obs_tokens, seed=paths.seed))

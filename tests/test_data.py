@@ -39,6 +39,7 @@ def test_gold_chain_is_answerable_by_searching_the_gold_queries(world):
     for row in world.train + world.test:
         assert len(row.gold_chain) == row.hops + 1 and len(row.gold_relations) == row.hops
         assert row.gold_queries == row.gold_chain[:-1] and row.golden_answers[0] == row.gold_chain[-1]
+        assert len(set(row.gold_chain)) == len(row.gold_chain)  # no entity twice: no query must be repeated
         for i, rel in enumerate(row.gold_relations):  # each gold passage states the fact that leads to the next hop
             contents = by_id[row.gold_doc_ids[i]]
             assert contents.split("\n")[0] == row.gold_queries[i]

@@ -180,7 +180,7 @@ def test_reward_f1_em_and_format_penalty():
     (lambda c: "I think so", {}, "parse_error", 0.0, 1),
     (lambda c: "<search>a</search><search>b</search>", {}, "too_many_calls", 0.0, 1),
     (lambda c: "<search>same</search>", {}, "repeated_query", 0.0, 2),
-    (lambda c: f"<search>q{turns(c)}</search>", {"max_turns": 3}, "max_turns", 0.0, 3),
+    (lambda c: f"<search>q{turns(c)}</search>", {"max_turns": 3}, "max_turns", 0.0, 4),  # 3 searches, then answer-only
     (lambda c: f"<search>q{turns(c)}</search>", {"max_traj_tokens": 40}, "truncated", 0.0, 1),
     (lambda c: "<search>boom</search>", {}, "env_error", None, 1),
 ])

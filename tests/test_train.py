@@ -127,6 +127,18 @@ def test_two_step_smoke_run(env, algo):
     assert (env / "out" / "runs" / f"smoke_{algo}" / "final" / "config.json").exists()
 
 
+def test_embedded_default_warm_starts_then_trains(env, tmp_path):
+    # no --model: the world, a (tiny) warm start cached under out/warmstart, then RL from it, as the main job does
+    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "--out_dir", str(tmp_path), *FAST, "--steps", "1",
+                          "--eval_every", "0", "--copy_steps", "2", "--corpus_steps", "2", "--sft_steps", "2",
+                          "--warm_batch_size", "2"], cwd=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "warm start: saved" in out.stdout
+    assert json.loads((tmp_path / "warmstart" / "warmstart.json").read_text())["sft_steps"] == 2
+    row, = [json.loads(line) for line in (tmp_path / "runs" / "tree_grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert row["step"] == 1 and math.isfinite(row["train/loss"])
+
+
 def test_resume_after_sigkill_continues_exactly(env):
     # a run killed with SIGKILL once a checkpoint is complete, then resumed for one more step
     cmd = [sys.executable, str(ROOT / "train.py"), "--model", str(env / "tiny"), "--out_dir", str(env / "out"), *FAST,

@@ -1,0 +1,98 @@
+"""warmstart.py: the thought format, every deliberate mistake, loss masks, and the cached checkpoint's contract."""
+import json
+import random
+
+import pytest
+
+import data
+import policy
+import rollout
+import warmstart
+from data import QARow
+from retriever import BM25Retriever, load_corpus
+
+ROW = QARow(id="t", question="where is the employer of kalo mire based?", golden_answers=["latori"],
+            data_source="world", split="train", index=0, hops=2, gold_chain=["kalo mire", "ravoki", "latori"],
+            gold_relations=["works_for", "based_in"], gold_queries=["kalo mire", "ravoki"])
+
+
+def test_open_question_and_fact():
+    assert warmstart.open_question(ROW, 0) == ROW.question  # nothing resolved yet: the original wording
+    assert warmstart.open_question(ROW, 1) == "where is ravoki based?"  # "the employer of kalo mire" -> ravoki
+    assert warmstart.fact(ROW, 0) == "kalo mire works for ravoki."
+    assert warmstart.fact(ROW, 1) == "ravoki is based in latori."
+
+
+@pytest.fixture(scope="module")
+def setup(env):
+    world = str(env / "out" / "world")
+    retriever = BM25Retriever(load_corpus(f"{world}/corpus.jsonl"))
+    tok = policy.world_tokenizer()
+    agent = rollout.Agent(None, retriever, tok, rollout.AgentConfig(instruction=rollout.SHORT_INSTRUCTION, topk=2,
+                                                                    max_obs_tokens=60))
+    rows = data.load_rows(world, "train")
+    return agent, retriever, rows, world
+
+
+def steps_of(agent, ids, mask):
+    """The model's steps of a supervised trajectory, parsed as the rollout parses them, and the observations."""
+    runs, start = [], 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or mask[i] != mask[start]:
+            runs.append((mask[start], ids[start:i]))
+            start = i
+    actions = [rollout.parse_action(agent.tok.decode(seg), "think", 1) for m, seg in runs if m]
+    observations = [seg for m, seg in runs[1:] if not m]
+    return runs, actions, observations
+
+
+def test_gold_trajectory_quotes_facts_and_masks_prompt_and_observations(setup):
+    agent, retriever, rows, _ = setup
+    row = next(r for r in rows if r.hops == 3)
+    ids, mask = warmstart.trajectory(agent, row, retriever, random.Random(0), None, [], {})
+    runs, actions, observations = steps_of(agent, ids, mask)
+    assert runs[0] == (0, agent.prompt_ids(row.question))  # the prompt is never trained
+    assert actions == [("search", q, None) for q in row.gold_queries] + [("answer", row.golden_answers[0], None)]
+    for q, obs in zip(row.gold_queries, observations):  # exactly the ids the agent would append at RL time
+        assert obs == agent.observation_ids(rollout.format_passages(retriever.search([q], 2)[0]))
+    thoughts = [agent.tok.decode(seg) for m, seg in runs if m]
+    assert thoughts[0].startswith("<think> " + row.question)
+    assert "the answer is" in thoughts[-1] and warmstart.fact(row, 2).rstrip(".") in thoughts[-1]
+    assert warmstart.open_question(row, 2) in thoughts[2]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_each_mistake(setup, seed):
+    agent, retriever, rows, _ = setup
+    row = next(r for r in rows if r.hops == 3)
+    other = next(r.gold_queries[0] for r in rows if r.gold_queries[0] not in row.gold_chain)
+    gold = row.gold_queries
+
+    def searches(mistake):
+        ids, mask = warmstart.trajectory(agent, row, retriever, random.Random(seed), mistake, [other], {})
+        _, actions, _ = steps_of(agent, ids, mask)
+        assert all(flag is None for _, _, flag in actions)  # every mistake is well-formed
+        return [c for a, c, _ in actions if a == "search"], actions[-1]
+
+    qs, last = searches("early")  # after 1 or 2 hops, answers the entity reached so far
+    assert qs == gold[:len(qs)] and 1 <= len(qs) < 3 and last == ("answer", row.gold_chain[len(qs)], None)
+    qs, last = searches("wrong")  # one unrelated search inserted before some gold query; still answers right
+    assert len(qs) == 4 and [q for q in qs if q != other] == gold and last[1] == row.golden_answers[0]
+    qs, last = searches("repeat")  # one gold query issued twice in a row
+    assert len(qs) == 4 and sorted(set(qs), key=qs.index) == gold
+    assert any(a == b for a, b in zip(qs, qs[1:])) and last[1] == row.golden_answers[0]
+
+
+def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, capsys):
+    agent, _, _, world = setup
+    cfg = warmstart.WarmConfig(copy_steps=2, corpus_steps=2, sft_steps=2, warm_batch_size=2)
+    out = str(tmp_path / "warm")
+    warmstart.ensure(out, world, cfg, agent.cfg)
+    saved = json.loads((tmp_path / "warm" / "warmstart.json").read_text())
+    assert saved["sft_steps"] == 2 and saved["topk"] == 2 and saved["max_obs_tokens"] == 60
+    model, tok = policy.load_policy(out)
+    assert policy.is_world_tokenizer(tok)
+    warmstart.ensure(out, world, cfg, agent.cfg)
+    assert "cached" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="topk"):  # another observation format: the checkpoint does not fit
+        warmstart.ensure(out, world, cfg, rollout.AgentConfig(**{**agent.cfg.__dict__, "topk": 3}))
