@@ -320,12 +320,12 @@ def test_treeps_layers_and_pruning():
         k = next(n)
         return f"<search>q{'ab'[k % 2]} {k}</search>"
 
-    agent, eng = agent_with(policy, max_turns=4)
-    [tree], = STRATEGIES["treeps"](agent, [EX], random.Random(0), N=8, D=4, N_retain=2)
+    agent, eng = agent_with(policy, max_turns=3)  # 3 search rounds + the answer-only step: D = 4 by default
+    [tree], = STRATEGIES["treeps"](agent, [EX], random.Random(0), N=8, N_retain=2)
     # B_d = ceil(8 / |M(d-1)|) with |M| = 1, 2, 4, 8 -> 8, 4, 2, 1 children per parent: 8 prompts per layer
     assert eng.calls == [8, 8, 8, 8]
     by_depth = [sum(1 for x in walk(tree.root) if x.depth == d) for d in range(1, 5)]
-    assert by_depth == [2, 4, 8, 8]  # kept 2 per parent at depths 1-3; depth 4 ends (max_turns) and stays
+    assert by_depth == [2, 4, 8, 8]  # kept 2 per parent at depths 1-3; depth 4 searches end (max_turns) and stay
     assert all(x.flags == ["max_turns"] for x in tree.leaves())
 
 
