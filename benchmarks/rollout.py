@@ -49,7 +49,8 @@ class Args:
 
 def main(a: Args):
     world = data.ensure_world(a.world)
-    rows = data.load_rows(world, "train")[:a.n_prompts]
+    rows = data.load_rows(world, "train")
+    rows = rows[::max(1, len(rows) // a.n_prompts)][:a.n_prompts]  # spread over the hops (the file is sorted by them)
     model, tok = policy.load_policy(a.model)
     engine = make_engine(a.engine, model, tok, a.model)
     retriever = BM25Retriever(load_corpus(os.path.join(world, "corpus.jsonl")))
