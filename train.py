@@ -324,7 +324,10 @@ def main(args: Args, warm: warmstart.WarmConfig):
             accelerator.init_trackers("train", config=asdict(args))
 
     # ---- init: data, retriever, policy, reference, engine, agent
-    world = data.ensure_world(os.path.join(args.out_dir, "world")) if not (args.data and args.corpus) else ""
+    world = os.path.join(args.out_dir, "world") if not (args.data and args.corpus) else ""
+    if world and main_proc:  # one rank writes the world (and below, the warm start); the others wait for it
+        data.ensure_world(world)
+    accelerator.wait_for_everyone()
     train_rows = data.load_rows(args.data or world, "train")
     test_rows = data.load_rows(args.test_data or args.data or world, "test")
     test_rows = test_rows[::max(1, len(test_rows) // args.eval_n)][:args.eval_n]  # spread over the split (hops)
@@ -332,8 +335,10 @@ def main(args: Args, warm: warmstart.WarmConfig):
         model, tok = policy.load_policy(args.model, args.gguf_file or None)
         model_path = args.model
     else:  # the embedded default: warm-start once, in this run's agent format, and cache it
-        model_path = warmstart.ensure(os.path.join(args.out_dir, "warmstart"), world, warm,
-                                      agent_config(args, short=args.instruction != "search_r1"))
+        model_path = os.path.join(args.out_dir, "warmstart")
+        if main_proc:
+            warmstart.ensure(model_path, world, warm, agent_config(args, short=args.instruction != "search_r1"))
+        accelerator.wait_for_everyone()
         model, tok = policy.load_policy(model_path)
     ref_model, _ = policy.load_policy(model_path, args.gguf_file or None)  # frozen: the KL anchor
     ref_model.requires_grad_(False).eval()
