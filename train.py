@@ -190,10 +190,10 @@ ALGOS = {
 }
 
 
-def agent_config(args: Args, short: bool) -> rollout.AgentConfig:
-    """The rollout agent's settings from the run's flags (short: the short prompt instead of Search-R1's)."""
+def agent_config(args: Args, tokenizer) -> rollout.AgentConfig:
+    """The rollout agent's settings from the run's flags (the prompt template also depends on the tokenizer)."""
     return rollout.AgentConfig(
-        instruction=rollout.SHORT_INSTRUCTION if short else rollout.INSTRUCTION, think_tag=args.think_tag,
+        instruction=policy.instruction(args.instruction, tokenizer), think_tag=args.think_tag,
         max_turns=args.max_turns, max_step_tokens=args.max_step_tokens, max_traj_tokens=args.max_traj_tokens,
         max_obs_tokens=args.max_obs_tokens, topk=args.topk, temperature=args.temperature, top_p=args.top_p,
         reward=args.reward, format_penalty=args.format_penalty, seed=args.seed)
@@ -329,15 +329,14 @@ def main(args: Args, warm: warmstart.WarmConfig):
         data.ensure_world(world)
     accelerator.wait_for_everyone()
     train_rows = data.load_rows(args.data or world, "train")
-    test_rows = data.load_rows(args.test_data or args.data or world, "test")
-    test_rows = test_rows[::max(1, len(test_rows) // args.eval_n)][:args.eval_n]  # spread over the split (hops)
+    test_rows = data.spread(data.load_rows(args.test_data or args.data or world, "test"), args.eval_n)
     if args.model:
         model, tok = policy.load_policy(args.model, args.gguf_file or None)
         model_path = args.model
     else:  # the embedded default: warm-start once, in this run's agent format, and cache it
         model_path = os.path.join(args.out_dir, "warmstart")
         if main_proc:
-            warmstart.ensure(model_path, world, warm, agent_config(args, short=args.instruction != "search_r1"))
+            warmstart.ensure(model_path, world, warm, agent_config(args, policy.world_tokenizer()))
         accelerator.wait_for_everyone()
         model, tok = policy.load_policy(model_path)
     ref_model, _ = policy.load_policy(model_path, args.gguf_file or None)  # frozen: the KL anchor
@@ -355,8 +354,7 @@ def main(args: Args, warm: warmstart.WarmConfig):
             search = make_retriever(corpus, RetrieverConfig(retriever=args.retriever))
         engine = make_engine(args.engine, accelerator.unwrap_model(model), tok, model_path,
                              gpu_memory_utilization=args.vllm_gpu_memory_utilization)
-        short = args.instruction == "short" or (args.instruction == "auto" and policy.is_world_tokenizer(tok))
-        agent_cfg = agent_config(args, short)
+        agent_cfg = agent_config(args, tok)
         agent = rollout.Agent(engine, search, tok, agent_cfg)
         eval_agent = rollout.Agent(engine, search, tok, replace(agent_cfg, temperature=args.eval_temperature,
                                                                 top_p=args.eval_top_p))

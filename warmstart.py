@@ -80,7 +80,7 @@ def fact(row, hop: int) -> str:
     return data.RELATIONS[row.gold_relations[hop]].fact.format(s=row.gold_chain[hop], o=row.gold_chain[hop + 1])
 
 
-def trajectory(agent: rollout.Agent, row, retriever, rng: random.Random, mistake: str | None, others: list[str],
+def trajectory(agent: rollout.Agent, row, rng: random.Random, mistake: str | None, others: list[str],
                observations: dict[str, list[int]]):
     """(input ids, loss mask) of one supervised trajectory for `row`, with at most one mistake (`observations`
     caches the observation ids per query).
@@ -101,7 +101,7 @@ def trajectory(agent: rollout.Agent, row, retriever, rng: random.Random, mistake
         nonlocal ids, mask
         act(thought, "search", query)
         if query not in observations:
-            passages = retriever.search([query], agent.cfg.topk)[0]
+            passages = agent.retriever.search([query], agent.cfg.topk)[0]
             observations[query] = agent.observation_ids(rollout.format_passages(passages))
         ids, mask = ids + observations[query], mask + [0] * len(observations[query])
 
@@ -162,8 +162,7 @@ def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Agen
         raise ValueError(f"{world_dir}/train.jsonl has no rows with gold_queries; the warm start needs the "
                          f"embedded world (python data.py --out DIR)")
     corpus = load_corpus(os.path.join(world_dir, "corpus.jsonl"))
-    retriever = BM25Retriever(corpus)
-    agent = rollout.Agent(None, retriever, tok, agent_cfg)
+    agent = rollout.Agent(None, BM25Retriever(corpus), tok, agent_cfg)
     rng = random.Random(agent_cfg.seed)
 
     pieces = sorted(i for p, i in tok.get_vocab().items() if data.syllabify(p.removeprefix("##")))
@@ -189,7 +188,7 @@ def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Agen
 
     def trajectory_batch():  # one hop count per batch: similar lengths, little padding
         pool = by_hops[rng.choice(sorted(by_hops))]
-        return [trajectory(agent, rng.choice(pool), retriever, rng,
+        return [trajectory(agent, rng.choice(pool), rng,
                            rng.choice(MISTAKES) if rng.random() < cfg.mistake_rate else None, names, observations)
                 for _ in range(cfg.warm_batch_size)]
 

@@ -11,6 +11,7 @@ checkpoints greedily with eval.py on the same questions. Seeds run one after ano
 """
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,7 +44,7 @@ def main(a: Args):
     rows = []
     for seed in a.seeds:
         out = os.path.abspath(os.path.join(a.out, f"seed{seed}"))
-        subprocess.run(["rm", "-rf", out], check=True)
+        shutil.rmtree(out, ignore_errors=True)
         os.makedirs(out)
         t0 = time.perf_counter()
         subprocess.run(["accelerate", "launch", os.path.join(ROOT, "train.py"), "--algo", a.algo, "--seed", str(seed),

@@ -49,13 +49,11 @@ class Args:
 
 def main(a: Args):
     world = data.ensure_world(a.world)
-    rows = data.load_rows(world, "train")
-    rows = rows[::max(1, len(rows) // a.n_prompts)][:a.n_prompts]  # spread over the hops (the file is sorted by them)
+    rows = data.spread(data.load_rows(world, "train"), a.n_prompts)
     model, tok = policy.load_policy(a.model)
     engine = make_engine(a.engine, model, tok, a.model)
     retriever = BM25Retriever(load_corpus(os.path.join(world, "corpus.jsonl")))
-    cfg = rollout.AgentConfig(instruction=rollout.SHORT_INSTRUCTION if policy.is_world_tokenizer(tok)
-                              else rollout.INSTRUCTION, seed=a.seed)
+    cfg = rollout.AgentConfig(instruction=policy.instruction("auto", tok), seed=a.seed)
     print(f"\n{'strategy':10} {'tokens/prompt':>14} {'calls/prompt':>13} {'leaves/prompt':>14} "
           f"{'leaves/1k tok':>14} {'seconds':>8}")
     for name, hp in BUDGETS.items():

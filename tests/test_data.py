@@ -223,3 +223,8 @@ def test_impossible_world_says_what_to_change():
         build_world(WorldConfig(**{**SMALL.__dict__, "test_fraction": 0.0}))
     with pytest.raises(ValueError, match="distinct 1-hop test questions could be drawn, 500 asked"):
         build_world(WorldConfig(**{**SMALL.__dict__, "test_per_hop": 500}))
+
+
+def test_spread_takes_rows_evenly():
+    assert data.spread(list(range(10)), 3) == [0, 3, 6]  # step 10 // 3 = 3
+    assert data.spread(list(range(2)), 5) == [0, 1]  # fewer rows than asked: all of them

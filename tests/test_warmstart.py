@@ -49,7 +49,7 @@ def steps_of(agent, ids, mask):
 def test_gold_trajectory_quotes_facts_and_masks_prompt_and_observations(setup):
     agent, retriever, rows, _ = setup
     row = next(r for r in rows if r.hops == 3)
-    ids, mask = warmstart.trajectory(agent, row, retriever, random.Random(0), None, [], {})
+    ids, mask = warmstart.trajectory(agent, row, random.Random(0), None, [], {})
     runs, actions, observations = steps_of(agent, ids, mask)
     assert runs[0] == (0, agent.prompt_ids(row.question))  # the prompt is never trained
     assert actions == [("search", q, None) for q in row.gold_queries] + [("answer", row.golden_answers[0], None)]
@@ -69,7 +69,7 @@ def test_each_mistake(setup, seed):
     gold = row.gold_queries
 
     def searches(mistake):
-        ids, mask = warmstart.trajectory(agent, row, retriever, random.Random(seed), mistake, [other], {})
+        ids, mask = warmstart.trajectory(agent, row, random.Random(seed), mistake, [other], {})
         _, actions, _ = steps_of(agent, ids, mask)
         assert all(flag is None for _, _, flag in actions)  # every mistake is well-formed
         return [c for a, c, _ in actions if a == "search"], actions[-1]
