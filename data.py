@@ -39,6 +39,7 @@ SYLLABLES = ("ka", "ke", "ki", "ko", "la", "le", "lo", "lu", "mi", "mo", "ne", "
              "ri", "ru", "sa", "se", "su", "ta", "te", "to", "va", "ve", "vo", "zu")  # consonant+vowel: unique split
 PUNCTUATION = (".", "?")
 KINDS = ("person", "city", "country", "company", "book")
+SPLITS = ("corpus", "train", "test", "dev")  # the world's files, {name}.jsonl
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,9 @@ class WorldConfig:
     """Train questions per hop count."""
     test_per_hop: int = 500
     """Test questions per hop count."""
+    dev_per_hop: int = 100
+    """Dev questions per hop count: test-side entities, never a test question (drawn after the test split, which
+    stays as it was); the warm start measures itself on them."""
     max_hops: int = 4
     """Largest hop count; questions have 1..max_hops hops."""
 
@@ -176,6 +180,8 @@ class World:
     """Train QARows."""
     test: list
     """Test QARows."""
+    dev: list
+    """Dev QARows (held out from training and from the test split)."""
 
 
 def passage(e, entities):
@@ -263,14 +269,17 @@ def build_world(cfg):
     for doc_id, i in enumerate(order):
         entities[i].doc_id = str(doc_id)
         corpus.append({"id": str(doc_id), "contents": passage(entities[i], entities)})
-    train = _questions(rng, entities, "train", cfg.train_per_hop, cfg.max_hops)
-    test = _questions(rng, entities, "test", cfg.test_per_hop, cfg.max_hops)
-    return World(entities, corpus, train, test)
+    taken = set()  # (subject, relations) already asked: dev never repeats a test question
+    train = _questions(rng, entities, "train", cfg.train_per_hop, cfg.max_hops, taken)
+    test = _questions(rng, entities, "test", cfg.test_per_hop, cfg.max_hops, taken)
+    dev = _questions(rng, entities, "test", cfg.dev_per_hop, cfg.max_hops, taken, split="dev")
+    return World(entities, corpus, train, test, dev)
 
 
-def _questions(rng, entities, side, per_hop, max_hops):
-    """per_hop distinct questions for each hop count 1..max_hops, subjects and chains on `side` only."""
-    rows = []
+def _questions(rng, entities, side, per_hop, max_hops, taken, split=None):
+    """per_hop distinct questions for each hop count 1..max_hops, subjects and chains on `side` only, none of them
+    in `taken` (which receives them)."""
+    rows, split = [], split or side
     for hops in range(1, max_hops + 1):
         subjects = [i for i, e in enumerate(entities) if e.side == side and _can_start(e.kind, hops)]
         if not subjects:
@@ -286,24 +295,26 @@ def _questions(rng, entities, side, per_hop, max_hops):
                 options = [r for r in here.facts if _can_start(RELATIONS[r].object, left - 1)]
                 rels.append(rng.choice(options))
                 chain.append(here.facts[rels[-1]])
-            if (chain[0], tuple(rels)) in seen or len(set(chain)) < len(chain):
+            key = (chain[0], tuple(rels))
+            if key in seen or key in taken or len(set(chain)) < len(chain):
                 continue  # a chain that revisits an entity would need a repeated query, which the rollout stops
-            seen.add((chain[0], tuple(rels)))
+            seen.add(key)
             phrase = entities[chain[0]].name
             for r in rels[:-1]:
                 phrase = RELATIONS[r].noun.format(s=phrase)
             answer = entities[chain[-1]]
             suffix = ANSWER_SUFFIX.get(answer.kind)
             rows.append(QARow(
-                id=f"{side}_{len(rows)}", question=RELATIONS[rels[-1]].question.format(s=phrase),
+                id=f"{split}_{len(rows)}", question=RELATIONS[rels[-1]].question.format(s=phrase),
                 golden_answers=[answer.name, answer.name + suffix] if suffix else [answer.name],
-                data_source="world", split=side, index=len(rows), hops=hops,
+                data_source="world", split=split, index=len(rows), hops=hops,
                 gold_chain=[entities[i].name for i in chain], gold_relations=rels,
                 gold_queries=[entities[i].name for i in chain[:-1]],
                 gold_doc_ids=[entities[i].doc_id for i in chain[:-1]]))
         if len(seen) < per_hop:
-            raise ValueError(f"only {len(seen)} distinct {hops}-hop {side} questions could be drawn, "
-                             f"{per_hop} asked; lower {side}_per_hop or enlarge the world")
+            raise ValueError(f"only {len(seen)} distinct {hops}-hop {split} questions could be drawn, "
+                             f"{per_hop} asked; lower {split}_per_hop or enlarge the world")
+        taken |= seen
     return rows
 
 
@@ -316,7 +327,7 @@ def iter_texts(world):
     """Every string the world can show a model: passages, questions, answers (for building a tokenizer)."""
     for row in world.corpus:
         yield row["contents"]
-    for row in world.train + world.test:
+    for row in world.train + world.test + world.dev:
         yield row.question
         yield from row.golden_answers
 
@@ -330,17 +341,17 @@ def write_jsonl(path, rows):
 
 def ensure_world(out_dir, cfg=None):
     """The embedded world's directory: written from `cfg` (default WorldConfig()) on first use, in seconds."""
-    if not all(os.path.exists(os.path.join(out_dir, f"{n}.jsonl")) for n in ("corpus", "train", "test")):
+    if not all(os.path.exists(os.path.join(out_dir, f"{n}.jsonl")) for n in SPLITS):
         print(f"world: writing the embedded world to {out_dir}")
         write_world(build_world(cfg or WorldConfig()), out_dir)
     return out_dir
 
 
 def write_world(world, out_dir):
-    """Write corpus.jsonl, train.jsonl and test.jsonl into out_dir."""
+    """Write corpus.jsonl, train.jsonl, test.jsonl and dev.jsonl into out_dir."""
     os.makedirs(out_dir, exist_ok=True)
-    for name, rows in (("corpus", world.corpus), ("train", world.train), ("test", world.test)):
-        write_jsonl(os.path.join(out_dir, f"{name}.jsonl"), rows)
+    for name in SPLITS:
+        write_jsonl(os.path.join(out_dir, f"{name}.jsonl"), getattr(world, name))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -475,7 +486,7 @@ if __name__ == "__main__":
     class Output:
         """Where to write the world."""
         out: str
-        """Directory that receives corpus.jsonl, train.jsonl and test.jsonl."""
+        """Directory that receives corpus.jsonl, train.jsonl, test.jsonl and dev.jsonl."""
 
     cfg, output = HfArgumentParser((WorldConfig, Output)).parse_args_into_dataclasses()
     print(cfg)
@@ -484,4 +495,4 @@ if __name__ == "__main__":
     hops = {h: sum(r.hops == h for r in world.test) for h in range(1, cfg.max_hops + 1)}
     print(f"wrote {output.out}: corpus {len(world.corpus)} passages "
           f"({sum(e.side == 'distractor' for e in world.entities)} distractors), "
-          f"train {len(world.train)}, test {len(world.test)} (per hop {hops})")
+          f"train {len(world.train)}, test {len(world.test)} (per hop {hops}), dev {len(world.dev)}")

@@ -136,6 +136,10 @@ class _StopOnText(StoppingCriteria):
 class HFEngine:
     """Batched `model.generate` on the trainer's own model: left padding, stop strings, log-probs, chunking."""
 
+    # It samples from the trainer's own model object, in its dtype: the log-probs it returns are the trainer's
+    # log pi_old (tests/test_train.py checks they agree), so the trainer need not recompute them.
+    exact_logprobs = True
+
     def __init__(self, model: torch.nn.Module, tokenizer, max_batch_size: int = 32):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -226,6 +230,8 @@ def _as_list(x) -> list:
 
 class VLLMEngine:
     """Offline `vllm.LLM` fed token ids, with prefix caching and an in-process weight update."""
+
+    exact_logprobs = False  # its own kernels (and maybe dtype): the trainer recomputes log pi_old (TIS, train.py)
 
     def __init__(
         self,

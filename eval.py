@@ -180,7 +180,8 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None):
 
     Returns the overall metrics and, under "by_source", one dict per data_source: n, em, f1, cover_em (of the
     first sample), pass@k (any of the k samples has EM 1), format (share of first samples passing check_format),
-    turns and searches (means over first samples), and judge (if `judge_fn` is given).
+    turns and searches (means over first samples), and judge (if `judge_fn` is given); em_hop{h}: EM of the rows
+    with h hops, where rows know their hop count (the embedded world).
     """
     import random
 
@@ -204,19 +205,23 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None):
             r["judge"] = score
     keys = [key for key in per_row[0] if key not in ("source", "question", "golden", "prediction")] if per_row else []
     mean = lambda rs: {"n": len(rs), **{key: sum(r[key] for r in rs) / len(rs) for key in keys}}  # noqa: E731
-    by_source = {}
-    for r in per_row:
+    by_source, by_hops = {}, {}
+    for r, row in zip(per_row, rows):
         by_source.setdefault(r["source"], []).append(r)
-    return {**mean(per_row), "by_source": {src: mean(rs) for src, rs in sorted(by_source.items())}}
+        if row.hops:  # the embedded world's rows know their hop count
+            by_hops.setdefault(row.hops, []).append(r["em"])
+    hops = {f"em_hop{h}": sum(v) / len(v) for h, v in sorted(by_hops.items())}
+    return {**mean(per_row), **hops, "by_source": {src: mean(rs) for src, rs in sorted(by_source.items())}}
 
 
 def table(report):
     """The per-dataset table as text."""
-    keys = [key for key in report if key not in ("by_source",)]
+    keys = [key for key in report if key != "by_source" and not key.startswith("em_hop")]
     lines = [f"{'dataset':14}" + "".join(f"{key:>10}" for key in keys)]
     for name, m in [*report["by_source"].items(), ("all", report)]:
         lines.append(f"{name:14}" + "".join(f"{m[key]:>10.3f}" if key != "n" else f"{m[key]:>10d}" for key in keys))
-    return "\n".join(lines)
+    hops = [f"{key[6:]}-hop {v:.3f}" for key, v in report.items() if key.startswith("em_hop")]
+    return "\n".join(lines + ([f"EM by hops: {', '.join(hops)}"] if hops else []))
 
 
 if __name__ == "__main__":

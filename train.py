@@ -14,7 +14,9 @@ Deviations and choices:
    a loss term (GRPO style), not a reward penalty.
 2. TIS ("Cut the Bill" §5.5.2): weight min(pi_old / pi_rollout, tis_cap) per token on the policy-gradient term,
    where pi_old is recomputed by the trainer before the update and pi_rollout is the engine's log-prob
-   (engines.py note 1). With the HF engine both come from the same weights and the weight is ~1.
+   (engines.py note 1). The HF engine samples from the trainer's own weights, so its log-probs ARE pi_old
+   (`exact_logprobs`; tests/test_train.py checks they agree): the trainer then skips its pi_old pass and the
+   weight is exactly 1. vLLM's kernels differ from the trainer's, so with vLLM the pass runs and TIS corrects.
 3. Rank 0 owns the rollout engine, the retriever and logging; it broadcasts the training samples and each rank
    updates on its shard (ranks are padded to the same number of micro-batches with zero-weight rows, so DDP's
    collective calls line up).
@@ -286,6 +288,22 @@ def quantiles(name: str, x: torch.Tensor) -> dict[str, float]:
     return {f"{name}_p5": q[0].item(), f"{name}_p50": q[1].item(), f"{name}_p95": q[2].item()}
 
 
+def summary(history: list[dict], seconds: dict[str, float], wall: float, run_dir: str) -> str:
+    """The run's last word: test EM before -> after RL (per hop), the wall time per stage, where the outputs are."""
+    evals = [h for h in history if "eval/em" in h]
+    times = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
+    where = f"outputs in {run_dir} (metrics.jsonl, curve.png, final/)"
+    if len(evals) < 2:
+        return f"done in {wall / 60:.1f} min ({times}); no evaluation before and after RL (--eval_every 0); {where}"
+    a, b = evals[0], evals[-1]
+    gain = b["eval/em"] - a["eval/em"]
+    hops = ", ".join(f"{k[len('eval/em_hop'):]}-hop {a[k]:.2f} -> {b[k]:.2f}" for k in a if k.startswith("eval/em_hop"))
+    verdict = "RL improved the policy" if gain > 0 else "RL did NOT improve the policy"
+    return (f"done: {verdict}: test EM {a['eval/em']:.3f} (step {a['step']}) -> {b['eval/em']:.3f} (step {b['step']}), "
+            f"{gain:+.3f} on {b['eval/n']:.0f} questions" + (f" ({hops})" if hops else "")
+            + f"; {wall / 60:.1f} min ({times}); {where}")
+
+
 def plot_curves(history: list[dict], path: str):
     """The learning curve: rollout reward and eval EM against the step."""
     import matplotlib
@@ -309,6 +327,7 @@ def plot_curves(history: list[dict], path: str):
 
 def main(args: Args, warm: warmstart.WarmConfig):
     # ---- config: derived values, logged whole
+    t_start, seconds = time.perf_counter(), {}  # seconds: wall time per stage, printed at the end
     run_dir = os.path.join(args.out_dir, "runs", args.run_name or args.algo)
     latest = os.path.join(run_dir, "latest")  # names the last complete checkpoint-STEP directory
     strategy, strategy_hp, credit, credit_opts = ALGOS[args.algo]
@@ -328,16 +347,18 @@ def main(args: Args, warm: warmstart.WarmConfig):
     if world and main_proc:  # one rank writes the world (and below, the warm start); the others wait for it
         data.ensure_world(world)
     accelerator.wait_for_everyone()
+    seconds["world"] = time.perf_counter() - t_start
     train_rows = data.load_rows(args.data or world, "train")
     test_rows = data.spread(data.load_rows(args.test_data or args.data or world, "test"), args.eval_n)
     if args.model:
         model, tok = policy.load_policy(args.model, args.gguf_file or None)
         model_path = args.model
     else:  # the embedded default: warm-start once, in this run's agent format, and cache it
-        model_path = os.path.join(args.out_dir, "warmstart")
+        model_path, t0 = os.path.join(args.out_dir, "warmstart"), time.perf_counter()
         if main_proc:
             warmstart.ensure(model_path, world, warm, agent_config(args, policy.world_tokenizer()))
         accelerator.wait_for_everyone()
+        seconds["warm start"] = time.perf_counter() - t0
         model, tok = policy.load_policy(model_path)
     ref_model, _ = policy.load_policy(model_path, args.gguf_file or None)  # frozen: the KL anchor
     ref_model.requires_grad_(False).eval()
@@ -358,6 +379,8 @@ def main(args: Args, warm: warmstart.WarmConfig):
         agent = rollout.Agent(engine, search, tok, agent_cfg)
         eval_agent = rollout.Agent(engine, search, tok, replace(agent_cfg, temperature=args.eval_temperature,
                                                                 top_p=args.eval_top_p))
+    exact_logprobs = [agent.engine.exact_logprobs if main_proc else None]  # the engine's log-probs are pi_old
+    broadcast_object_list(exact_logprobs)
     rng = random.Random(args.seed)  # strategies' random choices
     order = list(range(len(train_rows)))
     random.Random(args.seed).shuffle(order)
@@ -395,9 +418,13 @@ def main(args: Args, warm: warmstart.WarmConfig):
 
     def run_eval(step: int):
         if main_proc and args.eval_every:
+            t0 = time.perf_counter()
             m = evaluate(eval_agent, test_rows)
             log({"step": step, **{f"eval/{k}": v for k, v in m.items() if isinstance(v, (int, float))}})
-            print(f"step {step}: eval EM {m['em']:.3f} F1 {m['f1']:.3f} on {len(test_rows)} questions")
+            hops = " ".join(f"{k[3:]} {v:.2f}" for k, v in m.items() if k.startswith("em_hop"))
+            print(f"step {step}: eval EM {m['em']:.3f} F1 {m['f1']:.3f} on {len(test_rows)} questions"
+                  + (f" (by hops: {hops})" if hops else ""))
+            seconds["eval"] = seconds.get("eval", 0.0) + time.perf_counter() - t0
 
     if start == 0:
         run_eval(0)
@@ -421,7 +448,8 @@ def main(args: Args, warm: warmstart.WarmConfig):
         samples, metrics = payload[0]
         t_rollout = time.perf_counter() - t0
 
-        # log-probs: pi_old (the trainer's, before this step's updates) and pi_ref, for this rank's shard
+        # log-probs: pi_old (the trainer's, before this step's updates; the engine's when they are exact) and
+        # pi_ref, for this rank's shard
         t0 = time.perf_counter()
         shard = samples[accelerator.process_index::accelerator.num_processes]
         per_rank = math.ceil(len(samples) / accelerator.num_processes)
@@ -434,7 +462,7 @@ def main(args: Args, warm: warmstart.WarmConfig):
             b["mask"] = b["mask"] * torch.tensor(weights[i:i + args.micro_batch_size], device=b["mask"].device)[:, None]
             with torch.no_grad():
                 model.eval()
-                b["old_logp"], _ = token_logprobs(model, b["ids"], b["attn"])
+                b["old_logp"] = b["rollout_logp"] if exact_logprobs[0] else token_logprobs(model, b["ids"], b["attn"])[0]
                 b["ref_logp"], _ = token_logprobs(ref_model, b["ids"], b["attn"])
             micro.append(b)
         t_logprob = time.perf_counter() - t0
@@ -484,6 +512,8 @@ def main(args: Args, warm: warmstart.WarmConfig):
                         "train/lr": scheduler.get_last_lr()[0], "train/time_rollout": t_rollout,
                         "train/time_logprob": t_logprob, "train/time_update": t_update},
                        **quantiles("train/ratio", cat("ratio")), **quantiles("train/tis_ratio", cat("tis")))
+        for k in ("rollout", "logprob", "update"):
+            seconds[f"RL {k}"] = seconds.get(f"RL {k}", 0.0) + metrics[f"train/time_{k}"]
         log({"step": step + 1, **metrics})
         bar.set_postfix(reward=f"{metrics['rollout/reward']:.3f}", em=f"{metrics['rollout/em']:.2f}",
                         kl=f"{metrics['train/kl']:.4f}")
@@ -510,7 +540,7 @@ def main(args: Args, warm: warmstart.WarmConfig):
     if main_proc:
         accelerator.unwrap_model(model).save_pretrained(os.path.join(run_dir, "final"))
         tok.save_pretrained(os.path.join(run_dir, "final"))
-        print(f"done: {run_dir} (metrics.jsonl, curve.png, final/)")
+        print(summary(history, seconds, time.perf_counter() - t_start, run_dir))
     accelerator.end_training()
 
 

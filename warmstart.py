@@ -30,7 +30,7 @@ import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from tqdm import tqdm
@@ -38,6 +38,8 @@ from tqdm import tqdm
 import data
 import policy
 import rollout
+from engines import HFEngine
+from eval import evaluate
 from retriever import BM25Retriever, load_corpus
 
 MISTAKES = ("early", "wrong", "repeat")
@@ -56,7 +58,15 @@ class WarmConfig:
     corpus_length: int = 128
     """Tokens per corpus window."""
     sft_steps: int = 300
-    """Optimizer steps on trajectories (stage 3)."""
+    """Optimizer steps on trajectories (stage 3) before the first validation."""
+    sft_max_steps: int = 900
+    """Cap on trajectory steps: while the dev EM is below target_em, train sft_steps more (a fresh cosine cycle at
+    half the learning rate) up to this many; still below it, the warm start stops with an error (never hands a
+    broken policy to RL)."""
+    target_em: float = 0.6
+    """Greedy EM on val_n dev questions the warm start must reach (0 = no validation)."""
+    val_n: int = 200
+    """Dev questions (spread over the hops) for the validation."""
     warm_batch_size: int = 16
     """Sequences per step, every stage."""
     warm_lr: float = 1e-3
@@ -83,7 +93,7 @@ def fact(row, hop: int) -> str:
 def trajectory(agent: rollout.Agent, row, rng: random.Random, mistake: str | None, others: list[str],
                observations: dict[str, list[int]]):
     """(input ids, loss mask) of one supervised trajectory for `row`, with at most one mistake (`observations`
-    caches the observation ids per query).
+    holds the observation ids per query; a query missing there is searched and added).
 
     Each thought quotes the fact just read and restates the question still open, so every generated token is a
     local copy (the fact from the passage, the question from the previous thought, the next query from the
@@ -151,6 +161,12 @@ def fit(model, make_batch, steps: int, lr: float, pad_id: int, desc: str, floor:
     return loss.item()
 
 
+def validate(model, agent: rollout.Agent, rows) -> dict:
+    """Greedy evaluation of `model` on `rows` with the agent's retriever and budgets (eval.evaluate's metrics)."""
+    greedy = rollout.Agent(HFEngine(model, agent.tok), agent.retriever, agent.tok, replace(agent.cfg, temperature=0))
+    return evaluate(greedy, rows)
+
+
 def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.AgentConfig) -> str:
     """Warm-start a fresh tiny Llama on the world and save it (model + tokenizer) to out_dir: the copy task, language
     modelling on the corpus passages, then supervised trajectories (the module docstring's three stages) in the
@@ -182,9 +198,11 @@ def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Agen
         starts = [rng.randrange(len(stream) - L) for _ in range(cfg.warm_batch_size)]
         return [(stream[s:s + L], [1] * L) for s in starts]
 
-    names, observations, by_hops = sorted({n for r in rows for n in r.gold_queries}), {}, {}
+    names, by_hops = sorted({n for r in rows for n in r.gold_queries}), {}
     for r in rows:
         by_hops.setdefault(r.hops, []).append(r)
+    passages = agent.retriever.search(names, agent.cfg.topk)  # every query a trajectory makes, in one call
+    observations = {q: agent.observation_ids(rollout.format_passages(p)) for q, p in zip(names, passages)}
 
     def trajectory_batch():  # one hop count per batch: similar lengths, little padding
         pool = by_hops[rng.choice(sorted(by_hops))]
@@ -197,11 +215,27 @@ def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Agen
     if cfg.corpus_steps:
         fit(model, text_batch, cfg.corpus_steps, cfg.warm_lr, tok.pad_token_id, "warm start: corpus")
     loss = fit(model, trajectory_batch, cfg.sft_steps, cfg.warm_lr, tok.pad_token_id, "warm start: trajectories")
+    steps, dev = cfg.sft_steps, data.spread(data.load_rows(world_dir, "dev"), cfg.val_n)
+    while cfg.target_em:
+        m = validate(model, agent, dev)
+        hops = ", ".join(f"{k[6:]}-hop {v:.2f}" for k, v in m.items() if k.startswith("em_hop"))
+        print(f"warm start: greedy dev EM {m['em']:.3f} after {steps} trajectory steps ({hops}); "
+              f"target {cfg.target_em}", flush=True)
+        if m["em"] >= cfg.target_em:
+            break
+        if steps + cfg.sft_steps > cfg.sft_max_steps:
+            raise RuntimeError(
+                f"warm start failed: greedy dev EM {m['em']:.3f} < target_em {cfg.target_em} after {steps} "
+                f"trajectory steps (sft_max_steps {cfg.sft_max_steps}); nothing was saved to {out_dir}. Raise "
+                f"--sft_max_steps, try another --seed, or lower --target_em (0 = no check) at your own risk")
+        loss = fit(model, trajectory_batch, cfg.sft_steps, cfg.warm_lr / 2, tok.pad_token_id, "warm start: more")
+        steps += cfg.sft_steps
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     with open(os.path.join(out_dir, "warmstart.json"), "w") as f:
-        json.dump({**settings(cfg, agent_cfg), "world": world_dir, "final_loss": loss}, f, indent=1)
+        json.dump({**settings(cfg, agent_cfg), "world": world_dir, "final_loss": loss, "sft_steps_done": steps,
+                   **({"dev_em": m["em"]} if cfg.target_em else {})}, f, indent=1)
     return out_dir
 
 

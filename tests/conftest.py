@@ -1,7 +1,7 @@
 """Shared fixtures: a small embedded world and a tiny random policy, written once per test session."""
 import pytest
 
-SMALL = dict(people=300, companies=60, books=120, cities=40, countries=10, train_per_hop=20, test_per_hop=5)
+SMALL = dict(people=300, companies=60, books=120, cities=40, countries=10, train_per_hop=20, test_per_hop=5, dev_per_hop=5)
 
 
 @pytest.fixture(scope="session")

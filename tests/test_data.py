@@ -11,7 +11,7 @@ import data
 from data import (RELATIONS, TEMPLATE_WORDS, DataError, QARow, WorldConfig, build_world, iter_texts, load_rows,
                   reject_sampling_filter, syllabify, write_world)
 
-SMALL = WorldConfig(people=300, companies=60, books=120, cities=30, countries=8, train_per_hop=40, test_per_hop=20)
+SMALL = WorldConfig(people=300, companies=60, books=120, cities=30, countries=8, train_per_hop=40, test_per_hop=20, dev_per_hop=10)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -34,9 +34,18 @@ def test_sizes_and_hops(world):
         assert len({(r.gold_chain[0], tuple(r.gold_relations)) for r in split}) == len(split)  # no duplicates
 
 
+def test_dev_split_is_held_out_from_test_and_leaves_test_unchanged(world):
+    assert [sum(r.hops == h for r in world.dev) for h in range(1, 5)] == [SMALL.dev_per_hop] * 4
+    key = lambda r: (r.gold_chain[0], tuple(r.gold_relations))  # noqa: E731
+    assert not {key(r) for r in world.dev} & {key(r) for r in world.test}  # no test question is a dev question
+    train_side = {n for r in world.train for n in r.gold_chain[:-1]}
+    assert not {n for r in world.dev for n in r.gold_chain[:-1]} & train_side  # dev entities: test side only
+    assert build_world(WorldConfig(**{**SMALL.__dict__, "dev_per_hop": 1})).test == world.test  # drawn after test
+
+
 def test_gold_chain_is_answerable_by_searching_the_gold_queries(world):
     by_id = {row["id"]: row["contents"] for row in world.corpus}
-    for row in world.train + world.test:
+    for row in world.train + world.test + world.dev:
         assert len(row.gold_chain) == row.hops + 1 and len(row.gold_relations) == row.hops
         assert row.gold_queries == row.gold_chain[:-1] and row.golden_answers[0] == row.gold_chain[-1]
         assert len(set(row.gold_chain)) == len(row.gold_chain)  # no entity twice: no query must be repeated
@@ -93,11 +102,11 @@ def test_distractors_are_confusable_and_never_asked(world):
     assert any(one_syllable_apart(d.name, name) for name in real)
 
 
-def test_cli_writes_the_three_files(tmp_path):
+def test_cli_writes_the_four_files(tmp_path):
     args = [f"--{k}={v}" for k, v in SMALL.__dict__.items()]
     subprocess.run([sys.executable, "data.py", "--out", str(tmp_path), *args], cwd=ROOT, check=True,
                    capture_output=True)
-    assert sorted(os.listdir(tmp_path)) == ["corpus.jsonl", "test.jsonl", "train.jsonl"]
+    assert sorted(os.listdir(tmp_path)) == ["corpus.jsonl", "dev.jsonl", "test.jsonl", "train.jsonl"]
     first = json.loads(open(tmp_path / "corpus.jsonl").readline())
     assert set(first) == {"id", "contents"}
     rows = load_rows(str(tmp_path), split="test")  # our own files load through the FlashRAG path, gold kept

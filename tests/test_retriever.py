@@ -19,7 +19,7 @@ from data import WorldConfig, build_world, write_jsonl  # noqa: E402
 from retriever import (BM25Retriever, Corpus, DenseRetriever, Passage, RemoteRetriever, RetrievalError,  # noqa: E402
                        SearchServer, load_corpus, offline_encoder_dir, split_contents)
 
-SMALL = WorldConfig(people=300, companies=60, books=120, cities=30, countries=8, train_per_hop=40, test_per_hop=20)
+SMALL = WorldConfig(people=300, companies=60, books=120, cities=30, countries=8, train_per_hop=40, test_per_hop=20, dev_per_hop=10)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -131,7 +131,7 @@ def test_embedded_default_warm_starts_then_trains(env, tmp_path):
     # no --model: the world, a (tiny) warm start cached under out/warmstart, then RL from it, as the main job does
     out = subprocess.run([sys.executable, str(ROOT / "train.py"), "--out_dir", str(tmp_path), *FAST, "--steps", "1",
                           "--eval_every", "0", "--copy_steps", "2", "--corpus_steps", "2", "--sft_steps", "2",
-                          "--warm_batch_size", "2"], cwd=env, capture_output=True, text=True, timeout=600)
+                          "--warm_batch_size", "2", "--target_em", "0"], cwd=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "warm start: saved" in out.stdout
     assert json.loads((tmp_path / "warmstart" / "warmstart.json").read_text())["sft_steps"] == 2

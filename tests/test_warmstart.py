@@ -85,7 +85,7 @@ def test_each_mistake(setup, seed):
 
 def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, capsys):
     agent, _, _, world = setup
-    cfg = warmstart.WarmConfig(copy_steps=2, corpus_steps=2, sft_steps=2, warm_batch_size=2)
+    cfg = warmstart.WarmConfig(copy_steps=2, corpus_steps=2, sft_steps=2, warm_batch_size=2, target_em=0)
     out = str(tmp_path / "warm")
     warmstart.ensure(out, world, cfg, agent.cfg)
     saved = json.loads((tmp_path / "warm" / "warmstart.json").read_text())
@@ -96,3 +96,17 @@ def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, c
     assert "cached" in capsys.readouterr().out
     with pytest.raises(ValueError, match="topk"):  # another observation format: the checkpoint does not fit
         warmstart.ensure(out, world, cfg, rollout.AgentConfig(**{**agent.cfg.__dict__, "topk": 3}))
+
+
+def test_a_warm_start_below_target_trains_to_its_cap_then_fails_loudly_and_saves_nothing(setup, tmp_path, capsys):
+    agent, _, _, world = setup
+    # 2 steps, validate (EM 0 < 0.6), 2 more at half the lr, validate again, then 4 + 2 > sft_max_steps 5: stop
+    cfg = warmstart.WarmConfig(copy_steps=0, corpus_steps=0, sft_steps=2, sft_max_steps=5, warm_batch_size=2,
+                               target_em=0.6, val_n=4)
+    out = tmp_path / "warm"
+    with pytest.raises(RuntimeError, match=r"warm start failed: greedy dev EM 0\.000 < target_em 0\.6 after 4 "
+                                           r"trajectory steps \(sft_max_steps 5\)"):
+        warmstart.ensure(str(out), world, cfg, agent.cfg)
+    printed = capsys.readouterr().out
+    assert "greedy dev EM 0.000 after 2 trajectory steps" in printed and "after 4 trajectory steps" in printed
+    assert not out.exists()  # nothing a later run could mistake for a usable warm start
