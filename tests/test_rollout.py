@@ -67,7 +67,7 @@ class MemoryRetriever:
 
     def search(self, queries, k):
         self.calls.append(list(queries))
-        partial = [None if "boom" in q else [Passage(id=f"{q[:2]}{i}", title=f"T{q[:2]}", text=f"text {i} about {q}",
+        partial = [None if "boom" in q else [Passage(id=f"{q[:2]}{i}", contents=f"T{q[:2]}\ntext {i} about {q}",
                                                      score=1.0 / (i + 1)) for i in range(k)] for q in queries]
         failed = [i for i, p in enumerate(partial) if p is None]
         if failed:
