@@ -10,7 +10,8 @@ nodes to continue from; a chain is the degenerate tree.
     tree_grpo  Tree-GRPO §4.2.3: M chains, then L rounds of N random non-leaf expansions per tree
     branpo     BranPO §4.2 + App. A.1: tail truncation with the Bran/Recur schedule, contrastive branches, RSM check
     carl       CARL §5 + App. C.1: N0 chains, then N forks from the state of lowest action density n(s)/H(s)
-    treeps     TreePS-RAG §2.2: layer-wise, B_d = ceil(N/|M(d-1)|), Jaccard-clustered pruning of search children
+    treeps     TreePS-RAG §2.2: layer-wise, B_d = ceil(N/|M(d-1)|), Jaccard-clustered pruning of search children;
+               §2.3: N root-to-leaf paths drawn for training
 
 Abnormal outcomes ("Cut the Bill" §5.4), each a flag on the node and a counter:
     too_many_calls, parse_error, repeated_query -> stop, reward 0 (5.4.1)
