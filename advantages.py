@@ -5,7 +5,7 @@ where the method defines them per node (never `reward`), and returns one `Trajec
 advantage that multiplies each step's tokens in that trajectory's loss, or None where the step is not trained
 there. tree.to_samples turns those into token-level training rows. No model, optimizer or distributed code here.
 
-    grpo       GRPO (Shao et al. 2024) as the multi-turn baseline of "Cut the Bill" §3
+    grpo       GRPO (Shao et al. 2024) as the multi-turn baseline of "Cut the Bill" §5.3
     tree_grpo  Tree-GRPO §4.2.4: intra-tree + inter-tree group-relative advantage
     branpo     BranPO §4.3 Eqs. 10-12 and §4.4 Eq. 14: base advantage on the prefix, branch advantage on suffixes
     carl       CARL §5 Eqs. 9-11, 13 (and Eq. 16 for "update all"): A(s->s') = V(s') - V(s) on forked actions
@@ -25,6 +25,14 @@ Deviations from the papers:
    failure) is left out rather than counted as 0.
 5. Tree-GRPO's expected budget: the text prints E[B] = M*B + L*N*B/2; its Tables 3 and 7 fit M*B + M*L*N*B/2
    (N expansions in each of the M trees). `tree_grpo_budget` implements the corrected form.
+6. CARL: App. C.1 says the first phase's actions (the N0 chains sampled before any fork) are not trained; Eq. 13
+   (every action with a sibling) and Eq. 15's lower bound N + 1 count them. We follow Eqs. 13/15;
+   `phase1_chains=N0` follows App. C.1.
+7. A step trained once (CARL's forked action, BranPO's prefix with A_base) is trained in the first trajectory
+   through it that is itself trained, skipping `truncated` ones (tree.to_samples drops those); the papers say
+   "once" but have no truncated trajectories, so "the first" alone could lose the step.
+8. TreePS-RAG trains the N paths the rollout drew (leaves marked `sampled`, §2.3); a tree without marks (hand-built,
+   the CLI) trains every leaf. V(n) always averages over every leaf of the tree.
 """
 from __future__ import annotations
 
@@ -34,7 +42,7 @@ import math
 
 import torch
 
-from tree import Node, Trajectory, Tree, load_trees, path, scored_leaves, walk
+from tree import Node, Trajectory, Tree, leaves, load_trees, path, scored_leaves, truncated, walk
 
 
 def group_normalize(rewards: list[float]) -> list[float]:
@@ -51,6 +59,16 @@ def _reset(trees: list[Tree]) -> list[Node]:
         for n in walk(t.root):
             n.value = n.advantage = None
     return [leaf for t in trees for leaf in scored_leaves(t.root)]
+
+
+def _first_trained(ends: list[Node]) -> dict[Node, Node]:
+    """Step -> the trajectory (its leaf) that trains it where a method trains a step once: the first trajectory
+    through it that is trained, i.e. not `truncated` (deviation 7); the first one if all are."""
+    owner = {}
+    for leaf in sorted(ends, key=truncated):  # stable: trained trajectories first, each in tree order
+        for step in path(leaf):
+            owner.setdefault(step, leaf)
+    return owner
 
 
 def _mark_node_advantages(trajectories: list[Trajectory]) -> list[Trajectory]:
@@ -70,7 +88,7 @@ def _mark_node_advantages(trajectories: list[Trajectory]) -> list[Trajectory]:
 
 
 def grpo(trees: list[Tree]) -> list[Trajectory]:
-    """GRPO ("Cut the Bill" §3, Shao et al. 2024 Eq. 3): A_i = (r_i - mean(r)) / (std(r) + 1e-6) over the G
+    """GRPO ("Cut the Bill" §5.3, Shao et al. 2024 Eq. 3): A_i = (r_i - mean(r)) / (std(r) + 1e-6) over the G
     trajectories of the prompt, broadcast to every step of trajectory i. Each tree is expected to be a chain."""
     leaves = _reset(trees)
     for t in trees:
@@ -137,8 +155,8 @@ def branpo(trees: list[Tree], branch_norm: str = "prompt") -> list[Trajectory]:
         r_base(n)     = mean_{i in C_n} r_branch(n, i)                                      (Eq. 10)
         A_base(n)     = (r_base(n) - mean_j r_base(j)) / std_j r_base(j),  j over the N prefixes  (Eq. 11)
         A_branch(n,i) = (r_branch(n,i) - mean) / std over all continuations of the prompt   (Eq. 12)
-    A_base multiplies the prefix steps, trained once (in the first continuation); A_branch multiplies each
-    continuation's own steps; steps marked `redundant` are masked out (Eq. 14; None, see deviation 2).
+    A_base multiplies the prefix steps, trained once (in the first trained continuation, deviation 7); A_branch
+    multiplies each continuation's own steps; steps marked `redundant` are masked out (Eq. 14; None, see deviation 2).
     `branch_norm="prefix"` normalizes branches within each C_n instead, as Algorithm 1 writes it.
     With one continuation per prefix every step gets the GRPO advantage (Theorem B.1).
     """
@@ -155,25 +173,27 @@ def branpo(trees: list[Tree], branch_norm: str = "prompt") -> list[Trajectory]:
         A_branch = [flat[sum(len(C) for _, C in groups[:g]):][:len(C)] for g, (_, C) in enumerate(groups)]
     else:
         A_branch = [group_normalize([leaf.reward for leaf in C]) for _, C in groups]  # Algorithm 1
-    trajectories = []
+    trajectories, owner = [], _first_trained([leaf for _, C in groups for leaf in C])
     for (end, C), a_base, a_branches in zip(groups, A_base, A_branch):
         k = end.depth  # prefix length
-        for i, (leaf, a_branch) in enumerate(zip(C, a_branches)):
-            prefix = [a_base if i == 0 else None] * k
+        for leaf, a_branch in zip(C, a_branches):
+            prefix = [a_base if owner[step] is leaf else None for step in path(leaf)[:k]]
             suffix = [None if step.redundant else a_branch for step in path(leaf)[k:]]  # Eq. 14
             trajectories.append(Trajectory(leaf, prefix + suffix))
     return _mark_node_advantages(trajectories)
 
 
-def carl(trees: list[Tree], update_all: bool = False) -> list[Trajectory]:
+def carl(trees: list[Tree], update_all: bool = False, phase1_chains: int = 0) -> list[Trajectory]:
     """CARL §5: V(leaf) = R (Eq. 9); V(s) = mean of its children's V (Eq. 10, not the mean of its descendant
     leaves); A(s -> s') = V(s') - V(s) (Eq. 11), no group mean or std normalization.
 
     Selective update (Eq. 13): only actions whose parent state has more than one child are trained, each once
-    (in the first trajectory that contains it). `update_all=True` is the §6.3 ablation (Eq. 16): a single-child
-    action inherits the advantage of the edge into its parent (0 below the root, where V(s') = V(s)).
+    (in the first trained trajectory that contains it, deviation 7). `update_all=True` is the §6.3 ablation (Eq. 16):
+    a single-child action inherits the advantage of the edge into its parent (0 below the root, where V(s') = V(s)).
+    `phase1_chains=N0` leaves the N0 chains of the first phase (the root's first N0 children and, below each, the
+    first child all the way down) out of the update, as App. C.1 says (deviation 6).
     """
-    leaves = _reset(trees)
+    scored = _reset(trees)
 
     def value(n: Node) -> float | None:  # bottom-up pass (App. C.2)
         if not n.children:
@@ -199,27 +219,26 @@ def carl(trees: list[Tree], update_all: bool = False) -> list[Trajectory]:
     for t in trees:
         if value(t.root) is not None:
             collect(t.root, 0.0)
-    trajectories, done = [], set()
-    for leaf in leaves:
-        advantages = []
-        for step in path(leaf):
-            advantages.append(trained[step] if step in trained and step not in done else None)
-            done.add(step)
-        trajectories.append(Trajectory(leaf, advantages))
-    return _mark_node_advantages(trajectories)
+    phase1 = {step for t in trees for c in t.root.children[:phase1_chains] for step in path(leaves(c)[0])}  # App. C.1
+    owner = _first_trained(scored)
+    return _mark_node_advantages([Trajectory(leaf, [trained.get(s) if owner[s] is leaf and s not in phase1 else None
+                                                    for s in path(leaf)]) for leaf in scored])
 
 
 def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
     """TreePS-RAG §2.3 (Algorithm 1, lines 28-30): V(n) = mean reward over the descendant leaves L(n), and
         A(n) = (2 V(n) - V(root) - V(parent(n))) / sqrt(|L(n)|)
     i.e. global advantage V(n) - V(root) plus local advantage V(n) - V(parent), damped by sqrt(|L(n)|) because a
-    node with many leaves appears in that many trajectories. A(n) multiplies the step's tokens in every
-    trajectory that contains n. `process=False` is the Table 2 ablation: GRPO over the sampled trajectories.
+    node with many leaves appears in that many trajectories. V uses every leaf; only the N trajectories drawn for
+    training (§2.3 "randomly sample N trajectories": leaves marked `sampled` by rollout.treeps; every leaf if none
+    is marked, deviation 8) are trained, A(n) multiplying the step's tokens in each of them that contains n.
+    `process=False` is the Table 2 ablation: GRPO over those sampled trajectories.
     """
-    leaves = _reset(trees)
+    scored = _reset(trees)
+    chosen = [leaf for leaf in scored if leaf.sampled] or scored  # Y = {y_1 .. y_N}
     if not process:
-        A = group_normalize([leaf.reward for leaf in leaves])
-        return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(leaves, A)])
+        A = group_normalize([leaf.reward for leaf in chosen])
+        return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(chosen, A)])
     for t in trees:
         for n in walk(t.root):
             L = scored_leaves(n)  # L(n)
@@ -228,7 +247,7 @@ def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
         for n in walk(t.root):
             if n.parent is not None and n.value is not None:
                 n.advantage = (2 * n.value - t.root.value - n.parent.value) / math.sqrt(len(scored_leaves(n)))
-    return [Trajectory(leaf, [step.advantage for step in path(leaf)]) for leaf in leaves]
+    return [Trajectory(leaf, [step.advantage for step in path(leaf)]) for leaf in chosen]
 
 
 ALGOS = {"grpo": grpo, "tree_grpo": tree_grpo, "branpo": branpo, "carl": carl, "treeps": treeps}
@@ -334,6 +353,8 @@ def main():
     p.add_argument("--mode", default="both", help="tree_grpo: both | intra | inter (Table 4 ablation)")
     p.add_argument("--branch_norm", default="prompt", help="branpo: prompt (Eq. 12) | prefix (Algorithm 1)")
     p.add_argument("--update_all", action="store_true", help="carl: also train single-child actions (Eq. 16)")
+    p.add_argument("--phase1_chains", type=int, default=0, help="carl: N0; leave the first-phase chains out "
+                                                                   "of the update (App. C.1)")
     p.add_argument("--no_process", action="store_true", help="treeps: GRPO over trajectories (Table 2 ablation)")
     p.add_argument("--budget", help="with --algo tree_grpo: M,N,L -> rollouts and expected budget")
     p.add_argument("--demo", action="store_true", help="print a worked tree with every method side by side")
@@ -353,7 +374,8 @@ def main():
         p.error("give --algo and --trees, or --budget, or --demo")
     trees = load_trees(args.trees, args.prompt)
     options = {"tree_grpo": {"mode": args.mode}, "branpo": {"branch_norm": args.branch_norm},
-               "carl": {"update_all": args.update_all}, "treeps": {"process": not args.no_process}}
+               "carl": {"update_all": args.update_all, "phase1_chains": args.phase1_chains},
+               "treeps": {"process": not args.no_process}}
     trajectories = ALGOS[args.algo](trees, **options.get(args.algo, {}))
     print(json.dumps(report(args.algo, trees, trajectories), indent=1))
     if args.render:

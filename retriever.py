@@ -43,17 +43,20 @@ class Passage:
     """One retrieved passage."""
     id: str
     """Corpus id of the passage."""
-    title: str
-    """First line of the corpus contents (empty if the contents has a single line)."""
-    text: str
-    """The contents after the first line."""
+    contents: str
+    """The corpus "Title\\ntext" string, unchanged (the server sends exactly this)."""
     score: float
     """Retriever score (BM25 score or inner product); higher is better; NaN when the server sent none."""
 
     @property
-    def contents(self):
-        """The corpus "Title\\ntext" string this passage came from."""
-        return f"{self.title}\n{self.text}" if self.title else self.text
+    def title(self):
+        """First line of the contents (empty if the contents has a single line, deviation 4)."""
+        return split_contents(self.contents)[0]
+
+    @property
+    def text(self):
+        """The contents after the first line."""
+        return split_contents(self.contents)[1]
 
 
 def split_contents(contents):
@@ -76,7 +79,7 @@ class Corpus:
     """"Title\\ntext" strings."""
 
     def passage(self, i, score):
-        return Passage(self.ids[i], *split_contents(self.contents[i]), float(score))
+        return Passage(self.ids[i], self.contents[i], float(score))
 
     def fingerprint(self):
         """Hash of the ids, stored with a saved index so a stale index is refused."""
@@ -339,9 +342,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 or not all(isinstance(q, str) for q in req["queries"]):
             return self._reply(400, {"error": f"body must be {{\"queries\": [str, ...], \"topk\": int|null, "
                                               f"\"return_scores\": bool}}, got {str(req)[:200]}"})
-        topk = self.server.default_topk if req.get("topk") is None else req["topk"]
+        topk = self.server.default_topk if req.get("topk") in (None, 0) else req["topk"]  # Search-R1: `if not topk`
         if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
-            return self._reply(400, {"error": f"topk must be a positive integer or null, got {topk!r}"})
+            return self._reply(400, {"error": f"topk must be a positive integer, or 0 / null for the server's "
+                                              f"default ({self.server.default_topk}), got {topk!r}"})
         try:
             results = self.server.batcher.search(req["queries"], topk)
         except Exception as e:  # reported to the client, which counts it as a retrieval error
@@ -409,8 +413,8 @@ class RemoteRetriever:
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                     result = json.loads(response.read())["result"]
-                return [[Passage(str(d["document"]["id"]), *split_contents(d["document"]["contents"]),
-                                 float(d.get("score", "nan"))) for d in docs] for docs in result]
+                return [[Passage(str(d["document"]["id"]), d["document"]["contents"], float(d.get("score", "nan")))
+                         for d in docs] for docs in result]
             except urllib.error.HTTPError as e:
                 error = f"HTTP {e.code}: {e.read()[:300].decode(errors='replace')}"
                 if e.code < 500 and e.code != 429:
@@ -457,7 +461,7 @@ class ServeConfig:
     port: int = 8000
     """TCP port."""
     topk: int = 3
-    """Passages per query when a request's topk is null."""
+    """Passages per query when a request's topk is null or 0."""
 
 
 if __name__ == "__main__":

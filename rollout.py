@@ -10,7 +10,8 @@ nodes to continue from; a chain is the degenerate tree.
     tree_grpo  Tree-GRPO §4.2.3: M chains, then L rounds of N random non-leaf expansions per tree
     branpo     BranPO §4.2 + App. A.1: tail truncation with the Bran/Recur schedule, contrastive branches, RSM check
     carl       CARL §5 + App. C.1: N0 chains, then N forks from the state of lowest action density n(s)/H(s)
-    treeps     TreePS-RAG §2.2: layer-wise, B_d = ceil(N/|M(d-1)|), Jaccard-clustered pruning of search children
+    treeps     TreePS-RAG §2.2: layer-wise, B_d = ceil(N/|M(d-1)|), Jaccard-clustered pruning of search children;
+               §2.3: N root-to-leaf paths drawn for training
 
 Abnormal outcomes ("Cut the Bill" §5.4), each a flag on the node and a counter:
     too_many_calls, parse_error, repeated_query -> stop, reward 0 (5.4.1)
@@ -27,11 +28,21 @@ Deviations and choices:
    answer, the trajectory keeps only its original suffix (GRPO-like, Theorem B.1).
 3. CARL's entropy H(s) uses the rollout engine's log-probs of the sampled action tokens (length-normalised NLL,
    Eq. 8). Forks of different prompts run in one batch, one fork per prompt per wave.
-4. TreePS-RAG keeps, per cluster of search children, the first sampled member as its representative.
+4. TreePS-RAG keeps, per cluster of search children, the first sampled member as its representative. Search
+   children at the depth limit D = max_turns + 1 were ended by the agent (max_turns, reward 0) without retrieval;
+   they are pruned like any others, but with no documents all their distances tie and the clustering's merge
+   order picks the kept ones (Alg. 1 l. 15 retrieves for them only to choose which reward-0 leaves stay). With
+   D <= max_turns they are retrieved, pruned, then ended. The N training paths (§2.3) are drawn among the scored
+   leaves; a drawn `truncated` one is then not trained (Cut the Bill §5.4.4).
 5. With the format penalty on (BranPO App. A.3), tag-format breaks and answers given without any search get -0.5
    instead of their reward; repeated queries, max turns and truncation keep reward 0.
 6. Per-prompt wall time: each wave's generation (retrieval) time is shared among prompts in proportion to the
    tokens they generated (queries they issued) in that wave.
+7. BranPO's RSM check runs for r >= 0.8 (§4.4: "correct trajectories", with App. A.1's correctness threshold);
+   App. A.1 writes r = 1. A trajectory of T <= Recur steps is also truncated at k = 0 (resampled from the
+   prompt; its prefix is empty, so A_base trains nothing there); the paper only says "near the tail".
+8. Tree-GRPO draws the N expansion nodes without replacement (the text's "N nodes are randomly selected");
+   the official code uses random.choices, with replacement: `with_replacement=True`.
 """
 from __future__ import annotations
 
@@ -43,13 +54,13 @@ import time
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from scipy.cluster.hierarchy import fcluster, linkage
+from scipy.cluster.hierarchy import cut_tree, linkage
 from scipy.spatial.distance import squareform
 
 from engines import Sampling
 from eval import exact_match, token_f1
 from retriever import RetrievalError
-from tree import Node, Tree, context_ids, path, walk
+from tree import Node, Tree, context_ids, path, scored_leaves, walk
 
 INSTRUCTION = (
     "Answer the given question. You must conduct reasoning inside <{think}> and </{think}> first every time you "
@@ -314,17 +325,19 @@ def chain(agent: Agent, examples, rng: random.Random, G: int = 8) -> list[list[T
     return prompts
 
 
-def tree_grpo(agent: Agent, examples, rng: random.Random, M: int = 2, N: int = 2, L: int = 1) -> list[list[Tree]]:
+def tree_grpo(agent: Agent, examples, rng: random.Random, M: int = 2, N: int = 2, L: int = 1,
+              with_replacement: bool = False) -> list[list[Tree]]:
     """Tree-GRPO §4.2.3: M chains per prompt (the initial M trees); then L rounds in which N nodes per tree,
-    drawn uniformly without replacement among the root and the non-leaf nodes (with replacement when the tree has
-    fewer), each get one new full continuation. M (L N + 1) leaves per prompt."""
+    drawn uniformly among the root and the non-leaf nodes, without replacement (with it when the tree has fewer,
+    or with `with_replacement`, as the official code's random.choices; deviation 8), each get one new full
+    continuation. M (L N + 1) leaves per prompt."""
     prompts = [[agent.new_tree(ex, f"p{i}.t{m}") for m in range(M)] for i, ex in enumerate(examples)]
     agent.run([(t, t.root) for trees in prompts for t in trees])  # initialization
     for _ in range(L):
         frontier = []
         for t in (t for trees in prompts for t in trees):
             inner = [n for n in walk(t.root) if n.children]  # root + intermediate steps (never a final answer)
-            picks = rng.sample(inner, N) if len(inner) >= N else [rng.choice(inner) for _ in range(N)]
+            picks = rng.choices(inner, k=N) if with_replacement or len(inner) < N else rng.sample(inner, N)
             frontier += [(t, n) for n in picks]
         agent.run(frontier)  # expansion: all trees of all prompts in one batch
     return prompts
@@ -434,26 +447,32 @@ def carl(agent: Agent, examples, rng: random.Random, N0: int = 1, N: int = 16) -
 
 def jaccard_prune(children: list[Node], k: int) -> list[Node]:
     """TreePS-RAG §2.2: keep min(k, |children|) search children, one per cluster of a hierarchical clustering
-    (average linkage) on the Jaccard distance 1 - |P_i ∩ P_j| / |P_i ∪ P_j| of their retrieved doc-id sets."""
+    (average linkage) on the Jaccard distance 1 - |P_i ∩ P_j| / |P_i ∪ P_j| of their retrieved doc-id sets.
+    The dendrogram is cut into exactly k clusters (cut_tree; fcluster's maxclust returns fewer on tied distances)."""
     if len(children) <= k:
         return children
     sets = [set(c.doc_ids) for c in children]
     dist = [[1 - len(a & b) / len(a | b) if a | b else 0.0 for b in sets] for a in sets]
-    labels = fcluster(linkage(squareform(dist, checks=False), method="average"), t=k, criterion="maxclust")
+    labels = cut_tree(linkage(squareform(dist, checks=False), method="average"), n_clusters=k).ravel()
     first = {}
     for c, label in zip(children, labels):
         first.setdefault(label, c)  # the first sampled member represents its cluster
     return list(first.values())
 
 
-def treeps(agent: Agent, examples, rng: random.Random, N: int = 8, D: int | None = None,
-           N_retain: int = 2) -> list[list[Tree]]:
+def treeps(agent: Agent, examples, rng: random.Random, N: int = 8, D: int = 0, N_retain: int = 2,
+           N_train: int = 0) -> list[list[Tree]]:
     """TreePS-RAG §2.2 (Algorithm 1, phase 1): layer by layer from M(0) = {root}. At depth d every retained parent
     gets B_d = ceil(N / |M(d-1)|) children (Eq. 2), all layers' prompts in one engine call; answer (and abnormal)
     children are leaves; among each parent's search children min(N_retain, count) are kept by Jaccard clustering
-    and become M(d); the rest are pruned. Search children at the depth limit D (default: every step the agent
-    allows, max_turns + 1) end with reward 0 (Alg. 1 l. 24)."""
+    and become M(d); the rest are pruned. At the depth limit D (0: every step the agent allows, max_turns + 1)
+    search children are pruned the same way and the kept ones end with reward 0 (Alg. 1 l. 24; deviation 4).
+    Then N_train (0: N) root-to-leaf paths per tree are drawn with `rng` and their leaves marked `sampled`: the
+    trajectories advantages.treeps trains (§2.3)."""
     D = D or agent.cfg.max_turns + 1
+    if D > agent.cfg.max_turns + 1:
+        raise ValueError(f"treeps depth limit D={D} exceeds the agent's max_turns + 1 = {agent.cfg.max_turns + 1} "
+                         f"steps; lower D or raise max_turns to {D - 1}")
     prompts = [[agent.new_tree(ex, f"p{i}")] for i, ex in enumerate(examples)]
     retained = {id(trees[0]): [trees[0].root] for trees in prompts}  # M(d-1) per tree
     for d in range(1, D + 1):
@@ -465,15 +484,17 @@ def treeps(agent: Agent, examples, rng: random.Random, N: int = 8, D: int | None
         for [t] in prompts:
             kept = []
             for p in retained[id(t)]:
-                search = [c for c in p.children if not ended(c)]
+                search = [c for c in p.children if not ended(c) or c.flags == ["max_turns"]]  # those the limit ended
                 keep = jaccard_prune(search, N_retain)
-                p.children = [c for c in p.children if ended(c) or c in keep]
+                p.children = [c for c in p.children if c not in search or c in keep]
                 kept += keep
-            if d == D:
-                for c in kept:
-                    agent._end(c, "max_turns", 0.0)
-                kept = []
+            for c in [c for c in kept if d == D and not ended(c)]:  # Alg. 1 l. 24: leaves at D, reward 0
+                agent._end(c, "max_turns", 0.0)
             retained[id(t)] = kept
+    for [t] in prompts:
+        pool = scored_leaves(t.root)
+        for leaf in rng.sample(pool, min(N_train or N, len(pool))):  # §2.3: "randomly sample N trajectories"
+            leaf.sampled = True
     return prompts
 
 
@@ -500,7 +521,7 @@ def main():
     p.add_argument("--world", default="out/world", help="embedded world directory (written on first use)")
     p.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"], help="generation engine")
     p.add_argument("--seed", type=int, default=0, help="sampling and strategy seed")
-    for name in ("G", "M", "N", "L", "N0", "D", "N_retain"):
+    for name in ("G", "M", "N", "L", "N0", "D", "N_retain", "N_train"):
         p.add_argument(f"--{name}", type=int, help=f"strategy hyperparameter {name} (default: the paper's)")
     args = p.parse_args()
     import inspect

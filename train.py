@@ -103,7 +103,7 @@ class Args:
     kl_coef: float = 0.001
     """Weight of the k3 KL to the frozen initial policy (Search-R1, BranPO Table 5: 0.001)."""
     tis_cap: float = 2.0
-    """Truncated importance sampling cap C on pi_old / pi_rollout (BranPO seed: 2.0); 0 disables TIS."""
+    """TIS cap C on pi_old / pi_rollout (BranPO Table 5: 2.0; its batch-normalize option: README); 0 disables TIS."""
     loss_agg: str = field(default="token-mean", metadata={"choices": ["token-mean", "seq-mean-token-mean"]})
     """How per-token losses are averaged."""
     grad_clip: float = 1.0
@@ -111,7 +111,7 @@ class Args:
 
     max_turns: int = 4
     """Search rounds per trajectory, plus one final answer-only step (the papers' 4-turn limit, as Search-R1's
-    max_turns; TreePS-RAG's depth limit D is max_turns + 1)."""
+    max_turns; TreePS-RAG's depth limit D is at most max_turns + 1, see --treeps_D)."""
     max_step_tokens: int = 64
     """Tokens per generated step."""
     max_traj_tokens: int = 1024
@@ -141,6 +141,8 @@ class Args:
     """Tree-GRPO: expansions per tree per round."""
     tree_L: int = 1
     """Tree-GRPO: expansion rounds."""
+    tree_replace: bool = False
+    """Tree-GRPO: draw the N expansion nodes with replacement (the official code's random.choices)."""
     tree_mode: str = field(default="both", metadata={"choices": ["both", "intra", "inter"]})
     """Tree-GRPO advantage: intra + inter (paper), or one of them (Table 4 ablation)."""
     branpo_N: int = 4
@@ -155,10 +157,16 @@ class Args:
     """CARL: progressive forks."""
     carl_update_all: bool = False
     """CARL: also train single-child actions (Eq. 16 ablation)."""
+    carl_train_phase1: bool = True
+    """CARL: train the N0 first-phase chains' forked actions (Eqs. 13, 15); False: not trained (App. C.1)."""
     treeps_N: int = 8
     """TreePS-RAG: nodes per layer (rollout budget N)."""
     treeps_retain: int = 2
     """TreePS-RAG: N_retain, search children kept per parent."""
+    treeps_D: int = 0
+    """TreePS-RAG: depth limit D, at most max_turns + 1; 0 = max_turns + 1 (the paper uses D = 4)."""
+    treeps_train: int = 0
+    """TreePS-RAG: root-to-leaf paths sampled for training (§2.3); 0 = treeps_N, as the paper."""
     treeps_process: bool = True
     """TreePS-RAG: process advantage (False = GRPO over its trajectories, Table 2 ablation)."""
 
@@ -181,13 +189,16 @@ class Args:
 # One dict picks the paper: (rollout strategy, its hyperparameters, advantage function, its options).
 ALGOS = {
     "grpo": (rollout.chain, lambda a: {"G": a.grpo_G}, advantages.grpo, lambda a: {}),
-    "tree_grpo": (rollout.tree_grpo, lambda a: {"M": a.tree_M, "N": a.tree_N, "L": a.tree_L},
+    "tree_grpo": (rollout.tree_grpo,
+                  lambda a: {"M": a.tree_M, "N": a.tree_N, "L": a.tree_L, "with_replacement": a.tree_replace},
                   advantages.tree_grpo, lambda a: {"mode": a.tree_mode}),
     "branpo": (rollout.branpo, lambda a: {"N": a.branpo_N, "rsm": a.branpo_rsm},
                advantages.branpo, lambda a: {"branch_norm": a.branpo_norm}),
     "carl": (rollout.carl, lambda a: {"N0": a.carl_N0, "N": a.carl_N},
-             advantages.carl, lambda a: {"update_all": a.carl_update_all}),
-    "treeps": (rollout.treeps, lambda a: {"N": a.treeps_N, "N_retain": a.treeps_retain},
+             advantages.carl,
+             lambda a: {"update_all": a.carl_update_all, "phase1_chains": 0 if a.carl_train_phase1 else a.carl_N0}),
+    "treeps": (rollout.treeps,
+               lambda a: {"N": a.treeps_N, "D": a.treeps_D, "N_retain": a.treeps_retain, "N_train": a.treeps_train},
                advantages.treeps, lambda a: {"process": a.treeps_process}),
 }
 

@@ -73,6 +73,8 @@ class Node:
     """BranPO: the last step of the shared prefix B (Eq. 8); its children are the continuations C (Eq. 9)."""
     redundant: bool = False
     """BranPO RSM: a step a shorter correct continuation showed to be unnecessary (Eq. 14)."""
+    sampled: bool = False
+    """TreePS-RAG: a leaf whose root-to-leaf path is among the N drawn for training (§2.3); unmarked tree: all."""
     entropy: float | None = None
     """CARL: running mean of the length-normalised NLL of actions sampled at this state, H(s) (Eq. 6-8)."""
     n_sampled: int = 0
@@ -150,6 +152,11 @@ def path(node: Node) -> list[Node]:
     return steps[::-1]
 
 
+def truncated(leaf: Node) -> bool:
+    """A trajectory cut by the token budget: its reward counts in group statistics, but `to_samples` drops it."""
+    return any("truncated" in s.flags for s in path(leaf))
+
+
 def context_ids(node: Node) -> list[int]:
     """TITO: the exact token ids the model sees after `node`: prompt + (tokens + obs_tokens) of every step."""
     root = node
@@ -213,7 +220,7 @@ class Tree:
             for name, v in (("r", n.reward), ("V", n.value), ("A", n.advantage)):
                 if v is not None:
                     parts.append(f"{name}={v:+.3f}")
-            marks = n.flags + [m for m in ("prefix_end", "redundant") if getattr(n, m)]
+            marks = n.flags + [m for m in ("prefix_end", "redundant", "sampled") if getattr(n, m)]
             if marks:
                 parts.append("[" + ",".join(marks) + "]")
             return "  ".join(parts)
@@ -294,7 +301,7 @@ def to_samples(trajectories: list[Trajectory]) -> list[Sample]:
         steps = traj.steps
         if len(traj.advantages) != len(steps):
             raise ValueError(f"trajectory {traj.leaf.id}: {len(traj.advantages)} advantages for {len(steps)} steps")
-        if any("truncated" in s.flags for s in steps) or all(a is None for a in traj.advantages):
+        if truncated(traj.leaf) or all(a is None for a in traj.advantages):
             continue
         ids = context_ids(steps[0].parent)  # the prompt
         mask, adv, lp = [0] * len(ids), [0.0] * len(ids), [0.0] * len(ids)

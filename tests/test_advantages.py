@@ -15,7 +15,7 @@ from pytest import approx
 
 from advantages import (ALGOS, branpo, carl, carl_rollout_cost, carl_update_bounds, group_normalize, grpo,
                         tree_grpo, tree_grpo_budget, treeps, treeps_branching)
-from tree import Node, Tree, walk
+from tree import Node, Tree, to_samples, walk
 
 ROOT = Path(__file__).resolve().parents[1]
 S3 = math.sqrt(3)
@@ -72,6 +72,10 @@ def test_grpo_with_format_penalty():
     s = math.sqrt(7 / 12)
     close(by_leaf(grpo(trees)), {"a.0.0": [5 / 6 / s] * 2, "b.0.0.0": [-1 / 6 / s] * 3, "c.0": [-2 / 3 / s]})
     assert trees[1].find("b.0").advantage == approx(-1 / 6 / s, abs=1e-5)  # each step of a chain is in one trajectory
+
+
+def test_grpo_cites_the_section_with_its_settings():
+    assert '"Cut the Bill" §5.3' in grpo.__doc__  # §3 is Cut the Bill's data section; the GRPO settings are in §5.3
 
 
 def test_grpo_equal_single_and_discarded():
@@ -203,6 +207,23 @@ def test_branpo_reduces_to_grpo_theorem_b1():
                 assert got[k] == approx(want[k], abs=1e-9)
 
 
+def test_branpo_prefix_trained_in_the_first_continuation_that_is_trained():
+    # BranPO branches a wrong original (F1 = 0), e.g. one cut by the token budget: x.0 (prefix_end) ->
+    # {x.0.0 r=0 truncated (original), x.0.1 r=1 (branch)};  y: unbranched chain y.0 r=0
+    # Eq. 10: r_base = 0.5, 0.  Eq. 11 over [0.5, 0]: mean 0.25, dev +-0.25, var = 2 * 0.0625 / 1 = 0.125,
+    # std 0.353553 -> +-0.7071
+    # Eq. 12 over [0, 1, 0]: mean 1/3, dev -1/3, 2/3, -1/3, var = (1/9 + 4/9 + 1/9) / 2 = 1/3 -> -1/S3, 2/S3, -1/S3
+    h, step = 1 / math.sqrt(2), {"tokens": [1], "logprobs": [-1.0]}
+    x = n("x", n("x.0", leaf("x.0.0", 0.0, flags=["truncated"], **step), leaf("x.0.1", 1.0, **step), prefix_end=True,
+                 **step), tokens=[9])
+    trees = T(x, chain("y", 1, 0.0))
+    got = branpo(trees)
+    # A_base on x.0 goes to x.0.1: x.0.0 is dropped from the loss (it used to take A_base with it)
+    close(by_leaf(got), {"x.0.0": [None, -1 / S3], "x.0.1": [h, 2 / S3], "y.0": [-h]})
+    row, = (r for r in to_samples(got) if r.leaf_id.startswith("x"))
+    assert row.leaf_id == "x.0.1" and row.advantages == [0.0, approx(h, abs=1e-5), approx(2 / S3, abs=1e-5)]
+
+
 def test_branpo_errors():
     with pytest.raises(ValueError, match="marks 2 prefix ends"):
         branpo(T(n("r", n("r.0", n("r.0.0", leaf("r.0.0.0", 1.0), prefix_end=True), prefix_end=True))))
@@ -237,6 +258,32 @@ def test_carl_update_all_inherits_edge_above():
     # Eq. 16: s->s.0 has no edge above (root): 0;  s.0.1->s.0.1.0 inherits A(s.0->s.0.1) = +0.25
     close(by_leaf(carl(carl_tree(), update_all=True)),
           {"s.0.0.0": [0.0, -0.25, 0.5], "s.0.0.1": [None, None, -0.5], "s.0.1.0": [None, 0.25, 0.25]})
+
+
+def test_carl_forked_action_trained_in_a_trajectory_that_is_trained():
+    # r -> a -> {a1 r=0 truncated, a2 r=1};  r -> b r=0
+    # V(a) = (0+1)/2 = 0.5, V(b) = 0, V(r) = (0.5+0)/2 = 0.25
+    # A(a) = 0.5 - 0.25 = +0.25, A(b) = -0.25, A(a1) = 0 - 0.5 = -0.5, A(a2) = +0.5
+    # a1 is the first trajectory through a, but it is truncated (not trained): a is trained in a2's row
+    step = {"tokens": [1], "logprobs": [-1.0]}
+    trees = T(n("r", n("r.0", leaf("r.0.0", 0.0, flags=["truncated"], **step), leaf("r.0.1", 1.0, **step), **step),
+                leaf("r.1", 0.0, **step), tokens=[9]))
+    got = carl(trees)
+    close(by_leaf(got), {"r.0.0": [None, -0.5], "r.0.1": [0.25, 0.5], "r.1": [-0.25]})
+    rows = {r.leaf_id: r.advantages for r in to_samples(got)}
+    assert rows == {"r.0.1": [0.0, 0.25, 0.5], "r.1": [0.0, -0.25]}  # (prompt, step, step): A(a) = +0.25 trained once
+
+
+def test_carl_first_phase_chains_not_trained_app_c1():
+    # r -> {s.0 -> {s.0.0 r=1, s.0.1 r=0}, s.1 r=0}; N0 = 1: the first phase sampled the chain s.0 -> s.0.0,
+    # then forks added s.0.1 (from s.0) and s.1 (from r)
+    # V(s.0) = 0.5, V(s.1) = 0, V(r) = 0.25;  A(s.0) = +0.25, A(s.1) = -0.25, A(s.0.0) = +0.5, A(s.0.1) = -0.5
+    def tree():
+        return T(n("r", n("r.0", leaf("r.0.0", 1.0), leaf("r.0.1", 0.0)), leaf("r.1", 0.0)))
+    # Eqs. 13/15 (default): every action with a sibling, phase 1's included: 4 actions (N + 1 = 3 <= 4 <= 2N = 4)
+    close(by_leaf(carl(tree())), {"r.0.0": [0.25, 0.5], "r.0.1": [None, -0.5], "r.1": [-0.25]})
+    # App. C.1: r.0 and r.0.0 came from the first phase: not trained
+    close(by_leaf(carl(tree(), phase1_chains=1)), {"r.0.0": [None, None], "r.0.1": [None, -0.5], "r.1": [-0.25]})
 
 
 def test_carl_full_binary_tree_value_is_leaf_mean_and_negative_rewards():
@@ -306,6 +353,19 @@ def test_treeps_without_process_advantage_is_grpo_over_leaves():
     s = 0.75
     close(by_leaf(treeps(treeps_tree(), process=False)),
           {"r.0.0": [0.625 / s] * 2, "r.0.1.0": [-0.375 / s] * 3, "r.0.2": [0.625 / s] * 2, "r.1": [-0.875 / s]})
+
+
+def test_treeps_trains_only_the_sampled_paths():
+    # §2.3: N paths are drawn for training (rollout.treeps marks their leaves `sampled`); here u0 and v.
+    # V still averages over every leaf: V(r) = 0.375, V(u) = 2/3 -> the same A as test_treeps_process_advantage
+    trees = treeps_tree()
+    for i in ("r.0.0", "r.1"):
+        trees[0].find(i).sampled = True
+    close(by_leaf(treeps(trees)), {"r.0.0": [(2 * 2 / 3 - 0.75) / S3, 2 - 0.375 - 2 / 3], "r.1": [-1.75]})
+    # Table 2 ablation: GRPO over the two sampled rewards [1, -0.5]: mean 0.25, dev +-0.75,
+    # var = 2 * 0.5625 / 1 = 1.125, std 1.06066 -> +-0.70711
+    h = 0.75 / math.sqrt(1.125)
+    close(by_leaf(treeps(trees, process=False)), {"r.0.0": [h, h], "r.1": [-h]})
 
 
 def test_treeps_all_equal_and_single_leaf():

@@ -84,11 +84,11 @@ def test_missing_corpus_says_how_to_make_one(tmp_path):
         load_corpus(str(tmp_path / "none.jsonl"))
 
 
-def test_contents_split_and_round_trip():
+def test_contents_split():
     assert split_contents('"Paris"\nParis is a city.\nMore.') == ('"Paris"', "Paris is a city.\nMore.")
     assert split_contents("no title") == ("", "no title")
-    for contents in ("T\ntext", "just text", "T\n"):
-        assert Passage("0", *split_contents(contents), 1.0).contents == contents
+    p = Passage("0", "\nfirst line\nmore", 1.0)  # an empty title: the contents start with the newline
+    assert (p.title, p.text, p.contents) == ("", "first line\nmore", "\nfirst line\nmore")
 
 
 # ---- BM25 and dense
@@ -181,7 +181,8 @@ def test_server_round_trip_matches_search_r1_schema(bm25):
     ({"queries": "ravoki"}, 400, "body must be"),
     ({"queries": [1, 2]}, 400, "body must be"),
     ({"topk": 3}, 400, "body must be"),
-    ({"queries": ["x"], "topk": 0}, 400, "topk must be a positive integer or null, got 0"),
+    ({"queries": ["x"], "topk": -1}, 400, "topk must be a positive integer, or 0 / null for the server's default (3), "
+                                          "got -1"),
     ({"queries": ["x"], "topk": "3"}, 400, "got '3'"),
 ])
 def test_server_rejects_bad_requests(bm25, body, status, message):
@@ -192,6 +193,25 @@ def test_server_rejects_bad_requests(bm25, body, status, message):
         request = urllib.request.Request(url + "/search", b"{}", {"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError, match="404"):
             urllib.request.urlopen(request, timeout=5)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_server_sends_contents_unchanged_and_topk_0_means_its_default():
+    corpus = Corpus("mem", ["0", "1"], ["\nkalo mire works for ravoki", "Ravoki\nravoki is a company"])
+    server, url = serve(BM25Retriever(corpus), default_topk=1)
+    try:
+        status, body = post(url, {"queries": ["ravoki"], "topk": 2})
+        got = {d["document"]["id"]: d["document"]["contents"] for d in body["result"][0]}
+        assert status == 200 and got == {"0": "\nkalo mire works for ravoki", "1": "Ravoki\nravoki is a company"}
+        # Search-R1's client reads title = contents.split("\n")[0]: "" (it read "kalo mire works for ravoki" when
+        # the leading newline was stripped)
+        assert got["0"].split("\n")[0] == ""
+        # Search-R1's server: `if not request.topk: request.topk = config.retrieval_topk` -> 0 gets the default, 1
+        for topk in (0, None):
+            status, body = post(url, {"queries": ["ravoki"], "topk": topk})
+            assert status == 200 and len(body["result"][0]) == 1
     finally:
         server.shutdown()
         server.server_close()
@@ -230,7 +250,7 @@ class Stub:
         if self.fail_calls > 0 or any(self.fail_word and self.fail_word in q for q in queries):
             self.fail_calls -= 1
             raise RuntimeError("index on fire")
-        return [[Passage(str(i), q, "text", 1.0 / (i + 1)) for i in range(k)] for q in queries]
+        return [[Passage(str(i), f"{q}\ntext", 1.0 / (i + 1)) for i in range(k)] for q in queries]
 
 
 def free_port():
@@ -278,7 +298,7 @@ def test_client_does_not_retry_a_bad_request():
     try:
         start = time.time()
         with pytest.raises(RetrievalError, match="HTTP 400.*topk must be a positive integer"):
-            RemoteRetriever(url, retries=3, backoff_s=5.0).search(["a"], 0)
+            RemoteRetriever(url, retries=3, backoff_s=5.0).search(["a"], -1)
         assert time.time() - start < 2.0  # no 5 s backoff: a 4xx is our fault, retrying cannot help
     finally:
         server.shutdown()

@@ -67,7 +67,7 @@ class MemoryRetriever:
 
     def search(self, queries, k):
         self.calls.append(list(queries))
-        partial = [None if "boom" in q else [Passage(id=f"{q[:2]}{i}", title=f"T{q[:2]}", text=f"text {i} about {q}",
+        partial = [None if "boom" in q else [Passage(id=f"{q[:2]}{i}", contents=f"T{q[:2]}\ntext {i} about {q}",
                                                      score=1.0 / (i + 1)) for i in range(k)] for q in queries]
         failed = [i for i, p in enumerate(partial) if p is None]
         if failed:
@@ -259,6 +259,16 @@ def test_tree_grpo_221_gives_two_trees_of_three_leaves():
     assert eng.calls == [2, 2, 4, 2]  # init: 2 waves; expansion: 4 continuations, 2 of which need a 2nd step
 
 
+def test_tree_grpo_expansion_nodes_with_replacement():
+    # one chain (M = 1): expandable nodes [root, search step]; N = 2 draws from random.Random(0):
+    assert random.Random(0).choices([0, 1], k=2) == [1, 1]  # with replacement (official code): the search step twice
+    agent, eng = agent_with(search_then_answer)
+    [[t]] = STRATEGIES["tree_grpo"](agent, [EX], random.Random(0), M=1, N=2, L=1, with_replacement=True)
+    assert len(t.root.children) == 1 and len(t.root.children[0].children) == 3  # its answer + 2 new answers
+    assert eng.calls == [1, 1, 2]  # init: 2 waves; expansion: 2 answers in one wave
+    # (without replacement both nodes are drawn once each: test_tree_grpo_221_gives_two_trees_of_three_leaves)
+
+
 def queue_policy(script, default="<answer>Oda</answer>"):
     it = iter(script)
     return lambda c: next(it, default)
@@ -313,20 +323,53 @@ def test_carl_forks_from_lowest_density():
     assert len(tree.root.children) == 1 and len(tree.root.children[0].children) == 3
 
 
-def test_treeps_layers_and_pruning():
+def alternating_searches():
+    """Every step searches; queries alternate between two doc families ('qa' / 'qb'): 2 clusters per parent."""
     n = iter(range(10_000))
 
-    def policy(c):  # every step searches; queries alternate between two doc families ('qa.' / 'qb.'): 2 clusters
+    def policy(c):
         k = next(n)
         return f"<search>q{'ab'[k % 2]} {k}</search>"
+    return policy
 
-    agent, eng = agent_with(policy, max_turns=3)  # 3 search rounds + the answer-only step: D = 4 by default
+
+def test_treeps_layers_and_pruning():
+    agent, eng = agent_with(alternating_searches(), max_turns=3)  # 3 search rounds + the answer-only step: D = 4
     [tree], = STRATEGIES["treeps"](agent, [EX], random.Random(0), N=8, N_retain=2)
     # B_d = ceil(8 / |M(d-1)|) with |M| = 1, 2, 4, 8 -> 8, 4, 2, 1 children per parent: 8 prompts per layer
     assert eng.calls == [8, 8, 8, 8]
     by_depth = [sum(1 for x in walk(tree.root) if x.depth == d) for d in range(1, 5)]
-    assert by_depth == [2, 4, 8, 8]  # kept 2 per parent at depths 1-3; depth 4 searches end (max_turns) and stay
+    assert by_depth == [2, 4, 8, 8]  # kept 2 per parent at depths 1-3; 1 per parent at depth 4 (nothing to prune)
     assert all(x.flags == ["max_turns"] for x in tree.leaves())
+
+
+def test_treeps_prunes_at_the_depth_limit_and_samples_n_paths():
+    retriever = MemoryRetriever()
+    agent, eng = agent_with(alternating_searches(), retriever, max_turns=1)  # D = max_turns + 1 = 2
+    [tree], = STRATEGIES["treeps"](agent, [EX], random.Random(0), N=8, N_retain=2, N_train=3)
+    # depth 1: 8 searches, 2 kept (one per doc family); depth 2: B = ceil(8/2) = 4 per parent, 8 searches that the
+    # agent ends at its step limit (max_turns, not retrieved): pruned like any, 2 per parent -> 4 leaves (8 before)
+    assert eng.calls == [8, 8] and [len(q) for q in retriever.calls] == [8]
+    assert [sum(1 for x in walk(tree.root) if x.depth == d) for d in (1, 2)] == [2, 4]
+    assert all(x.flags == ["max_turns"] and x.reward == 0.0 for x in tree.leaves())
+    # §2.3: N_train = 3 of the 4 leaves drawn with the strategies' rng: random.Random(0).sample(range(4), 3)
+    assert random.Random(0).sample(range(4), 3) == [3, 1, 0]
+    leaves = tree.leaves()
+    assert [x.sampled for x in leaves] == [True, True, False, True]
+    assert [t.leaf for t in advantages.treeps([tree])] == [leaves[0], leaves[1], leaves[3]]  # only those trained
+    [tree], = STRATEGIES["treeps"](agent_with(alternating_searches(), max_turns=1)[0], [EX], random.Random(0))
+    assert all(x.sampled for x in tree.leaves())  # N_train = N = 8 >= 4 leaves: every path
+
+    # D <= max_turns: the depth-D searches are retrieved, pruned by Jaccard (a 'qa' and a 'qb' per parent), ended
+    retriever = MemoryRetriever()
+    agent, eng = agent_with(alternating_searches(), retriever, max_turns=3)
+    [tree], = STRATEGIES["treeps"](agent, [EX], random.Random(0), N=8, D=2, N_retain=2)
+    assert [len(q) for q in retriever.calls] == [8, 8]
+    assert [sum(1 for x in walk(tree.root) if x.depth == d) for d in (1, 2, 3)] == [2, 4, 0]
+    assert sorted(x.query[:2] for x in tree.leaves()) == ["qa", "qa", "qb", "qb"]
+    assert all(x.flags == ["max_turns"] and x.reward == 0.0 for x in tree.leaves())
+    with pytest.raises(ValueError, match="depth limit D=5 exceeds the agent's max_turns \\+ 1 = 4"):
+        STRATEGIES["treeps"](agent, [EX], random.Random(0), D=5)
 
 
 def test_jaccard_prune():
@@ -335,7 +378,16 @@ def test_jaccard_prune():
     # with one side (a tie): either way the 2 clusters' first members are c0 and c2
     assert [k.id for k in jaccard_prune(kids, 2)] == ["c0", "c2"]
     assert jaccard_prune(kids[:2], 2) == kids[:2]
-    assert len(jaccard_prune([Node("x", doc_ids=["a"]), Node("y", doc_ids=["a"]), Node("z", doc_ids=["a"])], 2)) == 1
+    # Algorithm 1 keeps exactly min(N_retain, |children|), ties or not (fcluster's maxclust kept fewer):
+    # all distances 0: merges x+y, then z; cut into 2 clusters: {x, y}, {z}
+    same = [Node(i, doc_ids=["a"]) for i in "xyz"]
+    assert [k.id for k in jaccard_prune(same, 2)] == ["x", "z"]
+    # [a] [a] [a] [b]: merges c0+c1 (0), c2 (0), then c3 (1); 3 clusters: {c0, c1}, {c2}, {c3}
+    kids = [Node(f"c{i}", doc_ids=d) for i, d in enumerate([["a"], ["a"], ["a"], ["b"]])]
+    assert [k.id for k in jaccard_prune(kids, 3)] == ["c0", "c2", "c3"]
+    # six disjoint sets (the most diverse case): all distances 1, merged in index order; 2 clusters: {c0..c4}, {c5}
+    kids = [Node(f"c{i}", doc_ids=[d]) for i, d in enumerate("abcdef")]
+    assert [k.id for k in jaccard_prune(kids, 2)] == ["c0", "c5"]
 
 
 def test_cli_dump_feeds_advantages(env):

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from train import Args, collate, ppo_loss
+from train import ALGOS, Args, collate, ppo_loss
 from tree import Sample
 
 ARGS = Args(clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=0.0)
@@ -84,6 +84,13 @@ def test_collate_right_pads():
     assert batch["mask"].tolist() == [[0, 1, 1], [0, 0, 0]]
     assert batch["adv"].tolist() == [[0.0, 0.5, 0.5], [0.0, 0.0, 0.0]]
     assert batch["rollout_logp"].tolist() == [[0.0, -1.0, -2.0], [0.0, 0.0, 0.0]]
+
+
+def test_algos_pass_the_paper_options():
+    a = Args(tree_replace=True, carl_train_phase1=False, carl_N0=8, treeps_D=4, treeps_train=3)
+    assert ALGOS["tree_grpo"][1](a)["with_replacement"] is True  # the official code's random.choices
+    assert ALGOS["carl"][3](a)["phase1_chains"] == 8 and ALGOS["carl"][3](Args())["phase1_chains"] == 0  # C.1 / Eq. 13
+    assert ALGOS["treeps"][1](a) == {"N": 8, "D": 4, "N_retain": 2, "N_train": 3}  # D = 4 (the paper's), 3 paths
 
 
 # ---- smoke runs of the real script (tiny world, tiny random policy) --------------------------------------------
