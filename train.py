@@ -345,7 +345,8 @@ def main(args: Args, warm: warmstart.WarmConfig):
     accelerator = Accelerator(log_with=args.log_with or None, project_dir=run_dir)
     main_proc = accelerator.is_main_process
     if accelerator.num_processes == 1 and accelerator.device.type == "cpu":
-        torch.set_num_threads(os.cpu_count())  # `accelerate launch` sets OMP_NUM_THREADS=1; one process may use all
+        torch.set_num_threads(len(os.sched_getaffinity(0)))  # `accelerate launch` sets OMP_NUM_THREADS=1; one
+        # process may use every core it is allowed (taskset / cpuset)
     set_seed(args.seed)
     if main_proc:
         os.makedirs(run_dir, exist_ok=True)

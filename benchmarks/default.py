@@ -1,13 +1,13 @@
-"""The main job's goal figures: wall time of the whole default command and test EM before and after RL, per seed.
-Prints figures; asserts nothing.
+"""The main job's figures per seed: wall time, greedy test EM of the warm start and after RL, the gain, per hop.
+Prints figures; `--check` also turns the run into the product's correctness guard (CI runs it on seed 0).
 
-    python benchmarks/default.py                       # seeds 0 1 2, --algo tree_grpo, in out/bench-default/
-    python benchmarks/default.py --seeds 0 --algo grpo
+    python benchmarks/default.py --seeds 0 1 2 3 4          # the README's table, in out/bench-default/
+    python benchmarks/default.py --seeds 0 --check          # exit 1 if the warm start or RL broke (.ci/run)
 
-Each seed runs `accelerate launch train.py --algo ALGO --seed S --out_dir OUT/seedS` from scratch (world, warm
-start, RL; the run's eval at step 0 is the warm start's EM, its last eval the RL policy's, on the same 400 test
-questions spread over the hops, sampled as the seeds evaluate: T = 0.7, top-p 0.8). Then it evaluates both
-checkpoints greedily with eval.py on the same questions. Seeds run one after another so the wall times are honest.
+Each seed runs the README's main command, `accelerate launch train.py --algo ALGO --seed S`, from nothing (world,
+warm start, RL) in its own directory, one seed after another so that the wall times are honest. The figures are
+the run's own evaluations (train.py: greedy, on --eval_n test questions spread over the hops): the first is the
+warm start's, the last the RL policy's.
 """
 import json
 import os
@@ -23,51 +23,66 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @dataclass
 class Args:
-    """What to run."""
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    """Seeds (each: its own warm start and RL run)."""
+    """What to run, and what --check demands."""
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
+    """Seeds (each: its own world copy, warm start and RL run)."""
     algo: str = "tree_grpo"
     """train.py --algo."""
     out: str = "out/bench-default"
     """Parent of the per-seed output directories (deleted first: every seed starts from nothing)."""
+    check: bool = False
+    """Exit 1 unless every seed's warm start reaches min_warm_em and RL loses at most max_drop of it."""
+    min_warm_em: float = 0.5
+    """--check: lowest acceptable greedy test EM of the warm start."""
+    max_drop: float = 0.03
+    """--check: largest acceptable fall of the test EM from the warm start to the end of RL."""
 
 
-def greedy_em(model: str, out_dir: str) -> float:
-    report = os.path.join(model, "eval_greedy.json")
-    subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--model", model, "--n", "400", "--temperature", "0",
-                    "--top_p", "1", "--out", report], cwd=out_dir, check=True, capture_output=True)
-    with open(report) as f:
-        return json.load(f)["report"]["em"]
+def run_seed(a: Args, seed: int) -> dict:
+    """The main command for one seed, from nothing; its wall time and its first and last evaluation rows."""
+    out = os.path.abspath(os.path.join(a.out, f"seed{seed}"))
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    t0 = time.perf_counter()
+    subprocess.run(["accelerate", "launch", os.path.join(ROOT, "train.py"), "--algo", a.algo, "--seed", str(seed),
+                    "--out_dir", out, "--run_name", "main"], cwd=out, check=True)
+    wall = time.perf_counter() - t0
+    with open(os.path.join(out, "runs", "main", "metrics.jsonl")) as f:
+        evals = [r for r in map(json.loads, f) if "eval/em" in r]
+    return {"seed": seed, "wall": wall, "before": evals[0], "after": evals[-1]}
 
 
 def main(a: Args):
     rows = []
     for seed in a.seeds:
-        out = os.path.abspath(os.path.join(a.out, f"seed{seed}"))
-        shutil.rmtree(out, ignore_errors=True)
-        os.makedirs(out)
-        t0 = time.perf_counter()
-        subprocess.run(["accelerate", "launch", os.path.join(ROOT, "train.py"), "--algo", a.algo, "--seed", str(seed),
-                        "--out_dir", out], cwd=out, check=True)
-        wall = time.perf_counter() - t0
-        with open(os.path.join(out, "runs", a.algo, "metrics.jsonl")) as f:
-            evals = [r for r in map(json.loads, f) if "eval/em" in r]
-        before, after = evals[0]["eval/em"], evals[-1]["eval/em"]
-        g_before = greedy_em(os.path.join(out, "warmstart"), out)  # eval.py regenerates the same world in out/out
-        g_after = greedy_em(os.path.join(out, "runs", a.algo, "final"), out)
-        rows.append((seed, wall, before, after, g_before, g_after))
-        print(f"seed {seed}: {wall / 60:.1f} min; EM (T=0.7) {before:.3f} -> {after:.3f}; greedy {g_before:.3f} -> "
-              f"{g_after:.3f}", flush=True)
-    print(f"\n{'seed':>4} {'minutes':>8} {'EM before':>10} {'EM after':>9} {'gain':>7} {'greedy before':>14} "
-          f"{'greedy after':>13} {'gain':>7}")
-    for seed, wall, b, f, gb, gf in rows:
-        print(f"{seed:>4} {wall / 60:>8.1f} {b:>10.3f} {f:>9.3f} {f - b:>+7.3f} {gb:>14.3f} {gf:>13.3f} {gf - gb:>+7.3f}")
+        rows.append(run_seed(a, seed))
+        r = rows[-1]
+        print(f"seed {seed}: {r['wall'] / 60:.1f} min; greedy test EM {r['before']['eval/em']:.3f} -> "
+              f"{r['after']['eval/em']:.3f}", flush=True)
+    hops = sorted(k for k in rows[0]["before"] if k.startswith("eval/em_hop"))
+    print(f"\n{'seed':>4} {'minutes':>8} {'EM warm':>8} {'EM RL':>7} {'gain':>7}  "
+          + "  ".join(f"{h[len('eval/em_hop'):]}-hop warm -> RL" for h in hops))
+    for r in rows:
+        b, f = r["before"], r["after"]
+        print(f"{r['seed']:>4} {r['wall'] / 60:>8.1f} {b['eval/em']:>8.3f} {f['eval/em']:>7.3f} "
+              f"{f['eval/em'] - b['eval/em']:>+7.3f}  " + "  ".join(f"{b[h]:>8.3f} -> {f[h]:.3f}" for h in hops))
+    gains = [r["after"]["eval/em"] - r["before"]["eval/em"] for r in rows]
     if len(rows) > 1:
-        gains = [f - b for _, _, b, f, _, _ in rows]
-        greedy = [gf - gb for *_, gb, gf in rows]
-        print(f"mean gain (T=0.7) {statistics.mean(gains):+.3f} ± {statistics.stdev(gains):.3f} (std over seeds); "
-              f"greedy {statistics.mean(greedy):+.3f} ± {statistics.stdev(greedy):.3f}; "
-              f"wall time {statistics.mean(r[1] for r in rows) / 60:.1f} min")
+        sd = lambda xs: statistics.stdev(xs)  # noqa: E731  (sample std over seeds)
+        print(f"mean ± std over {len(rows)} seeds: {statistics.mean(r['wall'] for r in rows) / 60:.1f} ± "
+              f"{sd([r['wall'] / 60 for r in rows]):.1f} min; EM warm "
+              f"{statistics.mean(r['before']['eval/em'] for r in rows):.3f} ± "
+              f"{sd([r['before']['eval/em'] for r in rows]):.3f}; EM RL "
+              f"{statistics.mean(r['after']['eval/em'] for r in rows):.3f} ± "
+              f"{sd([r['after']['eval/em'] for r in rows]):.3f}; gain {statistics.mean(gains):+.3f} ± {sd(gains):.3f}; "
+              f"lowest gain {min(gains):+.3f}")
+    if a.check:
+        bad = [f"seed {r['seed']}: warm-start EM {r['before']['eval/em']:.3f} < {a.min_warm_em}"
+               for r in rows if r["before"]["eval/em"] < a.min_warm_em]
+        bad += [f"seed {r['seed']}: EM fell {-g:.3f} > {a.max_drop} during RL" for r, g in zip(rows, gains)
+                if g < -a.max_drop]
+        print("check: " + ("; ".join(bad) if bad else "passed"))
+        sys.exit(1 if bad else 0)
 
 
 if __name__ == "__main__":
