@@ -486,7 +486,7 @@ def reject_sampling_filter(rows, rewards):
 
 
 if __name__ == "__main__":
-    from transformers import HfArgumentParser
+    import cli
 
     @dataclass
     class Output:
@@ -494,7 +494,7 @@ if __name__ == "__main__":
         out: str
         """Directory that receives corpus.jsonl, train.jsonl and test.jsonl."""
 
-    cfg, output = HfArgumentParser((WorldConfig, Output)).parse_args_into_dataclasses()
+    cfg, output = cli.parse(WorldConfig, Output)
     print(cfg)
     world = build_world(cfg)
     write_world(world, output.out)

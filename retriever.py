@@ -504,11 +504,11 @@ class ServeConfig:
 
 
 if __name__ == "__main__":
-    from transformers import HfArgumentParser
+    import cli
     if sys.argv[1:2] != ["serve"]:
         sys.exit("usage: python retriever.py serve --corpus FILE --retriever bm25|dense --port PORT [...]; "
                  "see `python retriever.py serve --help`")
-    serve, cfg = HfArgumentParser((ServeConfig, RetrieverConfig)).parse_args_into_dataclasses(args=sys.argv[2:])
+    serve, cfg = cli.parse(ServeConfig, RetrieverConfig, args=sys.argv[2:])
     print(serve, cfg, sep="\n")
     server = SearchServer(make_retriever(load_corpus(serve.corpus), cfg), serve.host, serve.port, serve.topk,
                           serve.max_topk)

@@ -231,7 +231,7 @@ def ensure(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Age
 
 
 if __name__ == "__main__":
-    from transformers import HfArgumentParser
+    import cli
 
     @dataclass
     class Paths:
@@ -247,6 +247,6 @@ if __name__ == "__main__":
         seed: int = 0
         """Seed of the weights and the data (train.py --seed)."""
 
-    cfg, paths = HfArgumentParser((WarmConfig, Paths)).parse_args_into_dataclasses()
+    cfg, paths = cli.parse(WarmConfig, Paths)
     train(paths.out, data.ensure_world(paths.world), cfg, rollout.AgentConfig(
         instruction=rollout.SHORT_INSTRUCTION, topk=paths.topk, max_obs_tokens=paths.max_obs_tokens, seed=paths.seed))
