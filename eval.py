@@ -180,15 +180,20 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None):
 
     Returns the overall metrics and, under "by_source", one dict per data_source: n, em, f1, cover_em (of the
     first sample), pass@k (any of the k samples has EM 1), format (share of first samples passing check_format),
-    turns and searches (means over first samples), and judge (if `judge_fn` is given).
+    turns and searches (means over first samples), and judge (if `judge_fn` is given). Samples whose retrieval
+    failed (env_error) are the environment's fault, not the model's: they are left out, and a question left with
+    none is counted in env_errors instead of n; if every question is lost, it raises.
     """
     import random
 
     import rollout
     prompts = rollout.chain(agent, rows, random.Random(seed), G=k)
-    per_row = []
+    per_row, lost = [], Counter()
     for row, trees in zip(rows, prompts):
-        samples = [t.leaves()[0] for t in trees]
+        samples = [t.leaves()[0] for t in trees if t.leaves()[0].scored]
+        if not samples:
+            lost[row.data_source] += 1
+            continue
         first = samples[0]
         steps = rollout.path(first)
         prediction = first.answer
@@ -199,15 +204,20 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None):
             f"pass@{k}": max(exact_match(s.answer, row.golden_answers) for s in samples),
             "format": float(check_format("".join(s.text + s.obs_text for s in steps)).ok),
             "turns": float(len(steps)), "searches": float(sum(s.action == "search" for s in steps))})
+    if not per_row:
+        raise RuntimeError(f"all {len(rows)} evaluation questions were lost to retrieval errors (env_error); "
+                           f"the retriever is down or overloaded: check it, then evaluate again")
     if judge_fn is not None:
         for r, score in zip(per_row, judge_fn([(r["question"], r["golden"], r["prediction"]) for r in per_row])):
             r["judge"] = score
     keys = [key for key in per_row[0] if key not in ("source", "question", "golden", "prediction")] if per_row else []
-    mean = lambda rs: {"n": len(rs), **{key: sum(r[key] for r in rs) / len(rs) for key in keys}}  # noqa: E731
-    by_source = {}
+    mean = lambda rs, lost: {"n": len(rs), "env_errors": lost,  # noqa: E731
+                             **{key: sum(r[key] for r in rs) / len(rs) if rs else 0.0 for key in keys}}
+    by_source = {src: [] for src in lost}
     for r in per_row:
         by_source.setdefault(r["source"], []).append(r)
-    return {**mean(per_row), "by_source": {src: mean(rs) for src, rs in sorted(by_source.items())}}
+    return {**mean(per_row, sum(lost.values())),
+            "by_source": {src: mean(rs, lost[src]) for src, rs in sorted(by_source.items())}}
 
 
 def table(report):
@@ -215,7 +225,8 @@ def table(report):
     keys = [key for key in report if key not in ("by_source",)]
     lines = [f"{'dataset':14}" + "".join(f"{key:>10}" for key in keys)]
     for name, m in [*report["by_source"].items(), ("all", report)]:
-        lines.append(f"{name:14}" + "".join(f"{m[key]:>10.3f}" if key != "n" else f"{m[key]:>10d}" for key in keys))
+        lines.append(f"{name:14}" + "".join(f"{m[key]:>10d}" if key in ("n", "env_errors") else f"{m[key]:>10.3f}"
+                                            for key in keys))
     return "\n".join(lines)
 
 
@@ -224,13 +235,15 @@ if __name__ == "__main__":
     import os
     from dataclasses import dataclass, field
 
-    from transformers import HfArgumentParser
+    import importlib.util
+
+    import cli
 
     @dataclass
     class EvalArgs:
         """`python eval.py --model DIR --data NAME|PATH`: multi-turn evaluation of a policy."""
         model: str = "out/warmstart"
-        """Policy: a checkpoint directory (e.g. out/runs/tree_grpo/final) or a hub name."""
+        """Policy: a checkpoint directory (e.g. out/runs/tree_grpo-seed0/final) or a hub name."""
         gguf_file: str = ""
         """A GGUF file inside --model's directory."""
         data: str = ""
@@ -243,6 +256,10 @@ if __name__ == "__main__":
         """In-process retriever (when --retriever_url is empty)."""
         retriever_url: str = ""
         """A Search-R1 retrieval server."""
+        retriever_timeout_s: float = 10.0
+        """Seconds the retrieval server gets per request (train.py --retriever_timeout_s)."""
+        retriever_retries: int = 2
+        """Further tries of a failed retrieval request (train.py --retriever_retries)."""
         n: int = 500
         """Questions: n spread evenly over the split."""
         k: int = 1
@@ -262,18 +279,25 @@ if __name__ == "__main__":
         out: str = ""
         """JSON report path; empty = next to the model as eval_<split>.json."""
 
-    a = HfArgumentParser(EvalArgs).parse_args_into_dataclasses()[0]
+    a = cli.parse(EvalArgs)[0]
+    cli.check(a, [("n k max_turns", "an integer >= 1", lambda v: v >= 1),
+                  ("temperature", ">= 0", lambda v: v >= 0), ("top_p", "in (0, 1]", lambda v: 0 < v <= 1),
+                  ("retriever_timeout_s", "> 0", lambda v: v > 0), ("retriever_retries", ">= 0", lambda v: v >= 0),
+                  ("engine", "auto or hf: vllm is not installed (pip install -r requirements-gpu.txt)",
+                   lambda v: v != "vllm" or importlib.util.find_spec("vllm") is not None)],
+              [(a.k > 1 and a.temperature == 0, f"--k {a.k} needs --temperature > 0: greedy samples are all equal")])
     import data
     import policy
     import rollout
     from engines import make_engine
-    from retriever import RemoteRetriever, RetrieverConfig, load_corpus, make_retriever
+    from retriever import RemoteRetriever, RetrieverConfig, health_check, load_corpus, make_retriever
     world = data.ensure_world("out/world") if not (a.data and a.corpus) else ""
     rows = data.spread(data.load_rows(a.data or world, a.split), a.n)
-    model, tok = policy.load_policy(a.model, a.gguf_file or None)
-    search = (RemoteRetriever(a.retriever_url) if a.retriever_url else
+    search = (RemoteRetriever(a.retriever_url, a.retriever_timeout_s, a.retriever_retries) if a.retriever_url else
               make_retriever(load_corpus(a.corpus or os.path.join(world, "corpus.jsonl")),
                              RetrieverConfig(retriever=a.retriever)))
+    health_check(search, f"the retrieval server {a.retriever_url}" if a.retriever_url else f"the in-process {a.retriever}")
+    model, tok = policy.load_policy(a.model, a.gguf_file or None)
     engine = make_engine(a.engine, model, tok, a.model)
     cfg = rollout.AgentConfig(instruction=policy.instruction(a.instruction, tok),
                               max_turns=a.max_turns, temperature=a.temperature, top_p=a.top_p)
