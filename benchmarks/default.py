@@ -50,11 +50,12 @@ def main(a: Args):
         subprocess.run(["accelerate", "launch", os.path.join(ROOT, "train.py"), "--algo", a.algo, "--seed", str(seed),
                         "--out_dir", out], cwd=out, check=True)
         wall = time.perf_counter() - t0
-        with open(os.path.join(out, "runs", a.algo, "metrics.jsonl")) as f:
+        run = os.path.join(out, "runs", f"{a.algo}-seed{seed}")  # train.py's default run name
+        with open(os.path.join(run, "metrics.jsonl")) as f:
             evals = [r for r in map(json.loads, f) if "eval/em" in r]
         before, after = evals[0]["eval/em"], evals[-1]["eval/em"]
         g_before = greedy_em(os.path.join(out, "warmstart"), out)  # eval.py regenerates the same world in out/out
-        g_after = greedy_em(os.path.join(out, "runs", a.algo, "final"), out)
+        g_after = greedy_em(os.path.join(run, "final"), out)
         rows.append((seed, wall, before, after, g_before, g_after))
         print(f"seed {seed}: {wall / 60:.1f} min; EM (T=0.7) {before:.3f} -> {after:.3f}; greedy {g_before:.3f} -> "
               f"{g_after:.3f}", flush=True)
@@ -71,5 +72,6 @@ def main(a: Args):
 
 
 if __name__ == "__main__":
-    from transformers import HfArgumentParser
-    main(HfArgumentParser(Args).parse_args_into_dataclasses()[0])
+    sys.path.insert(0, ROOT)
+    import cli
+    main(cli.parse(Args)[0])
