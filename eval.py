@@ -296,7 +296,8 @@ if __name__ == "__main__":
     search = (RemoteRetriever(a.retriever_url, a.retriever_timeout_s, a.retriever_retries) if a.retriever_url else
               make_retriever(load_corpus(a.corpus or os.path.join(world, "corpus.jsonl")),
                              RetrieverConfig(retriever=a.retriever)))
-    health_check(search, f"the retrieval server {a.retriever_url}" if a.retriever_url else f"the in-process {a.retriever}")
+    health_check(search, f"the retrieval server {a.retriever_url}" if a.retriever_url else
+                 f"the in-process {a.retriever}")
     model, tok = policy.load_policy(a.model, a.gguf_file or None)
     engine = make_engine(a.engine, model, tok, a.model)
     cfg = rollout.AgentConfig(instruction=policy.instruction(a.instruction, tok),

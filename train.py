@@ -457,9 +457,10 @@ def save_checkpoint(accelerator, run_dir: str, step: int, state: dict, main_proc
         if os.path.exists(latest):
             with open(latest) as f:
                 previous = f.read().strip()
-        raise OSError(f"writing {name} failed ({type(e).__name__}: {e}); {shutil.disk_usage(run_dir).free / 2 ** 20:.0f}"
-                      f" MiB free on the disk holding {run_dir}: if it is full, free space, then --resume continues "
-                      f"from {previous} (`latest` is unchanged)") from e
+        free_mib = shutil.disk_usage(run_dir).free / 2 ** 20
+        raise OSError(f"writing {name} failed ({type(e).__name__}: {e}); {free_mib:.0f} MiB free on the disk holding "
+                      f"{run_dir}: if it is full, free space, then --resume continues from {previous} (`latest` is "
+                      f"unchanged)") from e
     if main_proc:
         for old in os.listdir(run_dir):  # keep only the newest checkpoint
             if old.startswith("checkpoint-") and old != name:
@@ -493,7 +494,8 @@ def main(args: Args, warm: warmstart.WarmConfig):
         data.ensure_world(world)
     accelerator.wait_for_everyone()
     train_rows = data.load_rows(args.data or world, "train")
-    test_rows = data.spread(data.load_rows(args.test_data or args.data or world, "test"), args.eval_n)
+    test_rows = data.spread(data.load_rows(args.test_data or args.data or world, "test"), args.eval_n) \
+        if args.eval_every else []  # validate() made sure this is a real test split, never the training rows
     where = f"the retrieval server {args.retriever_url}" if args.retriever_url else f"the in-process {args.retriever}"
     if main_proc:  # files first: a bad corpus or a dead server stops the run before any model loads
         if args.retriever_url:
@@ -661,8 +663,9 @@ def main(args: Args, warm: warmstart.WarmConfig):
         if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
             run_eval(step + 1)
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
-            save_checkpoint(accelerator, run_dir, step + 1, {"step": step + 1, "skipped": skipped, "rng": rng.getstate(),
-                            "counters": dict(agent.counters) if agent else {}}, main_proc)
+            state = {"step": step + 1, "skipped": skipped, "rng": rng.getstate(),
+                     "counters": dict(agent.counters) if agent else {}}
+            save_checkpoint(accelerator, run_dir, step + 1, state, main_proc)
     if main_proc:
         accelerator.unwrap_model(model).save_pretrained(os.path.join(run_dir, "final"))
         tok.save_pretrained(os.path.join(run_dir, "final"))

@@ -122,6 +122,7 @@ def test_two_step_smoke_run(env, algo):
     assert [r["step"] for r in rows if "eval/em" in r] == [0, 2]
     for r in train_rows:
         assert r["tree/leaves_per_prompt"] > 0 and r["train/skipped_steps"] == 0
+        assert r["rollout/retrieval_failed_queries"] == 0 and r["abnormal/env_error"] == 0
         assert math.isfinite(r["train/loss"]) and r["train/time_rollout"] > 0
     assert (env / "out" / "runs" / f"smoke_{algo}" / "curve.png").stat().st_size > 0
     assert (env / "out" / "runs" / f"smoke_{algo}" / "final" / "config.json").exists()
