@@ -504,7 +504,7 @@ def main():
     p.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"], help="generation engine")
     p.add_argument("--seed", type=int, default=0, help="sampling and strategy seed")
     for name in ("G", "M", "N", "L", "N0", "D", "N_retain"):
-        p.add_argument(f"--{name}", type=int, help=f"strategy hyperparameter {name} (default: the paper's)")
+        p.add_argument(f"--{name}", type=int, help=f"strategy hyperparameter {name}; None = the paper's value")
     args = p.parse_args()
     import inspect
     import os
