@@ -346,7 +346,8 @@ def _chain_copy(tree: Tree, leaf: Node) -> Tree:
 
 
 def main():
-    p = argparse.ArgumentParser(description="Per-step advantages of one prompt's rollout trees, for every paper.")
+    p = argparse.ArgumentParser(description="Per-step advantages of one prompt's rollout trees, for every paper.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--algo", choices=ALGOS, help="credit-assignment method")
     p.add_argument("--trees", help="JSON list of trees for ONE prompt (see tree.py for the node format)")
     p.add_argument("--prompt", type=int, help="with a rollout dump (one list of trees per prompt): which prompt")

@@ -404,8 +404,15 @@ def row_from_record(rec, where, split, index):
     gold = {f.name: rec[f.name] for f in fields(QARow) if f.name.startswith("gold_") and f.name in rec}
     return QARow(id=str(rec.get("id", f"{split}_{index}")), question=question.strip(),
                  golden_answers=_answers(target, where), data_source=str(rec.get("data_source", "unknown")),
-                 split=str(extra.get("split", rec.get("split", split))), index=int(extra.get("index", index)),
-                 hops=int(rec.get("hops", 0)), **gold)
+                 split=str(extra.get("split", rec.get("split", split))),
+                 index=_integer(extra.get("index", index), "extra_info.index", where),
+                 hops=_integer(rec.get("hops", 0), "hops", where), **gold)
+
+
+def _integer(value, name, where):
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise DataError(f"{where}: {name!r} must be an integer, got {value!r}; fix or drop that field")
+    return value
 
 
 def load_rows(source, split="train"):
@@ -421,23 +428,33 @@ def load_rows(source, split="train"):
     if source.endswith(".parquet"):
         import pyarrow.parquet
         records = pyarrow.parquet.read_table(source).to_pylist()
-        return [row_from_record(r, f"{source}: row {i}", split, i) for i, r in enumerate(records)]
-    if source.endswith((".jsonl", ".json")):
-        rows = []
-        with open(source) as f:
-            for line_no, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise DataError(f"{source}: line {line_no}: invalid JSON ({e})") from None
-                    rows.append(row_from_record(rec, f"{source}: line {line_no}", split, len(rows)))
-        if not rows:
-            raise DataError(f"{source} holds no rows")
-        return rows
-    import datasets
-    ds = datasets.load_dataset(source, split=split)
-    return [row_from_record(dict(r), f"{source}[{split}]: row {i}", split, i) for i, r in enumerate(ds)]
+        rows = [row_from_record(r, f"{source}: row {i}", split, i) for i, r in enumerate(records)]
+    elif source.endswith((".jsonl", ".json")):
+        rows = [row_from_record(rec, f"{source}: line {line_no}", split, i)
+                for i, (line_no, rec) in enumerate(read_jsonl(source, DataError))]
+    else:
+        import datasets
+        ds = datasets.load_dataset(source, split=split)
+        rows = [row_from_record(dict(r), f"{source}[{split}]: row {i}", split, i) for i, r in enumerate(ds)]
+    if not rows:
+        raise DataError(f"{source} holds no rows")
+    return rows
+
+
+def read_jsonl(path, error=ValueError):
+    """(line number, parsed object) for every non-blank line; a line that is not UTF-8 or not JSON raises `error`
+    naming the file and line."""
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise error(f"{path}: line {line_no}: not UTF-8 ({e}); re-encode the file as UTF-8") from None
+            if line.strip():
+                try:
+                    yield line_no, json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise error(f"{path}: line {line_no}: invalid JSON ({e})") from None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -480,7 +497,7 @@ def reject_sampling_filter(rows, rewards):
 
 
 if __name__ == "__main__":
-    from transformers import HfArgumentParser
+    import cli
 
     @dataclass
     class Output:
@@ -488,7 +505,7 @@ if __name__ == "__main__":
         out: str
         """Directory that receives corpus.jsonl, train.jsonl, test.jsonl and dev.jsonl."""
 
-    cfg, output = HfArgumentParser((WorldConfig, Output)).parse_args_into_dataclasses()
+    cfg, output = cli.parse(WorldConfig, Output)
     print(cfg)
     world = build_world(cfg)
     write_world(world, output.out)

@@ -181,37 +181,48 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None):
     Returns the overall metrics and, under "by_source", one dict per data_source: n, em, f1, cover_em (of the
     first sample), pass@k (any of the k samples has EM 1), format (share of first samples passing check_format),
     turns and searches (means over first samples), and judge (if `judge_fn` is given); em_hop{h}: EM of the rows
-    with h hops, where rows know their hop count (the embedded world).
+    with h hops, where rows know their hop count (the embedded world). Samples whose retrieval failed (env_error)
+    are the environment's fault, not the model's: they are left out, and a question left with none is counted in
+    env_errors instead of n; if every question is lost, it raises.
     """
     import random
 
     import rollout
     prompts = rollout.chain(agent, rows, random.Random(seed), G=k)
-    per_row = []
+    per_row, lost = [], Counter()
     for row, trees in zip(rows, prompts):
-        samples = [t.leaves()[0] for t in trees]
+        samples = [t.leaves()[0] for t in trees if t.leaves()[0].scored]
+        if not samples:
+            lost[row.data_source] += 1
+            continue
         first = samples[0]
         steps = rollout.path(first)
         prediction = first.answer
         per_row.append({
-            "source": row.data_source, "question": row.question, "golden": row.golden_answers, "prediction": prediction,
+            "source": row.data_source, "hops": row.hops, "question": row.question, "golden": row.golden_answers,
+            "prediction": prediction,
             "em": exact_match(prediction, row.golden_answers), "f1": token_f1(prediction, row.golden_answers),
             "cover_em": cover_exact_match(prediction, row.golden_answers),
             f"pass@{k}": max(exact_match(s.answer, row.golden_answers) for s in samples),
             "format": float(check_format("".join(s.text + s.obs_text for s in steps)).ok),
             "turns": float(len(steps)), "searches": float(sum(s.action == "search" for s in steps))})
+    if not per_row:
+        raise RuntimeError(f"all {len(rows)} evaluation questions were lost to retrieval errors (env_error); "
+                           f"the retriever is down or overloaded: check it, then evaluate again")
     if judge_fn is not None:
         for r, score in zip(per_row, judge_fn([(r["question"], r["golden"], r["prediction"]) for r in per_row])):
             r["judge"] = score
-    keys = [key for key in per_row[0] if key not in ("source", "question", "golden", "prediction")] if per_row else []
-    mean = lambda rs: {"n": len(rs), **{key: sum(r[key] for r in rs) / len(rs) for key in keys}}  # noqa: E731
-    by_source, by_hops = {}, {}
-    for r, row in zip(per_row, rows):
+    keys = [key for key in per_row[0] if key not in ("source", "hops", "question", "golden", "prediction")]
+    mean = lambda rs, lost: {"n": len(rs), "env_errors": lost,  # noqa: E731
+                             **{key: sum(r[key] for r in rs) / len(rs) if rs else 0.0 for key in keys}}
+    by_source, by_hops = {src: [] for src in lost}, {}
+    for r in per_row:
         by_source.setdefault(r["source"], []).append(r)
-        if row.hops:  # the embedded world's rows know their hop count
-            by_hops.setdefault(row.hops, []).append(r["em"])
+        if r["hops"]:  # the embedded world's rows know their hop count
+            by_hops.setdefault(r["hops"], []).append(r["em"])
     hops = {f"em_hop{h}": sum(v) / len(v) for h, v in sorted(by_hops.items())}
-    return {**mean(per_row), **hops, "by_source": {src: mean(rs) for src, rs in sorted(by_source.items())}}
+    return {**mean(per_row, sum(lost.values())), **hops,
+            "by_source": {src: mean(rs, lost[src]) for src, rs in sorted(by_source.items())}}
 
 
 def table(report):
@@ -219,7 +230,8 @@ def table(report):
     keys = [key for key in report if key != "by_source" and not key.startswith("em_hop")]
     lines = [f"{'dataset':14}" + "".join(f"{key:>10}" for key in keys)]
     for name, m in [*report["by_source"].items(), ("all", report)]:
-        lines.append(f"{name:14}" + "".join(f"{m[key]:>10.3f}" if key != "n" else f"{m[key]:>10d}" for key in keys))
+        lines.append(f"{name:14}" + "".join(f"{m[key]:>10d}" if key in ("n", "env_errors") else f"{m[key]:>10.3f}"
+                                            for key in keys))
     hops = [f"{key[6:]}-hop {v:.3f}" for key, v in report.items() if key.startswith("em_hop")]
     return "\n".join(lines + ([f"EM by hops: {', '.join(hops)}"] if hops else []))
 
@@ -229,13 +241,15 @@ if __name__ == "__main__":
     import os
     from dataclasses import dataclass, field
 
-    from transformers import HfArgumentParser
+    import importlib.util
+
+    import cli
 
     @dataclass
     class EvalArgs:
         """`python eval.py --model DIR --data NAME|PATH`: multi-turn evaluation of a policy."""
         model: str = "out/warmstart"
-        """Policy: a checkpoint directory (e.g. out/runs/tree_grpo/final) or a hub name."""
+        """Policy: a checkpoint directory (e.g. out/runs/tree_grpo-seed0/final) or a hub name."""
         gguf_file: str = ""
         """A GGUF file inside --model's directory."""
         data: str = ""
@@ -248,6 +262,10 @@ if __name__ == "__main__":
         """In-process retriever (when --retriever_url is empty)."""
         retriever_url: str = ""
         """A Search-R1 retrieval server."""
+        retriever_timeout_s: float = 10.0
+        """Seconds the retrieval server gets per request (train.py --retriever_timeout_s)."""
+        retriever_retries: int = 2
+        """Further tries of a failed retrieval request (train.py --retriever_retries)."""
         n: int = 500
         """Questions: n spread evenly over the split."""
         k: int = 1
@@ -267,18 +285,26 @@ if __name__ == "__main__":
         out: str = ""
         """JSON report path; empty = next to the model as eval_<split>.json."""
 
-    a = HfArgumentParser(EvalArgs).parse_args_into_dataclasses()[0]
+    a = cli.parse(EvalArgs)[0]
+    cli.check(a, [("n k max_turns", "an integer >= 1", lambda v: v >= 1),
+                  ("temperature", ">= 0", lambda v: v >= 0), ("top_p", "in (0, 1]", lambda v: 0 < v <= 1),
+                  ("retriever_timeout_s", "> 0", lambda v: v > 0), ("retriever_retries", ">= 0", lambda v: v >= 0),
+                  ("engine", "auto or hf: vllm is not installed (pip install -r requirements-gpu.txt)",
+                   lambda v: v != "vllm" or importlib.util.find_spec("vllm") is not None)],
+              [(a.k > 1 and a.temperature == 0, f"--k {a.k} needs --temperature > 0: greedy samples are all equal")])
     import data
     import policy
     import rollout
     from engines import make_engine
-    from retriever import RemoteRetriever, RetrieverConfig, load_corpus, make_retriever
+    from retriever import RemoteRetriever, RetrieverConfig, health_check, load_corpus, make_retriever
     world = data.ensure_world("out/world") if not (a.data and a.corpus) else ""
     rows = data.spread(data.load_rows(a.data or world, a.split), a.n)
-    model, tok = policy.load_policy(a.model, a.gguf_file or None)
-    search = (RemoteRetriever(a.retriever_url) if a.retriever_url else
+    search = (RemoteRetriever(a.retriever_url, a.retriever_timeout_s, a.retriever_retries) if a.retriever_url else
               make_retriever(load_corpus(a.corpus or os.path.join(world, "corpus.jsonl")),
                              RetrieverConfig(retriever=a.retriever)))
+    health_check(search, f"the retrieval server {a.retriever_url}" if a.retriever_url else
+                 f"the in-process {a.retriever}")
+    model, tok = policy.load_policy(a.model, a.gguf_file or None)
     engine = make_engine(a.engine, model, tok, a.model)
     cfg = rollout.AgentConfig(instruction=policy.instruction(a.instruction, tok),
                               max_turns=a.max_turns, temperature=a.temperature, top_p=a.top_p)

@@ -87,13 +87,17 @@ class Corpus:
 
 
 def load_corpus(path):
-    """Read a JSONL corpus; errors name the file and line."""
+    """Read a JSONL corpus; errors (bad JSON or UTF-8, no contents, a repeated id) name the file and line."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"corpus {path} does not exist; write the embedded one with "
                                 f"`python data.py --out DIR` and pass DIR/corpus.jsonl")
-    ids, contents = [], []
-    with open(path) as f:
+    ids, contents, seen = [], [], {}  # seen: id -> line number
+    with open(path, "rb") as f:
         for line_no, line in enumerate(tqdm(f, desc=f"reading {path}", unit=" passages", disable=not PROGRESS), 1):
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}: line {line_no}: not UTF-8 ({e}); re-encode the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
@@ -105,6 +109,10 @@ def load_corpus(path):
                                  f"{sorted(row) if isinstance(row, dict) else type(row).__name__}); "
                                  f"each line must be {{\"id\": ..., \"contents\": \"Title\\ntext\"}}")
             ids.append(str(row.get("id", len(ids))))
+            if ids[-1] in seen:  # results are told apart by id (TreePS-RAG's pruning compares id sets)
+                raise ValueError(f"{path}: line {line_no}: id {ids[-1]!r} is also the id of line {seen[ids[-1]]}; "
+                                 f"every passage needs its own id")
+            seen[ids[-1]] = line_no
             contents.append(row["contents"])
     if not contents:
         raise ValueError(f"corpus {path} is empty; it needs one JSON passage per line")
@@ -318,6 +326,11 @@ class _Batcher:
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    MAX_BODY = 16 * 2 ** 20  # bytes: a request body, the queries' JSON, may not be larger
+
+    def setup(self):
+        self.timeout = self.server.request_timeout_s  # a client that sends less than it announced cannot hang us
+        super().setup()
 
     def _reply(self, status, body):
         data = json.dumps(body).encode()
@@ -331,7 +344,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             sys.stderr.write(f"retriever server: {self.address_string()} left before its answer (client timeout?)\n")
 
     def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))  # read it all: keep-alive reuses the socket
+        length = self.headers.get("Content-Length", "0")
+        if not length.isdigit() or int(length) > self.MAX_BODY:  # the body cannot be read: answer, then hang up
+            self.close_connection = True
+            return self._reply(400, {"error": f"Content-Length must be a non-negative integer, got {length!r}"
+                                     if not length.isdigit() else f"Content-Length {length} is over the server's "
+                                     f"limit of {self.MAX_BODY} bytes; send fewer queries per request"})
+        try:
+            body = self.rfile.read(int(length))  # read it all: keep-alive reuses the socket
+        except TimeoutError:  # the client announced more than it sent
+            body = b""
+        if len(body) < int(length):
+            self.close_connection = True
+            return self._reply(400, {"error": f"body shorter than its Content-Length ({length} bytes), or not "
+                                              f"sent within {self.timeout} s; send the whole body"})
         if self.path != "/retrieve":
             return self._reply(404, {"error": f"unknown path {self.path!r}; the API is POST /retrieve"})
         try:
@@ -346,6 +372,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
             return self._reply(400, {"error": f"topk must be a positive integer, or 0 / null for the server's "
                                               f"default ({self.server.default_topk}), got {topk!r}"})
+        if topk > self.server.max_topk:
+            return self._reply(400, {"error": f"topk must be at most {self.server.max_topk} (the server's "
+                                              f"--max_topk), got {topk}"})
         try:
             results = self.server.batcher.search(req["queries"], topk)
         except Exception as e:  # reported to the client, which counts it as a retrieval error
@@ -369,9 +398,10 @@ class SearchServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 4096  # listen backlog: 1024 simultaneous clients must not be refused
 
-    def __init__(self, retriever, host="127.0.0.1", port=8000, default_topk=3):
+    def __init__(self, retriever, host="127.0.0.1", port=8000, default_topk=3, max_topk=100, request_timeout_s=30.0):
         super().__init__((host, port), _Handler)
-        self.batcher, self.default_topk = _Batcher(retriever), default_topk
+        self.batcher, self.default_topk, self.max_topk = _Batcher(retriever), default_topk, max_topk
+        self.request_timeout_s = request_timeout_s
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -444,11 +474,22 @@ class RemoteRetriever:
         if failed:
             raise RetrievalError(f"retrieval failed for {len(failed)} of {len(queries)} queries at {self.url}: "
                                  f"{errors[0]}; check the server (python retriever.py serve ...) or raise "
-                                 f"timeout_s / lower the load", failed, partial)
+                                 f"--retriever_timeout_s / lower the load", failed, partial)
         return partial
 
     def close(self):
         self.pool.shutdown(wait=False)
+
+
+def health_check(retriever, where):
+    """Search one query before a run starts, so a dead or misconfigured retriever stops it at once with a clear
+    message instead of looking like a model that never finds anything (every trajectory an env_error)."""
+    try:
+        (passages,) = retriever.search(["health check"], 1)
+    except RetrievalError as e:
+        raise RuntimeError(f"{where} did not answer one test query, so nothing runs: {e}") from None
+    if not passages:
+        raise RuntimeError(f"{where} answered a test query with no passage; is its corpus empty?")
 
 
 @dataclass
@@ -462,15 +503,18 @@ class ServeConfig:
     """TCP port."""
     topk: int = 3
     """Passages per query when a request's topk is null or 0."""
+    max_topk: int = 100
+    """Largest topk a request may ask for (a larger one is answered 400, not with megabytes)."""
 
 
 if __name__ == "__main__":
-    from transformers import HfArgumentParser
+    import cli
     if sys.argv[1:2] != ["serve"]:
         sys.exit("usage: python retriever.py serve --corpus FILE --retriever bm25|dense --port PORT [...]; "
                  "see `python retriever.py serve --help`")
-    serve, cfg = HfArgumentParser((ServeConfig, RetrieverConfig)).parse_args_into_dataclasses(args=sys.argv[2:])
+    serve, cfg = cli.parse(ServeConfig, RetrieverConfig, args=sys.argv[2:])
     print(serve, cfg, sep="\n")
-    server = SearchServer(make_retriever(load_corpus(serve.corpus), cfg), serve.host, serve.port, serve.topk)
+    server = SearchServer(make_retriever(load_corpus(serve.corpus), cfg), serve.host, serve.port, serve.topk,
+                          serve.max_topk)
     print(f"serving POST http://{serve.host}:{server.server_address[1]}/retrieve", flush=True)
     server.serve_forever()

@@ -274,6 +274,7 @@ class Agent:
             tree.stats["tool_calls"] = tree.stats.get("tool_calls", 0) + 1
             tree.stats["retrieval_seconds"] = tree.stats.get("retrieval_seconds", 0.0) + retrieval_time / len(queries)
             if passages is None:
+                tree.stats["failed_queries"] = tree.stats.get("failed_queries", 0) + 1
                 self._end(child, "env_error", None)
                 continue
             child.doc_ids = [p.id for p in passages]
@@ -502,17 +503,19 @@ STRATEGIES = {"grpo": chain, "tree_grpo": tree_grpo, "branpo": branpo, "carl": c
 
 
 def summarize(prompts: list[list[Tree]]) -> dict[str, float]:
-    """Budget counters per prompt, averaged over the batch."""
+    """Budget counters per prompt, averaged over the batch; failed retrieval queries, summed over the batch."""
     n = max(len(prompts), 1)
     stat = lambda key: sum(t.stats.get(key, 0) for trees in prompts for t in trees) / n  # noqa: E731
     return {"rollout/tokens_per_prompt": stat("generated_tokens"), "rollout/tool_calls_per_prompt": stat("tool_calls"),
             "tree/leaves_per_prompt": sum(len(t.leaves()) for trees in prompts for t in trees) / n,
             "rollout/gen_seconds_per_prompt": stat("gen_seconds"),
-            "rollout/retrieval_seconds_per_prompt": stat("retrieval_seconds")}
+            "rollout/retrieval_seconds_per_prompt": stat("retrieval_seconds"),
+            "rollout/retrieval_failed_queries": stat("failed_queries") * n}
 
 
 def main():
-    p = argparse.ArgumentParser(description="One rollout batch on the embedded default; dump the trees as JSON.")
+    p = argparse.ArgumentParser(description="One rollout batch on the embedded default; dump the trees as JSON.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--algo", choices=STRATEGIES, required=True, help="tree-building strategy")
     p.add_argument("--dump", required=True, help="output JSON: one list of trees per prompt (advantages.py --trees)")
     p.add_argument("--n_prompts", type=int, default=4, help="train questions to roll out")

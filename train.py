@@ -25,11 +25,14 @@ Deviations and choices:
 """
 from __future__ import annotations
 
+import atexit
+import importlib.util
 import json
 import math
 import os
 import random
 import shutil
+import socket
 import time
 from dataclasses import asdict, dataclass, field, replace
 
@@ -38,16 +41,17 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, set_seed
 from tqdm import tqdm
-from transformers import HfArgumentParser, get_constant_schedule_with_warmup
+from transformers import get_constant_schedule_with_warmup
 
 import advantages
+import cli
 import data
 import policy
 import rollout
 import warmstart
 from engines import make_engine
 from eval import evaluate, exact_match, token_f1
-from retriever import RemoteRetriever, RetrieverConfig, load_corpus, make_retriever
+from retriever import RemoteRetriever, RetrieverConfig, health_check, load_corpus, make_retriever
 from tree import FLAGS, Tree, path, to_samples
 
 
@@ -64,13 +68,23 @@ class Args:
     data: str = ""
     """Train questions: .parquet / .jsonl / a directory with train.* / a datasets name; empty = the embedded world."""
     test_data: str = ""
-    """Test questions for periodic eval (same forms); empty = the embedded world's test split."""
+    """Test questions for periodic eval (same forms); empty = the test split of --data's directory or dataset
+    (a single --data file has none: pass this), else the embedded world's test split."""
     corpus: str = ""
     """Retrieval corpus JSONL ({"id", "contents"}); empty = the embedded world's corpus."""
     retriever: str = field(default="bm25", metadata={"choices": ["bm25", "dense"]})
     """In-process retriever when --retriever_url is empty."""
     retriever_url: str = ""
     """A Search-R1 retrieval server (python retriever.py serve ...); empty = in-process."""
+    retriever_timeout_s: float = 10.0
+    """Seconds the retrieval server gets per request (--retriever_url)."""
+    retriever_retries: int = 2
+    """Further tries of a failed retrieval request, after 0.5 s, 1 s, ... (--retriever_url)."""
+    max_env_error_rate: float = 0.5
+    """Stop the run when the share of trajectories lost to retrieval errors (abnormal/env_error) stays above this
+    for --env_error_patience steps in a row."""
+    env_error_patience: int = 3
+    """Steps in a row above --max_env_error_rate before the run stops."""
     engine: str = field(default="auto", metadata={"choices": ["auto", "hf", "vllm"]})
     """Rollout engine: vLLM when installed with CUDA, else Hugging Face generate (printed once at start)."""
     vllm_gpu_memory_utilization: float = 0.3
@@ -78,7 +92,7 @@ class Args:
     out_dir: str = "out"
     """Where the world, warm start, runs (metrics.jsonl, curve.png, checkpoints) go."""
     run_name: str = ""
-    """Subdirectory of out_dir/runs for this run; empty = the algo name."""
+    """Subdirectory of out_dir/runs for this run; empty = ALGO-seedSEED (e.g. tree_grpo-seed0)."""
     seed: int = 0
     """Seed of data order, sampling and strategies; a CPU run is deterministic for a given seed."""
 
@@ -182,8 +196,39 @@ class Args:
     """Save model, optimizer, scheduler, RNG states and step every this many steps; 0 = never."""
     resume: bool = False
     """Continue from the run's last checkpoint."""
+    overwrite: bool = False
+    """Delete what the run directory holds and start fresh (without --resume or this, a run there is refused)."""
     log_with: str = ""
     """Extra accelerate trackers: tensorboard, wandb, ... (metrics.jsonl and the console always)."""
+
+
+RULES = [  # (flags, what is allowed, test): checked right after parsing, before any file or model is read
+    ("steps prompts_per_step ppo_mini_batches ppo_epochs micro_batch_size max_turns max_step_tokens max_traj_tokens "
+     "max_obs_tokens topk grpo_G tree_M tree_N branpo_N carl_N0 treeps_N treeps_retain eval_n env_error_patience",
+     "an integer >= 1", lambda v: v >= 1),
+    ("warmup_steps tree_L carl_N eval_every checkpoint_every retriever_retries", "an integer >= 0", lambda v: v >= 0),
+    ("lr grad_clip retriever_timeout_s", "> 0", lambda v: v > 0),
+    ("clip_high kl_coef tis_cap temperature eval_temperature", ">= 0", lambda v: v >= 0),
+    ("clip_low", "in [0, 1)", lambda v: 0 <= v < 1),
+    ("top_p eval_top_p vllm_gpu_memory_utilization", "in (0, 1]", lambda v: 0 < v <= 1),
+    ("max_env_error_rate", "in [0, 1]", lambda v: 0 <= v <= 1),
+    ("engine", "auto or hf: vllm is not installed (pip install -r requirements-gpu.txt)",
+     lambda v: v != "vllm" or importlib.util.find_spec("vllm") is not None),
+    ("data test_data corpus", "an existing file, a directory or a datasets name",
+     lambda v: os.path.exists(v) or not v.endswith((".parquet", ".jsonl", ".json"))),
+]
+
+
+def validate(args: Args):
+    """Every flag against RULES, and the rules that tie flags together; one message lists all that break."""
+    one_file = args.data.endswith((".parquet", ".jsonl", ".json"))
+    cli.check(args, RULES, [
+        (args.eval_every and one_file and not args.test_data, f"--data {args.data!r} is one file and --test_data is "
+         f"empty: evaluation would score the training questions; pass --test_data FILE, or --eval_every 0"),
+        (args.test_data and args.test_data == args.data, f"--test_data {args.test_data!r} is the --data file: "
+         f"evaluation would score the training questions; pass a test file"),
+        (args.resume and args.overwrite, "--resume and --overwrite contradict each other: pick one"),
+        (args.gguf_file and not args.model, f"--gguf_file {args.gguf_file!r} needs --model, the directory holding it")])
 
 
 # One dict picks the paper: (rollout strategy, its hyperparameters, advantage function, its options).
@@ -333,13 +378,134 @@ def plot_curves(history: list[dict], path: str):
     plt.close(fig)
 
 
+def check_env_errors(history: list[dict], args: Args, where: str):
+    """Stop the run when the share of trajectories lost to retrieval errors stayed above --max_env_error_rate for
+    --env_error_patience steps in a row: it would train on almost nothing while looking like a model that fails."""
+    rates = [row["abnormal/env_error"] for row in history if "abnormal/env_error" in row][-args.env_error_patience:]
+    if len(rates) == args.env_error_patience and min(rates) > args.max_env_error_rate:
+        raise SystemExit(f"stopping: abnormal/env_error above --max_env_error_rate {args.max_env_error_rate} for "
+                         f"{len(rates)} steps in a row ({', '.join(f'{r:.2f}' for r in rates)}): the retriever "
+                         f"({where}) is failing; fix it, then rerun with --resume (from the last checkpoint)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The run directory: one writer (run.lock), never overwritten by accident, resumable after a kill
+
+
+def lock_run_dir(run_dir: str):
+    """Create run_dir and hold run.lock in it ("PID HOST") until this process exits, so that no second process
+    writes the same run; a lock left by a process of this host that no longer runs is replaced, with a note."""
+    os.makedirs(run_dir, exist_ok=True)
+    path, me = os.path.join(run_dir, "run.lock"), f"{os.getpid()} {socket.gethostname()}"
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            with open(path) as f:
+                pid, _, host = f.read().strip().partition(" ")
+            if host == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid)):
+                print(f"run dir: replacing the stale lock of process {pid} (no longer running): {path}")
+                os.remove(path)
+                continue
+            raise SystemExit(f"{run_dir} is in use by process {pid} on {host} ({path}): wait for it to end or stop "
+                             f"it (kill {pid}); if no such process runs, delete {path}") from None
+        with os.fdopen(fd, "w") as f:
+            f.write(me + "\n")
+        atexit.register(lambda: os.path.exists(path) and open(path).read().strip() == me and os.remove(path))
+        return
+    raise SystemExit(f"another process took {path} while this one replaced a stale lock; run one at a time")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: nothing is sent, only whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
+
+
+def claim_run_dir(run_dir: str, args: Args):
+    """Refuse a directory that holds a run (metrics, checkpoints, final/) unless --resume or --overwrite says what
+    to do with it; --overwrite deletes what it holds (the lock excepted)."""
+    held = sorted(n for n in os.listdir(run_dir) if n in ("latest", "final") or n.startswith("checkpoint-")
+                  or (n == "metrics.jsonl" and os.path.getsize(os.path.join(run_dir, n))))
+    if held and not (args.resume or args.overwrite):
+        raise SystemExit(f"{run_dir} already holds a run ({', '.join(held)}); pass --resume to continue it, "
+                         f"--overwrite to delete it and start fresh, or --run_name NAME for a new run")
+    if args.overwrite:
+        for name in os.listdir(run_dir):
+            target = os.path.join(run_dir, name)
+            if os.path.isdir(target):
+                shutil.rmtree(target)
+            elif name != "run.lock":
+                os.remove(target)
+    elif args.resume and held and "latest" not in held:
+        print(f"resume: no checkpoint in {run_dir} yet; starting from step 0 (the metrics logged so far are dropped)")
+
+
+def read_metrics(path: str) -> list[dict]:
+    """The rows of a metrics.jsonl: a missing file is empty, and a torn last line (a kill in the middle of a write)
+    is dropped, each with a note; any other line that is not JSON raises."""
+    if not os.path.exists(path):
+        print(f"resume: {path} is missing; the checkpoint is intact, the metrics before it are lost")
+        return []
+    with open(path) as f:
+        lines = [line for line in f.read().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines):
+                raise ValueError(f"{path}: line {i} is not JSON ({line[:80]!r}); only a last line may be torn by a "
+                                 f"kill: fix or delete that line, then --resume") from None
+            print(f"resume: dropped the torn last line of {path} ({line[:40]!r})")
+    return rows
+
+
+def save_checkpoint(accelerator, run_dir: str, step: int, state: dict, main_proc: bool):
+    """Save checkpoint-STEP (accelerate state + trainer_state.json), point `latest` at it, delete older ones.
+
+    A new directory per checkpoint; `latest` moves to it only once it is complete (os.replace is atomic), so a run
+    killed or out of disk space while saving resumes from the previous checkpoint, never a torn one."""
+    name, latest = f"checkpoint-{step}", os.path.join(run_dir, "latest")
+    accelerator.wait_for_everyone()
+    try:
+        accelerator.save_state(os.path.join(run_dir, name))
+        if main_proc:
+            with open(os.path.join(run_dir, name, "trainer_state.json"), "w") as f:
+                json.dump(state, f)
+            with open(latest + ".tmp", "w") as f:
+                f.write(name)
+            os.replace(latest + ".tmp", latest)
+    except (OSError, RuntimeError) as e:  # torch reports a full disk as RuntimeError("... file write failed")
+        shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)  # the torn checkpoint: only frees space
+        previous = "step 0 (no checkpoint yet)"
+        if os.path.exists(latest):
+            with open(latest) as f:
+                previous = f.read().strip()
+        free_mib = shutil.disk_usage(run_dir).free / 2 ** 20
+        raise OSError(f"writing {name} failed ({type(e).__name__}: {e}); {free_mib:.0f} MiB free on the disk holding "
+                      f"{run_dir}: if it is full, free space, then --resume continues from {previous} (`latest` is "
+                      f"unchanged)") from e
+    if main_proc:
+        for old in os.listdir(run_dir):  # keep only the newest checkpoint
+            if old.startswith("checkpoint-") and old != name:
+                shutil.rmtree(os.path.join(run_dir, old))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 
 
 def main(args: Args, warm: warmstart.WarmConfig):
-    # ---- config: derived values, logged whole
+    # ---- config: checked, derived values, logged whole
     t_start, seconds = time.perf_counter(), {}  # seconds: wall time per stage, printed at the end
-    run_dir = os.path.join(args.out_dir, "runs", args.run_name or args.algo)
+    validate(args)
+    cli.check(warm, warmstart.RULES, [(warm.sft_max_steps < warm.sft_steps, f"--sft_max_steps {warm.sft_max_steps} "
+                                       f"must be >= --sft_steps {warm.sft_steps}")])
+    run_dir = os.path.join(args.out_dir, "runs", args.run_name or f"{args.algo}-seed{args.seed}")
     latest = os.path.join(run_dir, "latest")  # names the last complete checkpoint-STEP directory
     strategy, strategy_hp, credit, credit_opts = ALGOS[args.algo]
     accelerator = Accelerator(log_with=args.log_with or None, project_dir=run_dir)
@@ -349,7 +515,8 @@ def main(args: Args, warm: warmstart.WarmConfig):
         # process may use every core it is allowed (taskset / cpuset)
     set_seed(args.seed)
     if main_proc:
-        os.makedirs(run_dir, exist_ok=True)
+        lock_run_dir(run_dir)
+        claim_run_dir(run_dir, args)
         print(json.dumps({**asdict(args), **(asdict(warm) if not args.model else {})}, indent=1))
         if args.log_with:
             accelerator.init_trackers("train", config=asdict(args))
@@ -361,7 +528,16 @@ def main(args: Args, warm: warmstart.WarmConfig):
     accelerator.wait_for_everyone()
     seconds["world"] = time.perf_counter() - t_start
     train_rows = data.load_rows(args.data or world, "train")
-    test_rows = data.spread(data.load_rows(args.test_data or args.data or world, "test"), args.eval_n)
+    test_rows = data.spread(data.load_rows(args.test_data or args.data or world, "test"), args.eval_n) \
+        if args.eval_every else []  # validate() made sure this is a real test split, never the training rows
+    where = f"the retrieval server {args.retriever_url}" if args.retriever_url else f"the in-process {args.retriever}"
+    if main_proc:  # files first: a bad corpus or a dead server stops the run before any model loads
+        if args.retriever_url:
+            search = RemoteRetriever(args.retriever_url, args.retriever_timeout_s, args.retriever_retries)
+        else:
+            corpus = load_corpus(args.corpus or os.path.join(world, "corpus.jsonl"))
+            search = make_retriever(corpus, RetrieverConfig(retriever=args.retriever))
+        health_check(search, where)
     if args.model:
         model, tok = policy.load_policy(args.model, args.gguf_file or None)
         model_path = args.model
@@ -380,11 +556,6 @@ def main(args: Args, warm: warmstart.WarmConfig):
     ref_model = ref_model.to(accelerator.device)
     agent = None
     if main_proc:
-        if args.retriever_url:
-            search = RemoteRetriever(args.retriever_url)
-        else:
-            corpus = load_corpus(args.corpus or os.path.join(world, "corpus.jsonl"))
-            search = make_retriever(corpus, RetrieverConfig(retriever=args.retriever))
         engine = make_engine(args.engine, accelerator.unwrap_model(model), tok, model_path,
                              gpu_memory_utilization=args.vllm_gpu_memory_utilization)
         agent_cfg = agent_config(args, tok)
@@ -410,8 +581,8 @@ def main(args: Args, warm: warmstart.WarmConfig):
         if agent is not None:
             agent.counters.update(state["counters"])
             engine.load_weights(accelerator.unwrap_model(model))
-        with open(os.path.join(run_dir, "metrics.jsonl")) as f:  # drop what the interrupted run logged after it
-            history = [row for row in map(json.loads, f) if row["step"] <= start]
+        # drop what the interrupted run logged after it
+        history = [row for row in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if row["step"] <= start]
         if main_proc:
             with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
                 f.writelines(json.dumps(row) + "\n" for row in history)
@@ -434,8 +605,9 @@ def main(args: Args, warm: warmstart.WarmConfig):
             m = evaluate(eval_agent, test_rows)
             log({"step": step, **{f"eval/{k}": v for k, v in m.items() if isinstance(v, (int, float))}})
             hops = " ".join(f"{k[3:]} {v:.2f}" for k, v in m.items() if k.startswith("em_hop"))
-            print(f"step {step}: eval EM {m['em']:.3f} F1 {m['f1']:.3f} on {len(test_rows)} questions"
-                  + (f" (by hops: {hops})" if hops else ""))
+            print(f"step {step}: eval EM {m['em']:.3f} F1 {m['f1']:.3f} on {m['n']} questions"
+                  + (f" (by hops: {hops})" if hops else "")
+                  + (f" ({m['env_errors']} more lost to retrieval errors)" if m["env_errors"] else ""))
             seconds["eval"] = seconds.get("eval", 0.0) + time.perf_counter() - t0
 
     if start == 0:
@@ -527,6 +699,7 @@ def main(args: Args, warm: warmstart.WarmConfig):
         for k in ("rollout", "logprob", "update"):
             seconds[f"RL {k}"] = seconds.get(f"RL {k}", 0.0) + metrics[f"train/time_{k}"]
         log({"step": step + 1, **metrics})
+        check_env_errors(history, args, where)
         bar.set_postfix(reward=f"{metrics['rollout/reward']:.3f}", em=f"{metrics['rollout/em']:.2f}",
                         kl=f"{metrics['train/kl']:.4f}")
 
@@ -534,21 +707,9 @@ def main(args: Args, warm: warmstart.WarmConfig):
         if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
             run_eval(step + 1)
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
-            # a new directory per checkpoint; `latest` moves to it only once it is complete (os.replace is
-            # atomic), so a run killed while saving resumes from the previous checkpoint, never a torn one
-            name = f"checkpoint-{step + 1}"
-            accelerator.wait_for_everyone()
-            accelerator.save_state(os.path.join(run_dir, name))
-            if main_proc:
-                with open(os.path.join(run_dir, name, "trainer_state.json"), "w") as f:
-                    json.dump({"step": step + 1, "skipped": skipped, "rng": rng.getstate(),
-                               "counters": dict(agent.counters)}, f)
-                with open(latest + ".tmp", "w") as f:
-                    f.write(name)
-                os.replace(latest + ".tmp", latest)
-                for old in os.listdir(run_dir):  # keep only the newest checkpoint
-                    if old.startswith("checkpoint-") and old != name:
-                        shutil.rmtree(os.path.join(run_dir, old))
+            state = {"step": step + 1, "skipped": skipped, "rng": rng.getstate(),
+                     "counters": dict(agent.counters) if agent else {}}
+            save_checkpoint(accelerator, run_dir, step + 1, state, main_proc)
     if main_proc:
         accelerator.unwrap_model(model).save_pretrained(os.path.join(run_dir, "final"))
         tok.save_pretrained(os.path.join(run_dir, "final"))
@@ -557,4 +718,4 @@ def main(args: Args, warm: warmstart.WarmConfig):
 
 
 if __name__ == "__main__":
-    main(*HfArgumentParser((Args, warmstart.WarmConfig)).parse_args_into_dataclasses())
+    main(*cli.parse(Args, warmstart.WarmConfig))

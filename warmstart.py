@@ -76,6 +76,14 @@ class WarmConfig:
     """Share of trajectories that carry one mistake."""
 
 
+RULES = [  # cli.check: (flags, what is allowed, test)
+    ("copy_steps corpus_steps", "an integer >= 0", lambda v: v >= 0),
+    ("copy_length corpus_length sft_steps warm_batch_size val_n", "an integer >= 1", lambda v: v >= 1),
+    ("warm_lr", "> 0", lambda v: v > 0),
+    ("mistake_rate target_em", "in [0, 1]", lambda v: 0 <= v <= 1),
+]
+
+
 def open_question(row, hop: int) -> str:
     """The question still open after `hop` hops: the original with its innermost phrase ("the employer of kalo
     mire") replaced by the entity reached ("ravoki"); hop 0 gives the original wording."""
@@ -265,7 +273,7 @@ def ensure(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Age
 
 
 if __name__ == "__main__":
-    from transformers import HfArgumentParser
+    import cli
 
     @dataclass
     class Paths:
@@ -281,6 +289,7 @@ if __name__ == "__main__":
         seed: int = 0
         """Seed of the weights and the data (train.py --seed)."""
 
-    cfg, paths = HfArgumentParser((WarmConfig, Paths)).parse_args_into_dataclasses()
+    cfg, paths = cli.parse(WarmConfig, Paths)
+    cli.check(cfg, RULES)
     train(paths.out, data.ensure_world(paths.world), cfg, rollout.AgentConfig(
         instruction=rollout.SHORT_INSTRUCTION, topk=paths.topk, max_obs_tokens=paths.max_obs_tokens, seed=paths.seed))

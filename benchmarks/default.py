@@ -86,5 +86,6 @@ def main(a: Args):
 
 
 if __name__ == "__main__":
-    from transformers import HfArgumentParser
-    main(HfArgumentParser(Args).parse_args_into_dataclasses()[0])
+    sys.path.insert(0, ROOT)
+    import cli
+    main(cli.parse(Args)[0])

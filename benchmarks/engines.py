@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models
-from transformers import HfArgumentParser, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cli  # noqa: E402
 from engines import HFEngine, Sampling  # noqa: E402
 
 
@@ -80,7 +81,7 @@ def tokens_per_second(engine, prompts: list[list[int]], sampling: Sampling, repe
 
 
 if __name__ == "__main__":
-    (args,) = HfArgumentParser(Args).parse_args_into_dataclasses()
+    (args,) = cli.parse(Args)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     engines = args.engines.split(",")
     print(args)

@@ -115,8 +115,8 @@ def start_server(kind, corpus_path, retriever_cfg, log_path):
 
 
 def main():
-    from transformers import HfArgumentParser
-    cfg, world_cfg = HfArgumentParser((BenchConfig, WorldConfig)).parse_args_into_dataclasses()
+    import cli
+    cfg, world_cfg = cli.parse(BenchConfig, WorldConfig)
     work_dir = cfg.work_dir or tempfile.mkdtemp(prefix="retrieval-bench-")
     os.makedirs(work_dir, exist_ok=True)
     encoder = cfg.encoder or offline_encoder_dir()

@@ -84,5 +84,5 @@ def main(a: Args):
 
 
 if __name__ == "__main__":
-    from transformers import HfArgumentParser
-    main(HfArgumentParser(Args).parse_args_into_dataclasses()[0])
+    import cli
+    main(cli.parse(Args)[0])

@@ -237,3 +237,26 @@ def test_impossible_world_says_what_to_change():
 def test_spread_takes_rows_evenly():
     assert data.spread(list(range(10)), 3) == [0, 3, 6]  # step 10 // 3 = 3
     assert data.spread(list(range(2)), 5) == [0, 1]  # fewer rows than asked: all of them
+
+
+# ---- malformed inputs name the file and line (issue 13)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"question": "q?", "golden_answers": ["x"], "hops": null}\n', "line 1: 'hops' must be an integer, got None"),
+    (b'{"question": "q?", "golden_answers": ["x"], "hops": "two"}\n', "line 1: 'hops' must be an integer, got 'two'"),
+    (b'{"question": "fine?", "golden_answers": ["x"]}\n{"question": "caf\xe9?", "golden_answers": ["x"]}\n',
+     "line 2: not UTF-8"),
+])
+def test_odd_values_and_bytes_name_file_and_line(tmp_path, content, message):
+    (tmp_path / "odd.jsonl").write_bytes(content)
+    with pytest.raises(DataError, match=re.escape(f"odd.jsonl: {message}")):
+        load_rows(str(tmp_path / "odd.jsonl"))
+
+
+def test_empty_parquet_is_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"question": pa.array([], pa.string())}), tmp_path / "empty.parquet")
+    with pytest.raises(DataError, match="empty.parquet holds no rows"):
+        load_rows(str(tmp_path / "empty.parquet"))

@@ -106,3 +106,19 @@ def test_check_format_names_the_failed_rule(response, rule):
 def test_check_format_detail_says_where():
     assert "char 8" in check_format("<answer><search>a</answer>").detail
     assert "'because'" in check_format("<answer>x</answer> because").detail
+
+
+def test_evaluate_leaves_out_and_counts_questions_lost_to_retrieval_errors():
+    from data import QARow
+    from eval import evaluate
+    from test_rollout import agent_with, turns
+    agent, _ = agent_with(lambda c: "<answer>Ivo</answer>" if turns(c) else
+                          "<search>boom</search>" if "boom" in c else "<search>who</search>")
+    rows = [QARow(str(i), q, [gold], "w", "test", i) for i, (q, gold) in
+            enumerate([("who is it", "Ivo"), ("boom", "Ivo"), ("who else", "Bob")])]
+    report = evaluate(agent, rows)
+    # question 1's search failed (env_error): not scored as wrong, counted; EM = 1 of the 2 answered, not 1 of 3
+    assert (report["n"], report["env_errors"], report["em"]) == (2, 1, 0.5)
+    assert report["by_source"]["w"]["env_errors"] == 1
+    with pytest.raises(RuntimeError, match="all 1 evaluation questions were lost to retrieval errors"):
+        evaluate(agent, rows[1:2])

@@ -72,9 +72,11 @@ def test_load_corpus(corpus, world):
     ("", "is empty"),
     ('{"id": "0", "contents": "T\\nx"}\n{"id": "1", "text": "x"}\n', "line 2: no string 'contents' field"),
     ('{"id": "0", "contents": "T\\nx"}\n\n{"id": 2, "contents": \n', "line 3: invalid JSON"),
+    ('{"id": "7", "contents": "T\\nx"}\n{"id": 7, "contents": "U\\ny"}\n', "line 2: id '7' is also the id of line 1"),
+    ('{"id": "0", "contents": "T\\nx"}\n{"id": "1", "contents": "caf\udce9"}\n', "line 2: not UTF-8"),
 ])
 def test_corpus_errors_name_the_line(tmp_path, text, message):
-    (tmp_path / "c.jsonl").write_text(text)
+    (tmp_path / "c.jsonl").write_bytes(text.encode("utf-8", "surrogateescape"))
     with pytest.raises(ValueError, match=re.escape(message)):
         load_corpus(str(tmp_path / "c.jsonl"))
 
@@ -337,3 +339,54 @@ def test_benchmark_script_smoke(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "[bm25] recall@3" in run.stdout and "burst of 16 simultaneous requests, no cap: 16 answered" in run.stdout
+
+
+# ---- failing loudly (issue 13)
+
+
+def test_server_bounds_topk(bm25):
+    server, url = serve(bm25, max_topk=50)
+    try:
+        status, body = post(url, {"queries": ["kalo"], "topk": 10 ** 6})
+        assert status == 400 and "topk must be at most 50 (the server's --max_topk), got 1000000" in body["error"]
+        assert post(url, {"queries": ["kalo"], "topk": 50})[0] == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("length, body, message", [
+    ("abc", b"{}", "Content-Length must be a non-negative integer, got 'abc'"),
+    ("-5", b"{}", "Content-Length must be a non-negative integer, got '-5'"),
+    ("999999999999", b"{}", "Content-Length 999999999999 is over the server's limit"),
+    ("100", b'{"queries": []}', "body shorter than its Content-Length (100 bytes)"),
+])
+def test_server_answers_a_bad_content_length(bm25, length, body, message):
+    server, url = serve(bm25, request_timeout_s=0.5)
+    host, port = server.server_address
+    try:
+        with socket.create_connection((host, port), timeout=5) as s:
+            s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+                      + length.encode() + b"\r\n\r\n" + body)
+            answer = b""
+            while chunk := s.recv(65536):  # the server answers, then closes: no hang, no silent drop
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 400") and message in answer.decode()
+        assert post(url, {"queries": ["kalo"], "topk": 1})[0] == 200  # and keeps serving
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_health_check_names_a_dead_server():
+    from retriever import health_check
+    dead = RemoteRetriever(f"http://127.0.0.1:{free_port()}", retries=0)
+    with pytest.raises(RuntimeError, match=r"server http://127\.0\.0\.1:\d+/retrieve did not answer one test query, "
+                                           r"so nothing runs: .*Connection refused.*python retriever\.py serve"):
+        health_check(dead, f"the retrieval server {dead.url}")
+    server, url = serve(Stub())
+    try:
+        health_check(RemoteRetriever(url), url)  # a live server passes
+    finally:
+        server.shutdown()
+        server.server_close()

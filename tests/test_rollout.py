@@ -212,6 +212,7 @@ def test_retrieval_failure_discards_only_its_own_trajectory():
     assert [(x.reward, x.flags) for x in leaves] == [(1.0, []), (None, ["env_error"]), (1.0, [])]
     assert retriever.calls == [["who", "boom", "who"]]  # one batched call for the wave
     assert agent.counters["rollout/retrieval_failed_queries"] == 1
+    assert summarize([trees])["rollout/retrieval_failed_queries"] == 1  # logged per step by train.py
     assert [t.leaf.id for t in advantages.grpo(trees)] == ["p0.0.0", "p2.0.0"]  # discarded: not in the group
 
 

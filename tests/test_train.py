@@ -159,6 +159,7 @@ def test_two_step_smoke_run(env, algo):
     assert [r["step"] for r in rows if "eval/em" in r] == [0, 2]
     for r in train_rows:
         assert r["tree/leaves_per_prompt"] > 0 and r["train/skipped_steps"] == 0
+        assert r["rollout/retrieval_failed_queries"] == 0 and r["abnormal/env_error"] == 0
         assert math.isfinite(r["train/loss"]) and r["train/time_rollout"] > 0
     assert (env / "out" / "runs" / f"smoke_{algo}" / "curve.png").stat().st_size > 0
     assert (env / "out" / "runs" / f"smoke_{algo}" / "final" / "config.json").exists()
@@ -172,7 +173,8 @@ def test_embedded_default_warm_starts_then_trains(env, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "warm start: saved" in out.stdout
     assert json.loads((tmp_path / "warmstart" / "warmstart.json").read_text())["sft_steps"] == 2
-    row, = [json.loads(line) for line in (tmp_path / "runs" / "tree_grpo" / "metrics.jsonl").read_text().splitlines()]
+    run = tmp_path / "runs" / "tree_grpo-seed0"  # the default run name: algo and seed
+    row, = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert row["step"] == 1 and math.isfinite(row["train/loss"])
 
 
@@ -189,10 +191,14 @@ def test_resume_after_sigkill_continues_exactly(env):
     proc.wait()
     saved = int(latest.read_text().removeprefix("checkpoint-"))
     assert saved % 2 == 0 and saved >= 2
+    assert (latest.parent / "run.lock").read_text().split()[0] == str(proc.pid)  # stale: its process is dead
+    with open(latest.parent / "metrics.jsonl", "a") as f:
+        f.write('{"step": 99, "rollout/rew')  # a torn last line, as a kill in the middle of a write leaves
     out = train(env, "--algo", "grpo", "--steps", str(saved + 1), "--run_name", "killed", "--eval_every", "0",
                 "--checkpoint_every", "2", "--resume")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert f"at step {saved}" in out.stdout
+    assert f"at step {saved}" in out.stdout and f"stale lock of process {proc.pid}" in out.stdout
+    assert "torn last line" in out.stdout and not (latest.parent / "run.lock").exists()  # released at exit
     rows = metrics(env, "killed")
     assert [r["step"] for r in rows] == list(range(1, saved + 2))  # nothing logged twice, nothing lost
     # deterministic on CPU: the resumed step equals the same step of an uninterrupted run
@@ -223,3 +229,123 @@ def test_one_training_step_with_the_smollm2_gguf(env):
     assert out.returncode == 0, out.stderr[-3000:]
     row, = metrics(env, "gguf")
     assert row["train/samples"] == 2 and math.isfinite(row["train/loss"]) and row["train/skipped_steps"] == 0
+
+
+# ---- runs fail loudly, never silently (issue 13) -----------------------------------------------------------------
+
+
+def test_validate_names_each_bad_flag():
+    from train import validate
+    for flag in ("prompts_per_step", "tree_M", "grpo_G", "topk", "max_turns", "micro_batch_size", "eval_n"):
+        with pytest.raises(SystemExit, match=f"--{flag} 0: must be an integer >= 1"):
+            validate(Args(**{flag: 0}))
+    validate(Args())  # the defaults pass
+
+
+def test_bad_flags_stop_before_anything_loads(env):
+    out = train(env, "--algo", "grpo", "--steps", "1", "--run_name", "bad_flags", "--prompts_per_step", "0",
+                "--tree_M", "0", "--engine", "vllm", "--top_p", "1.5")
+    assert out.returncode != 0
+    for message in ("--prompts_per_step 0: must be an integer >= 1", "--tree_M 0: must be an integer >= 1",
+                    "--top_p 1.5: must be in (0, 1]", "--engine 'vllm': must be auto or hf: vllm is not installed"):
+        assert message in out.stderr, out.stderr[-3000:]
+    assert not (env / "out" / "runs" / "bad_flags").exists()
+
+
+@pytest.mark.parametrize("script, text", [
+    ("train.py", "Questions rolled out per step (Search-R1 / Tree-GRPO use 512 / 64 on GPUs). (default: 8)"),
+    ("eval.py", "--n N Questions: n spread evenly over the split. (default: 500)"),
+    ("warmstart.py", "Steps of the copy task (stage 1; 0 = none). (default: 1000)"),
+    ("data.py", "--people PEOPLE Number of real people"),
+    ("retriever.py serve", "Largest topk a request may ask for (a larger one is answered 400, not with megabytes). "
+                           "(default: 100)"),
+])
+def test_help_shows_each_flags_description_and_default(script, text):
+    out = subprocess.run([sys.executable, *script.split(), "--help"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert text in " ".join(out.stdout.split())
+
+
+def test_dead_retriever_stops_train_and_eval_at_start(env):
+    dead = ("--retriever_url", "http://127.0.0.1:1", "--retriever_retries", "0")
+    out = train(env, "--algo", "grpo", "--steps", "1", "--run_name", "dead", *dead)
+    assert out.returncode != 0 and "did not answer one test query" in out.stderr, out.stderr[-3000:]
+    assert "Connection refused" in out.stderr and "done:" not in out.stdout
+    out = subprocess.run([sys.executable, str(ROOT / "eval.py"), "--model", str(env / "tiny"), "--n", "2", *dead],
+                         cwd=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "did not answer one test query" in out.stderr, out.stderr[-3000:]
+
+
+def test_env_error_rate_stops_the_run_after_patience_steps():
+    from train import check_env_errors
+    args = Args(max_env_error_rate=0.5, env_error_patience=3)
+    rows = [{"step": i, "abnormal/env_error": r} for i, r in enumerate([0.9, 0.9, 0.1, 0.9, 0.6], 1)]
+    check_env_errors(rows, args, "X")  # the last three are 0.1, 0.9, 0.6: one step was fine
+    rows += [{"step": 5, "eval/em": 0.5}, {"step": 6, "abnormal/env_error": 1.0}]  # eval rows do not count
+    with pytest.raises(SystemExit, match=r"abnormal/env_error above --max_env_error_rate 0.5 for 3 steps in a row "
+                                         r"\(0.90, 0.60, 1.00\).*X"):
+        check_env_errors(rows, args, "X")
+
+
+def test_rerun_refuses_to_overwrite_a_run(env):
+    args = ("--algo", "grpo", "--steps", "1", "--eval_every", "0", "--run_name", "rerun")
+    first = train(env, *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = metrics(env, "rerun")
+    out = train(env, *args)
+    assert out.returncode != 0 and "already holds a run" in out.stderr
+    assert "--resume" in out.stderr and "--overwrite" in out.stderr
+    assert metrics(env, "rerun") == before and (env / "out" / "runs" / "rerun" / "final").exists()
+    out = train(env, *args, "--overwrite", "--seed", "1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert len(metrics(env, "rerun")) == 1 and metrics(env, "rerun") != before
+
+
+def test_a_live_lock_refuses_a_second_writer(env):
+    import socket
+    run = env / "out" / "runs" / "locked"
+    run.mkdir(parents=True)
+    (run / "run.lock").write_text(f"{os.getpid()} {socket.gethostname()}\n")  # this test's process: alive
+    out = train(env, "--algo", "grpo", "--steps", "1", "--eval_every", "0", "--run_name", "locked")
+    assert out.returncode != 0 and f"in use by process {os.getpid()}" in out.stderr, out.stderr[-3000:]
+    assert (run / "run.lock").exists() and not (run / "metrics.jsonl").exists()
+
+
+def test_read_metrics_survives_a_torn_last_line_and_a_missing_file(tmp_path):
+    from train import read_metrics
+    assert read_metrics(str(tmp_path / "none.jsonl")) == []
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "tr')
+    assert read_metrics(str(path)) == [{"step": 1}, {"step": 2}]
+    path.write_text('{"step": 1}\n{"st\n{"step": 3}\n')
+    with pytest.raises(ValueError, match="metrics.jsonl: line 2 is not JSON"):
+        read_metrics(str(path))
+
+
+def test_train_file_without_test_data_is_refused(env):
+    world = env / "out" / "world"
+    out = train(env, "--algo", "grpo", "--steps", "1", "--run_name", "no_test", "--data", str(world / "train.jsonl"),
+                "--corpus", str(world / "corpus.jsonl"))
+    assert out.returncode != 0 and "--test_data" in out.stderr and "training questions" in out.stderr, \
+        out.stderr[-3000:]
+
+
+def test_a_full_disk_at_checkpoint_says_so_and_keeps_latest(tmp_path):
+    from train import save_checkpoint
+
+    class FullDisk:  # save_state fails part-way, as torch does when the disk fills up
+        def wait_for_everyone(self):
+            pass
+
+        def save_state(self, path):
+            os.makedirs(path)
+            (Path(path) / "model.safetensors").write_bytes(b"part")
+            raise RuntimeError("PytorchStreamWriter failed writing file data/3: file write failed")
+    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "latest").write_text("checkpoint-2")
+    with pytest.raises(OSError, match=r"checkpoint-4 failed .*file write failed.*free on the disk.*space.*"
+                                      r"--resume continues from checkpoint-2"):
+        save_checkpoint(FullDisk(), str(tmp_path), 4, {"step": 4}, True)
+    assert (tmp_path / "latest").read_text() == "checkpoint-2" and sorted(os.listdir(tmp_path)) == \
+        ["checkpoint-2", "latest"]  # the torn checkpoint is removed; `latest` still names a complete one

@@ -1,0 +1,49 @@
+"""Command-line flags for every script: dataclasses parsed by HfArgumentParser, each field's docstring as its
+`--help` line (with its default), and flag values checked against a table of rules right after parsing.
+
+Deviation from HfArgumentParser's convention: it reads a field's help only from `metadata["help"]`; the dataclasses
+here document each field with the string under it (STYLE.md rule 3), so `parse` copies that string into the field's
+metadata first (read from the source with `ast`, classes defined under `if __name__ == "__main__":` included).
+"""
+import ast
+import dataclasses
+import inspect
+import textwrap
+import types
+
+from transformers import HfArgumentParser
+
+
+def field_docs(cls) -> dict:
+    """{field name: the string literal written right under it} for a dataclass and its dataclass bases."""
+    docs = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for stmt, after in zip(body, body[1:]):
+            if isinstance(stmt, ast.AnnAssign) and isinstance(after, ast.Expr) and \
+                    isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+                docs[stmt.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def parse(*classes, args=None):
+    """Parse the command line (or `args`) into one instance per dataclass; `--help` shows every field's docstring
+    and default."""
+    for cls in classes:
+        docs = field_docs(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in docs and "help" not in f.metadata:
+                f.metadata = types.MappingProxyType({**f.metadata, "help": docs[f.name].replace("%", "%%")})
+    return HfArgumentParser(classes).parse_args_into_dataclasses(args=args)
+
+
+def check(obj, rules, extra=()):
+    """Stop with one message listing every flag of `obj` that breaks its rule.
+
+    rules: [(flag names separated by spaces, what is allowed, test(value) -> bool)]; extra: [(broken?, message)]
+    for rules that involve several flags."""
+    errors = [f"--{name} {getattr(obj, name)!r}: must be {allowed}" for names, allowed, test in rules
+              for name in names.split() if not test(getattr(obj, name))]
+    errors += [message for broken, message in extra if broken]
+    if errors:
+        raise SystemExit("invalid flags (nothing was loaded or run):\n  " + "\n  ".join(errors))
