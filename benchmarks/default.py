@@ -44,8 +44,12 @@ def run_seed(a: Args, seed: int) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     t0 = time.perf_counter()
-    subprocess.run(["accelerate", "launch", os.path.join(ROOT, "train.py"), "--algo", a.algo, "--seed", str(seed),
-                    "--out_dir", out, "--run_name", "main"], cwd=out, check=True)
+    launcher = os.path.join(os.path.dirname(sys.executable), "accelerate")  # this environment's, where it has one
+    launcher = launcher if os.path.exists(launcher) else "accelerate"
+    done = subprocess.run([launcher, "launch", os.path.join(ROOT, "train.py"), "--algo", a.algo, "--seed", str(seed),
+                           "--out_dir", out, "--run_name", "main"], cwd=out)
+    if done.returncode:
+        raise SystemExit(f"seed {seed}: the main command failed (exit {done.returncode}); its output is above")
     wall = time.perf_counter() - t0
     with open(os.path.join(out, "runs", "main", "metrics.jsonl")) as f:
         evals = [r for r in map(json.loads, f) if "eval/em" in r]
