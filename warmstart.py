@@ -3,11 +3,15 @@
     python warmstart.py --out out/warmstart --world out/world
 
 Three stages, each a few minutes or less on 2 CPU cores:
-1. copy: random name pieces, a gap, the same pieces again, loss on the repeat. It grows the induction heads (find
-   the earlier occurrence of the current token, copy what followed) that a real base model arrives with and that
-   every later step needs: copying a name from the question or a passage. Measured: without this stage, or at a
-   learning rate of 2e-3 or more, the tiny model copied names only at fixed offsets (a positional shortcut) and
-   never looked a fact up; at 1e-3 the induction loss collapses after ~600 steps.
+1. copy: random pieces (name syllables and the world's words), a gap, the same pieces again, loss on the repeat.
+   It grows the induction heads (find the earlier occurrence of the current token, copy what followed) that a
+   real base model arrives with and that every later step needs: copying a name from the question or a passage,
+   and the question's wording into a thought. Measured: without this stage, or at a learning rate of 2e-3 or
+   more, the tiny model copied names only at fixed offsets (a positional shortcut) and never looked a fact up; at
+   1e-3 the induction loss collapses after ~600 steps. With name pieces alone (our earlier recipe) the model
+   copied names but wrote the relation words from its priors, so its thoughts restated another question than the
+   one asked ("the birthplace of the founder of X" became "the headquarters of the employer of X") and it
+   stopped searching after the wrong number of hops; copying words too fixed that (README, "The warm start").
 2. corpus: language modelling on the passages (as a base model is pretrained on text like Wikipedia).
 3. trajectories: the world's gold chains in the agent's exact token format: the prompt ids (`Agent.prompt_ids`),
    steps "<think> fact. open question </think><search> entity </search>" with the observation ids the agent
@@ -189,7 +193,8 @@ def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Agen
     agent = rollout.Agent(None, BM25Retriever(corpus), tok, agent_cfg)
     rng = random.Random(agent_cfg.seed)
 
-    pieces = sorted(i for p, i in tok.get_vocab().items() if data.syllabify(p.removeprefix("##")))
+    words = set(data.TEMPLATE_WORDS)  # copy names AND wording: a thought restates the question's relations
+    pieces = sorted(i for p, i in tok.get_vocab().items() if data.syllabify(p.removeprefix("##")) or p in words)
 
     def copy_batch():  # name pieces, other pieces, the same name pieces again (loss on the repeat): predictable
         batch = []     # only by finding the earlier occurrence (an induction head); varied gaps rule out an offset
