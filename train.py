@@ -17,6 +17,8 @@ Deviations and choices:
    (engines.py note 1). The HF engine samples from the trainer's own weights, so its log-probs ARE pi_old
    (`exact_logprobs`; tests/test_train.py checks they agree): the trainer then skips its pi_old pass and the
    weight is exactly 1. vLLM's kernels differ from the trainer's, so with vLLM the pass runs and TIS corrects.
+   BranPO Table 5 also lists "rollout IS batch normalize" (weights rescaled to mean 1 per batch); it is not
+   applied: Cut the Bill's TIS has none, and with the HF engine every weight is 1 already (README, Paper -> code).
 3. Rank 0 owns the rollout engine, the retriever and logging; it broadcasts the training samples and each rank
    updates on its shard (ranks are padded to the same number of micro-batches with zero-weight rows, so DDP's
    collective calls line up).
@@ -206,7 +208,8 @@ RULES = [  # (flags, what is allowed, test): checked right after parsing, before
     ("steps prompts_per_step ppo_mini_batches ppo_epochs micro_batch_size max_turns max_step_tokens max_traj_tokens "
      "max_obs_tokens topk grpo_G tree_M tree_N branpo_N carl_N0 treeps_N treeps_retain eval_n env_error_patience",
      "an integer >= 1", lambda v: v >= 1),
-    ("warmup_steps tree_L carl_N eval_every checkpoint_every retriever_retries", "an integer >= 0", lambda v: v >= 0),
+    ("warmup_steps tree_L carl_N eval_every checkpoint_every retriever_retries treeps_D treeps_train",
+     "an integer >= 0", lambda v: v >= 0),
     ("lr grad_clip retriever_timeout_s", "> 0", lambda v: v > 0),
     ("clip_high kl_coef tis_cap temperature eval_temperature", ">= 0", lambda v: v >= 0),
     ("clip_low", "in [0, 1)", lambda v: 0 <= v < 1),
@@ -225,8 +228,10 @@ def validate(args: Args):
     cli.check(args, RULES, [
         (args.eval_every and one_file and not args.test_data, f"--data {args.data!r} is one file and --test_data is "
          f"empty: evaluation would score the training questions; pass --test_data FILE, or --eval_every 0"),
-        (args.test_data and args.test_data == args.data, f"--test_data {args.test_data!r} is the --data file: "
-         f"evaluation would score the training questions; pass a test file"),
+        (one_file and os.path.realpath(args.test_data) == os.path.realpath(args.data), f"--test_data "
+         f"{args.test_data!r} is the --data file: evaluation would score the training questions; pass a test file"),
+        (args.treeps_D > args.max_turns + 1, f"--treeps_D {args.treeps_D}: TreePS-RAG's depth limit must be at most "
+         f"--max_turns + 1 = {args.max_turns + 1}; lower it, or raise --max_turns to {args.treeps_D - 1}"),
         (args.resume and args.overwrite, "--resume and --overwrite contradict each other: pick one"),
         (args.gguf_file and not args.model, f"--gguf_file {args.gguf_file!r} needs --model, the directory holding it")])
 

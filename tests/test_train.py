@@ -242,6 +242,25 @@ def test_validate_names_each_bad_flag():
     validate(Args())  # the defaults pass
 
 
+def test_validate_treeps_depth_and_paths_and_the_same_train_file(tmp_path):
+    from train import validate
+    # before: --treeps_D -1 grew no layer (range(1, 0)) and trained on nothing; --treeps_train -1 raised a bare
+    # "Sample larger than population or is negative" after both models loaded; --treeps_D 6 with --max_turns 4
+    # failed only at the first rollout
+    for flag in ("treeps_D", "treeps_train"):
+        with pytest.raises(SystemExit, match=f"--{flag} -1: must be an integer >= 0"):
+            validate(Args(**{flag: -1}))
+    # D <= max_turns + 1 = 4 + 1 = 5: 5 passes, 6 is refused with the max_turns it would need (6 - 1 = 5)
+    validate(Args(treeps_D=5, max_turns=4))
+    with pytest.raises(SystemExit, match=r"--treeps_D 6: .* at most --max_turns \+ 1 = 5; .* raise --max_turns to 5"):
+        validate(Args(treeps_D=6, max_turns=4))
+    # the training file named another way ("./x" vs "x") is still the training file
+    (tmp_path / "train.jsonl").write_text("")
+    with pytest.raises(SystemExit, match="is the --data file: evaluation would score the training questions"):
+        validate(Args(data=str(tmp_path / "train.jsonl"), test_data=str(tmp_path / "." / "train.jsonl")))
+    validate(Args(data=str(tmp_path), test_data=str(tmp_path)))  # a directory: its test.* split, never train.*
+
+
 def test_bad_flags_stop_before_anything_loads(env):
     out = train(env, "--algo", "grpo", "--steps", "1", "--run_name", "bad_flags", "--prompts_per_step", "0",
                 "--tree_M", "0", "--engine", "vllm", "--top_p", "1.5")
