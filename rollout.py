@@ -524,11 +524,29 @@ def main():
     p.add_argument("--world", default="out/world", help="embedded world directory (written on first use)")
     p.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"], help="generation engine")
     p.add_argument("--seed", type=int, default=0, help="sampling and strategy seed")
-    for name in ("G", "M", "N", "L", "N0", "D", "N_retain", "N_train"):
-        p.add_argument(f"--{name}", type=int, help=f"strategy hyperparameter {name} (default: the paper's)")
-    args = p.parse_args()
     import inspect
+    for name in ("G", "M", "N", "L", "N0", "D", "N_retain", "N_train"):
+        paper = ", ".join(f"{algo} {param.default}" for algo, fn in STRATEGIES.items()
+                          for key, param in inspect.signature(fn).parameters.items() if key == name)
+        zero = {"D": "; 0: max_turns + 1", "N_train": "; 0: N"}.get(name, "")
+        p.add_argument(f"--{name}", type=int, help=f"strategy hyperparameter {name} (default: %(default)s = the "
+                                                   f"paper's: {paper}{zero})")
+    args = p.parse_args()
+    import importlib.util
     import os
+
+    import cli
+    hps = ("G", "M", "N", "L", "N0", "D", "N_retain", "N_train")
+    own = [k for k in inspect.signature(STRATEGIES[args.algo]).parameters if k in hps]
+    cli.check(args, [("n_prompts", "an integer >= 1", lambda v: v >= 1),
+                     ("G M N N0 N_retain", "an integer >= 1", lambda v: v is None or v >= 1),
+                     ("L D N_train", "an integer >= 0 (D, N_train: 0 = the default)", lambda v: v is None or v >= 0),
+                     ("engine", "auto or hf: vllm is not installed (pip install -r requirements-gpu.txt)",
+                      lambda v: v != "vllm" or importlib.util.find_spec("vllm") is not None)],
+              [(getattr(args, k) is not None and k not in own, f"--{k} {getattr(args, k)}: not a hyperparameter of "
+                f"--algo {args.algo} (its own: {', '.join('--' + o for o in own)}); drop it") for k in hps]
+              + [(args.D is not None and args.D > AgentConfig.max_turns + 1, f"--D {args.D}: TreePS-RAG's depth "
+                  f"limit must be at most max_turns + 1 = {AgentConfig.max_turns + 1}")])
 
     import data
     import policy

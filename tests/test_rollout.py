@@ -410,3 +410,26 @@ def test_cli_dump_feeds_advantages(env):
     assert got.returncode == 0, got.stderr[-2000:]
     report = json.loads(got.stdout)
     assert report["algo"] == "treeps" and len(report["trajectories"]) >= 1
+
+
+def test_cli_checks_its_flags_before_anything_loads(tmp_path):
+    # before: --n_prompts 0 raised a bare ZeroDivisionError in data.spread after the world was built, --N 0 rolled
+    # out nothing, --G with --algo treeps was silently ignored, --D 9 failed only after the model loaded
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "rollout.py"), "--algo", "treeps", "--dump", "x.json",
+                          "--world", str(tmp_path / "world"), "--n_prompts", "0", "--N", "0", "--N_train", "-1",
+                          "--G", "3", "--D", "9"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    for message in ("--n_prompts 0: must be an integer >= 1", "--N 0: must be an integer >= 1",
+                    "--N_train -1: must be an integer >= 0",
+                    "--G 3: not a hyperparameter of --algo treeps (its own: --N, --D, --N_retain, --N_train)",
+                    "--D 9: TreePS-RAG's depth limit must be at most max_turns + 1 = 5"):  # AgentConfig: max_turns 4
+        assert message in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "world").exists()  # stopped before the world was written
+    help_ = " ".join(subprocess.run([sys.executable, str(root / "rollout.py"), "--help"], capture_output=True,
+                                    text=True, timeout=120).stdout.split())
+    assert "--N N strategy hyperparameter N (default: None = the paper's: tree_grpo 2, branpo 4, carl 16, treeps 8)" \
+        in help_ and "train questions to roll out (default: 4)" in help_
