@@ -351,8 +351,10 @@ def main():
     p.add_argument("--algo", choices=ALGOS, help="credit-assignment method")
     p.add_argument("--trees", help="JSON list of trees for ONE prompt (see tree.py for the node format)")
     p.add_argument("--prompt", type=int, help="with a rollout dump (one list of trees per prompt): which prompt")
-    p.add_argument("--mode", default="both", help="tree_grpo: both | intra | inter (Table 4 ablation)")
-    p.add_argument("--branch_norm", default="prompt", help="branpo: prompt (Eq. 12) | prefix (Algorithm 1)")
+    p.add_argument("--mode", default="both", choices=["both", "intra", "inter"],
+                   help="tree_grpo: both | intra | inter (Table 4 ablation)")
+    p.add_argument("--branch_norm", default="prompt", choices=["prompt", "prefix"],
+                   help="branpo: prompt (Eq. 12) | prefix (Algorithm 1)")
     p.add_argument("--update_all", action="store_true", help="carl: also train single-child actions (Eq. 16)")
     p.add_argument("--phase1_chains", type=int, default=0, help="carl: N0; leave the first-phase chains out "
                                                                    "of the update (App. C.1)")
@@ -361,13 +363,20 @@ def main():
     p.add_argument("--demo", action="store_true", help="print a worked tree with every method side by side")
     p.add_argument("--render", action="store_true", help="also print the annotated tree(s) to stderr")
     args = p.parse_args()
+    if args.phase1_chains < 0:  # a negative N0 would slice the root's children from the end: a silent wrong answer
+        p.error(f"--phase1_chains {args.phase1_chains}: must be an integer >= 0 (N0, the first-phase chains)")
     if args.demo:
         print(demo())
         return
     if args.budget:
         if args.algo != "tree_grpo":
             p.error("--budget M,N,L goes with --algo tree_grpo")
-        M, N, L = (int(x) for x in args.budget.split(","))
+        try:
+            M, N, L = (int(x) for x in args.budget.split(","))
+        except ValueError:
+            p.error(f"--budget {args.budget!r}: must be three integers M,N,L (trees, expansions, rounds), e.g. 2,2,1")
+        if min(M, N, L) < 0 or M < 1:
+            p.error(f"--budget {args.budget!r}: M must be >= 1 and N, L >= 0")
         rollouts, budget = tree_grpo_budget(M, N, L)
         print(json.dumps({"rollouts": rollouts, "budget": budget}))
         return
