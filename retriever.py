@@ -513,6 +513,13 @@ if __name__ == "__main__":
         sys.exit("usage: python retriever.py serve --corpus FILE --retriever bm25|dense --port PORT [...]; "
                  "see `python retriever.py serve --help`")
     serve, cfg = cli.parse(ServeConfig, RetrieverConfig, args=sys.argv[2:])
+    cli.check(serve, [("topk max_topk", "an integer >= 1", lambda v: v >= 1),
+                      ("port", "in 0..65535 (0: any free port)", lambda v: 0 <= v <= 65535),
+                      ("corpus", "an existing JSONL file", os.path.isfile)],
+              [(serve.max_topk < serve.topk, f"--max_topk {serve.max_topk} must be >= --topk {serve.topk}, the "
+                                             f"default a request gets")]
+              + [(getattr(cfg, k) < 1, f"--{k} {getattr(cfg, k)}: must be an integer >= 1")
+                 for k in ("encode_batch_size", "max_length")])
     print(serve, cfg, sep="\n")
     server = SearchServer(make_retriever(load_corpus(serve.corpus), cfg), serve.host, serve.port, serve.topk,
                           serve.max_topk)

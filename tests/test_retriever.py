@@ -390,3 +390,20 @@ def test_health_check_names_a_dead_server():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_serve_checks_its_flags_before_reading_the_corpus(tmp_path):
+    # before: --topk 0 made every request without a topk answer 400 ("got 0"), --max_topk 0 refused every
+    # request, --port 70000 raised a bare OverflowError, a missing corpus only surfaced inside load_corpus
+    out = subprocess.run([sys.executable, "retriever.py", "serve", "--corpus", str(tmp_path / "none.jsonl"),
+                          "--topk", "0", "--max_topk", "0", "--port", "70000", "--max_length", "0"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    for message in ("--topk 0: must be an integer >= 1", "--max_topk 0: must be an integer >= 1",
+                    "--port 70000: must be in 0..65535", "none.jsonl': must be an existing JSONL file",
+                    "--max_length 0: must be an integer >= 1"):
+        assert message in out.stderr, out.stderr[-2000:]
+    (tmp_path / "c.jsonl").write_text('{"id": "0", "contents": "T\\nx"}\n')
+    out = subprocess.run([sys.executable, "retriever.py", "serve", "--corpus", str(tmp_path / "c.jsonl"), "--topk",
+                          "5", "--max_topk", "4"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "--max_topk 4 must be >= --topk 5" in out.stderr, out.stderr[-2000:]
