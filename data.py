@@ -506,6 +506,11 @@ if __name__ == "__main__":
         """Directory that receives corpus.jsonl, train.jsonl, test.jsonl and dev.jsonl."""
 
     cfg, output = cli.parse(WorldConfig, Output)
+    cli.check(cfg, [("people companies books cities countries train_per_hop test_per_hop max_hops",
+                     "an integer >= 1", lambda v: v >= 1),
+                    ("dev_per_hop", "an integer >= 0", lambda v: v >= 0),
+                    ("distractor_fraction", "in [0, 1]", lambda v: 0 <= v <= 1),
+                    ("test_fraction", "in (0, 1)", lambda v: 0 < v < 1)])
     print(cfg)
     world = build_world(cfg)
     write_world(world, output.out)

@@ -113,6 +113,16 @@ def test_cli_writes_the_four_files(tmp_path):
     assert rows == build_world(SMALL).test
 
 
+def test_cli_checks_its_flags_before_building(tmp_path):
+    # before: --train_per_hop -1 wrote a world with an empty train split and exit 0 (train.py then failed on it)
+    out = subprocess.run([sys.executable, "data.py", "--out", str(tmp_path / "w"), "--train_per_hop", "-1",
+                          "--people", "0", "--test_fraction", "1"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode != 0 and not (tmp_path / "w").exists()
+    for message in ("--train_per_hop -1: must be an integer >= 1", "--people 0: must be an integer >= 1",
+                    "--test_fraction 1.0: must be in (0, 1)"):
+        assert message in out.stderr, out.stderr[-2000:]
+
+
 # ---- loaders
 
 
