@@ -309,6 +309,23 @@ def test_branpo_redundant_step_check():
     assert out[a.leaves()[0].id][2 - 1] is None  # the redundant step is not trained
 
 
+def test_branpo_redundant_step_check_fires_at_f1_0_8():
+    # rollout deviation 7: "correct" is F1 >= 0.8 (App. A.1's threshold), not App. A.1's r = 1.
+    # gold "Ivo Ra", answer "Ivo Ra X": common 2 tokens, P = 2/3, R = 2/2 = 1, F1 = 2 (2/3)(1) / (2/3 + 1) = 0.8
+    S1, S2, P, W = "<search>q1</search>", "<search>q2</search>", "<answer>Ivo Ra X</answer>", "<answer>Oda</answer>"
+    # initial: A: S1 S2 P (3 steps, F1 0.8); B: S1 P (2 steps, F1 0.8); C: S1 W (F1 0)
+    # acc = (0.8 + 0.8 + 0) / 3 = 0.533 > 0.5; mean correct length (3 + 2) / 2 = 2.5 < 3: A gets the RSM check
+    # (with r = 1 required it would not): 5 branches from depth 1 = T - 2; the 1st answers P at once (2 < 3 steps)
+    # B (2 steps, not longer): contrast at k = 1 [P, P] none, then k = 0 (default W, kept); C: k = 1 [P, W] keeps P
+    script = [S1, S1, S1, S2, P, W, P] + [P, W, W, W, W, P, P, P, W]
+    agent, _ = agent_with(queue_policy(script))
+    a, b, c = STRATEGIES["branpo"](agent, [Ex("who is it", ["Ivo Ra"])], random.Random(0), N=3)[0]
+    s1, s2 = path(a.leaves()[0])[:2]
+    assert s1.prefix_end and s2.redundant
+    assert [x.depth for x in a.leaves()] == [3, 2] and [x.reward for x in a.leaves()] == pytest.approx([0.8, 0.8])
+    assert agent.counters["rollout/branpo_shorter"] == 1 and agent.counters["rollout/branpo_contrast"] == 2
+
+
 def test_carl_forks_from_lowest_density():
     # search actions are uncertain (NLL 2 per token), answers confident (NLL 0.1): H(root) = 2, H(search) = 0.1
     policy = lambda c: ("<search>q</search>", -2.0) if turns(c) == 0 else ("<answer>Ivo</answer>", -0.1)  # noqa
