@@ -350,6 +350,24 @@ def test_train_file_without_test_data_is_refused(env):
         out.stderr[-3000:]
 
 
+def test_a_bad_corpus_stops_train_and_eval_before_the_model_loads(env, tmp_path):
+    # before: the corpus was read after both model copies loaded. Here --model names no model at all, so an error
+    # about the corpus (and none about the model) proves the corpus was read first.
+    world = env / "out" / "world"
+    bad = tmp_path / "corpus.jsonl"
+    bad.write_bytes(b'{"id": "0", "contents": "T\\nx"}\n{"id": "1", "contents": "\xff"}\n')  # line 2: not UTF-8
+    files = ("--data", str(world / "train.jsonl"), "--test_data", str(world / "test.jsonl"), "--corpus", str(bad))
+    out = train(env, "--algo", "grpo", "--steps", "1", "--run_name", "bad_corpus", *files, "--model",
+                str(tmp_path / "no_model"))
+    assert out.returncode != 0 and f"{bad}: line 2: not UTF-8" in out.stderr, out.stderr[-3000:]
+    assert "no_model" not in out.stderr
+    out = subprocess.run([sys.executable, str(ROOT / "eval.py"), "--model", str(tmp_path / "no_model"), "--data",
+                          str(world / "test.jsonl"), "--corpus", str(bad), "--n", "2"], cwd=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode != 0 and f"{bad}: line 2: not UTF-8" in out.stderr, out.stderr[-3000:]
+    assert "no_model" not in out.stderr
+
+
 def test_a_full_disk_at_checkpoint_says_so_and_keeps_latest(tmp_path):
     from train import save_checkpoint
 
