@@ -276,6 +276,8 @@ def test_bad_flags_stop_before_anything_loads(env):
     ("eval.py", "--n N Questions: n spread evenly over the split. (default: 500)"),
     ("warmstart.py", "Steps of the copy task (stage 1; 0 = none). (default: 1000)"),
     ("data.py", "--people PEOPLE Number of real people"),
+    ("advantages.py", "carl: N0; leave the first-phase chains out of the update (App. C.1) (default: 0)"),
+    ("rollout.py", "train questions to roll out (default: 4)"),
     ("retriever.py serve", "Largest topk a request may ask for (a larger one is answered 400, not with megabytes). "
                            "(default: 100)"),
 ])
