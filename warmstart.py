@@ -6,12 +6,7 @@ Three stages, each a few minutes or less on 2 CPU cores:
 1. copy: random pieces (name syllables and the world's words), a gap, the same pieces again, loss on the repeat.
    It grows the induction heads (find the earlier occurrence of the current token, copy what followed) that a
    real base model arrives with and that every later step needs: copying a name from the question or a passage,
-   and the question's wording into a thought. Measured: without this stage, or at a learning rate of 2e-3 or
-   more, the tiny model copied names only at fixed offsets (a positional shortcut) and never looked a fact up; at
-   1e-3 the induction loss collapses after ~600 steps. With name pieces alone (our earlier recipe) the model
-   copied names but wrote the relation words from its priors, so its thoughts restated another question than the
-   one asked ("the birthplace of the founder of X" became "the headquarters of the employer of X") and it
-   stopped searching after the wrong number of hops; copying words too fixed that (README, "The warm start").
+   and the question's wording into a thought (README, "The embedded default", for what failed without it).
 2. corpus: language modelling on the passages (as a base model is pretrained on text like Wikipedia).
 3. trajectories: the world's gold chains in the agent's exact token format: the prompt ids (`Agent.prompt_ids`),
    steps "<think> fact. open question </think><search> entity </search>" with the observation ids the agent
@@ -24,8 +19,15 @@ Three stages, each a few minutes or less on 2 CPU cores:
        wrong     search an unrelated entity, then the right one (a wasted search)
        repeat    search the previous query again (the rollout stops it: Cut the Bill's "repeated query")
 
-Deviations: BranPO's cold start keeps correct trajectories of a zero-RL run of the model itself; a model trained
-from scratch has no such run, so its trajectories come from the gold chains, with a thought format of our own.
+The model is a 3-layer, d = 128 Llama; its tokenizer's pieces are the world's syllables, syllable pairs and words
+plus the agent's own words, with the agent tags as single tokens, so every entity name splits into pieces the
+model has seen and it can copy a name it never saw in a training question from a passage into its next query.
+
+Deviations:
+1. BranPO's cold start keeps correct trajectories of a zero-RL run of the model itself; a model trained from
+   scratch has no such run, so its trajectories come from the gold chains, with a thought format of our own.
+2. The tokenizer lowercases (the world is lowercase) and splits on whitespace and punctuation; decoding joins
+   words with single spaces. Decoded text is for parsing tags and reading only: the rollout never re-encodes it.
 """
 from __future__ import annotations
 
@@ -58,12 +60,7 @@ SPECIAL = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
 def world_tokenizer() -> PreTrainedTokenizerFast:
     """A WordPiece tokenizer over the world's syllables and syllable pairs (word-initial and '##' continuation
     pieces), its words, the agent's words, digits, punctuation and single letters (so no lowercase word is ever
-    [UNK]); the agent tags are single tokens.
-
-    Why pairs: with 24 one-syllable pieces every piece recurs all over a context, so copying a name needs
-    multi-token matching, which the tiny model did not learn (continuation syllables stayed at log 24 nats). With
-    the 576 pairs a name word is one or two rare pieces ("suta reke", "sake ##to"), every pair occurs in the
-    corpus (so none is untrained), and copying became learnable (first-hop queries copied at ~0.1 nats)."""
+    [UNK]); the agent tags are single tokens (why pairs: README, "The embedded default")."""
     agent_text = " ".join([rollout.INSTRUCTION, rollout.SHORT_INSTRUCTION, rollout.RETRY, "Doc 1(Title: x) 0123456789"])
     words = set(data.TEMPLATE_WORDS) | {w.lower() for w in re.findall(r"[A-Za-z]+", agent_text)}
     symbols = set(data.PUNCTUATION) | set(re.findall(r"[^\sA-Za-z]", agent_text)) - set("<>/")
