@@ -62,9 +62,9 @@ from dataclasses import dataclass, field, replace
 from scipy.cluster.hierarchy import cut_tree, linkage
 from scipy.spatial.distance import squareform
 
-import advantages
 import cli
 import data
+from advantages import RULES as ALGO_RULES
 from advantages import AlgoConfig
 from engines import Sampling, load_policy, make_engine
 from retriever import BM25Retriever, RetrievalError, load_corpus
@@ -654,7 +654,7 @@ class DumpArgs:
 
 def main():
     args, algo, agent_cfg = cli.parse(DumpArgs, AlgoConfig, AgentConfig)
-    cli.check((algo, agent_cfg), advantages.RULES + RULES)
+    cli.check((algo, agent_cfg), ALGO_RULES + RULES)
     if not os.path.exists(args.model) and args.model == "out/warmstart":
         raise SystemExit("no policy in out/warmstart: train one first (python warmstart.py, ~5 min on 2 cores, or "
                          "any train.py run), or pass --model DIR")
