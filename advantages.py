@@ -36,12 +36,15 @@ Deviations from the papers:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
+import sys
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
+import cli
 from tree import Node, Trajectory, Tree, leaves, load_trees, path, scored_leaves, truncated, walk
 
 
@@ -250,7 +253,72 @@ def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
     return [Trajectory(leaf, [step.advantage for step in path(leaf)]) for leaf in chosen]
 
 
-ALGOS = {"grpo": grpo, "tree_grpo": tree_grpo, "branpo": branpo, "carl": carl, "treeps": treeps}
+# The algorithm registry, credit half: name -> (advantage function, its options from AlgoConfig); rollout.STRATEGIES
+# holds the rollout half under the same names (tests/test_layout.py checks they agree).
+ALGOS = {
+    "grpo": (grpo, lambda c: {}),
+    "tree_grpo": (tree_grpo, lambda c: {"mode": c.tree_mode}),
+    "branpo": (branpo, lambda c: {"branch_norm": c.branpo_norm}),
+    "carl": (carl, lambda c: {"update_all": c.carl_update_all,
+                              "phase1_chains": 0 if c.carl_train_phase1 else c.carl_N0}),
+    "treeps": (treeps, lambda c: {"process": c.treeps_process}),
+}
+
+
+@dataclass
+class AlgoConfig:
+    """Which paper, and every paper's knobs (rollout budgets and credit options), one name each."""
+
+    algo: str = field(default="tree_grpo", metadata={"choices": list(ALGOS)})
+    """Which paper: picks a rollout strategy (rollout.STRATEGIES) and an advantage function (ALGOS)."""
+    grpo_G: int = 8
+    """GRPO: trajectories per prompt (Search-R1: 5; Cut the Bill: 8)."""
+    tree_M: int = 2
+    """Tree-GRPO: trees per prompt (paper default (M, N, L) = (2, 2, 1))."""
+    tree_N: int = 2
+    """Tree-GRPO: expansions per tree per round."""
+    tree_L: int = 1
+    """Tree-GRPO: expansion rounds."""
+    tree_replace: bool = False
+    """Tree-GRPO: draw the N expansion nodes with replacement (the official code's random.choices)."""
+    tree_mode: str = field(default="both", metadata={"choices": ["both", "intra", "inter"]})
+    """Tree-GRPO advantage: intra + inter (paper), or one of them (Table 4 ablation)."""
+    branpo_N: int = 4
+    """BranPO: initial trajectories per prompt."""
+    branpo_rsm: bool = True
+    """BranPO: redundant step masking (§4.4)."""
+    branpo_norm: str = field(default="prompt", metadata={"choices": ["prompt", "prefix"]})
+    """BranPO: branch advantage normalized per prompt (Eq. 12) or per prefix (Algorithm 1)."""
+    carl_N0: int = 1
+    """CARL: initial chains (1 = CARL-Lite, 8 = CARL)."""
+    carl_N: int = 16
+    """CARL: progressive forks."""
+    carl_update_all: bool = False
+    """CARL: also train single-child actions (Eq. 16 ablation)."""
+    carl_train_phase1: bool = True
+    """CARL: train the N0 first-phase chains' forked actions (Eqs. 13, 15); False: not trained (App. C.1)."""
+    treeps_N: int = 8
+    """TreePS-RAG: nodes per layer (rollout budget N)."""
+    treeps_retain: int = 2
+    """TreePS-RAG: N_retain, search children kept per parent."""
+    treeps_D: int = 0
+    """TreePS-RAG: depth limit D, at most max_turns + 1; 0 = max_turns + 1 (the paper uses D = 4)."""
+    treeps_train: int = 0
+    """TreePS-RAG: root-to-leaf paths sampled for training (§2.3); 0 = treeps_N, as the paper."""
+    treeps_process: bool = True
+    """TreePS-RAG: process advantage (False = GRPO over its trajectories, Table 2 ablation)."""
+
+
+RULES = [  # cli.check: (flags, what is allowed, test)
+    ("grpo_G tree_M tree_N branpo_N carl_N0 treeps_N treeps_retain", "an integer >= 1", lambda v: v >= 1),
+    ("tree_L carl_N treeps_D treeps_train", "an integer >= 0", lambda v: v >= 0),
+]
+
+
+def credit(cfg: AlgoConfig, trees: list[Tree]) -> list[Trajectory]:
+    """The chosen paper's advantages for one prompt's trees."""
+    fn, options = ALGOS[cfg.algo]
+    return fn(trees, **options(cfg))
 
 # ---------------------------------------------------------------------------------------------------------------
 # Analytic budgets
@@ -320,7 +388,7 @@ def demo() -> str:
     tree = demo_tree()
     chains = [_chain_copy(tree, leaf) for leaf in scored_leaves(tree.root)]  # GRPO: each path as its own sample
     table = {}
-    for name, fn in ALGOS.items():
+    for name, (fn, _) in ALGOS.items():
         for tr in fn(chains if name == "grpo" else [tree]):
             for step, a in zip(tr.steps, tr.advantages):
                 table[name, tr.leaf.id.removeprefix("c:"), step.id.removeprefix("c:")] = a
@@ -345,51 +413,45 @@ def _chain_copy(tree: Tree, leaf: Node) -> Tree:
     return Tree(root)
 
 
+@dataclass
+class CreditArgs:
+    """`python advantages.py --algo ALGO --trees FILE.json`: per-step advantages of one prompt's rollout trees."""
+    trees: str = ""
+    """JSON list of trees for ONE prompt (see tree.py for the node format), or a rollout dump (with --prompt)."""
+    prompt: Optional[int] = None
+    """With a rollout dump (one list of trees per prompt): which prompt."""
+    budget: str = ""
+    """With --algo tree_grpo: M,N,L -> rollouts and expected budget."""
+    demo: bool = False
+    """Print a worked tree with every method side by side."""
+    render: bool = False
+    """Also print the annotated tree(s) to stderr."""
+
+
 def main():
-    p = argparse.ArgumentParser(description="Per-step advantages of one prompt's rollout trees, for every paper.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--algo", choices=ALGOS, help="credit-assignment method")
-    p.add_argument("--trees", help="JSON list of trees for ONE prompt (see tree.py for the node format)")
-    p.add_argument("--prompt", type=int, help="with a rollout dump (one list of trees per prompt): which prompt")
-    p.add_argument("--mode", default="both", choices=["both", "intra", "inter"],
-                   help="tree_grpo: both | intra | inter (Table 4 ablation)")
-    p.add_argument("--branch_norm", default="prompt", choices=["prompt", "prefix"],
-                   help="branpo: prompt (Eq. 12) | prefix (Algorithm 1)")
-    p.add_argument("--update_all", action="store_true", help="carl: also train single-child actions (Eq. 16)")
-    p.add_argument("--phase1_chains", type=int, default=0, help="carl: N0; leave the first-phase chains out "
-                                                                   "of the update (App. C.1)")
-    p.add_argument("--no_process", action="store_true", help="treeps: GRPO over trajectories (Table 2 ablation)")
-    p.add_argument("--budget", help="with --algo tree_grpo: M,N,L -> rollouts and expected budget")
-    p.add_argument("--demo", action="store_true", help="print a worked tree with every method side by side")
-    p.add_argument("--render", action="store_true", help="also print the annotated tree(s) to stderr")
-    args = p.parse_args()
-    if args.phase1_chains < 0:  # a negative N0 would slice the root's children from the end: a silent wrong answer
-        p.error(f"--phase1_chains {args.phase1_chains}: must be an integer >= 0 (N0, the first-phase chains)")
+    args, algo = cli.parse(CreditArgs, AlgoConfig)
+    cli.check(algo, RULES)
     if args.demo:
         print(demo())
         return
     if args.budget:
-        if args.algo != "tree_grpo":
-            p.error("--budget M,N,L goes with --algo tree_grpo")
+        if algo.algo != "tree_grpo":
+            raise SystemExit("--budget M,N,L goes with --algo tree_grpo")
         try:
             M, N, L = (int(x) for x in args.budget.split(","))
         except ValueError:
-            p.error(f"--budget {args.budget!r}: must be three integers M,N,L (trees, expansions, rounds), e.g. 2,2,1")
+            raise SystemExit(f"--budget {args.budget!r}: must be three integers M,N,L (trees, expansions, rounds), "
+                             f"e.g. 2,2,1") from None
         if min(M, N, L) < 0 or M < 1:
-            p.error(f"--budget {args.budget!r}: M must be >= 1 and N, L >= 0")
+            raise SystemExit(f"--budget {args.budget!r}: M must be >= 1 and N, L >= 0")
         rollouts, budget = tree_grpo_budget(M, N, L)
         print(json.dumps({"rollouts": rollouts, "budget": budget}))
         return
-    if not (args.algo and args.trees):
-        p.error("give --algo and --trees, or --budget, or --demo")
+    if not args.trees:
+        raise SystemExit("give --trees FILE (and --algo), or --budget, or --demo")
     trees = load_trees(args.trees, args.prompt)
-    options = {"tree_grpo": {"mode": args.mode}, "branpo": {"branch_norm": args.branch_norm},
-               "carl": {"update_all": args.update_all, "phase1_chains": args.phase1_chains},
-               "treeps": {"process": not args.no_process}}
-    trajectories = ALGOS[args.algo](trees, **options.get(args.algo, {}))
-    print(json.dumps(report(args.algo, trees, trajectories), indent=1))
+    print(json.dumps(report(algo.algo, trees, credit(algo, trees)), indent=1))
     if args.render:
-        import sys
         print("\n\n".join(t.render() for t in trees), file=sys.stderr)
 
 

@@ -37,13 +37,16 @@ def parse(*classes, args=None):
     return HfArgumentParser(classes).parse_args_into_dataclasses(args=args)
 
 
-def check(obj, rules, extra=()):
-    """Stop with one message listing every flag of `obj` that breaks its rule.
+def check(configs, rules, extra=()):
+    """Stop with one message listing every flag of `configs` (one dataclass instance, or a tuple of them) that
+    breaks its rule.
 
     rules: [(flag names separated by spaces, what is allowed, test(value) -> bool)]; extra: [(broken?, message)]
     for rules that involve several flags."""
-    errors = [f"--{name} {getattr(obj, name)!r}: must be {allowed}" for names, allowed, test in rules
-              for name in names.split() if not test(getattr(obj, name))]
+    configs = configs if isinstance(configs, tuple) else (configs,)
+    value = lambda name: getattr(next(c for c in configs if hasattr(c, name)), name)  # noqa: E731
+    errors = [f"--{name} {value(name)!r}: must be {allowed}" for names, allowed, test in rules
+              for name in names.split() if not test(value(name))]
     errors += [message for broken, message in extra if broken]
     if errors:
         raise SystemExit("invalid flags (nothing was loaded or run):\n  " + "\n  ".join(errors))

@@ -32,6 +32,11 @@ import random
 import re
 from dataclasses import asdict, dataclass, field, fields
 
+import datasets
+import pyarrow.parquet
+
+import cli
+
 # ----------------------------------------------------------------------------------------------------------------
 # The world's alphabet: syllables for names, fixed words for everything else
 
@@ -426,14 +431,12 @@ def load_rows(source, split="train"):
     if source.endswith((".parquet", ".jsonl", ".json")) and not os.path.exists(source):
         raise DataError(f"{source} does not exist; run `python data.py --out DIR` to write the embedded world")
     if source.endswith(".parquet"):
-        import pyarrow.parquet
         records = pyarrow.parquet.read_table(source).to_pylist()
         rows = [row_from_record(r, f"{source}: row {i}", split, i) for i, r in enumerate(records)]
     elif source.endswith((".jsonl", ".json")):
         rows = [row_from_record(rec, f"{source}: line {line_no}", split, i)
                 for i, (line_no, rec) in enumerate(read_jsonl(source, DataError))]
     else:
-        import datasets
         ds = datasets.load_dataset(source, split=split)
         rows = [row_from_record(dict(r), f"{source}[{split}]: row {i}", split, i) for i, r in enumerate(ds)]
     if not rows:
@@ -497,7 +500,6 @@ def reject_sampling_filter(rows, rewards):
 
 
 if __name__ == "__main__":
-    import cli
 
     @dataclass
     class Output:

@@ -42,12 +42,14 @@ Notes and deviations, numbered:
    bound memory.
 """
 
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
-from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteria,
+                          StoppingCriteriaList)
 
 # ----------------------------------------------------------------------------------------------------------------
 # the protocol
@@ -330,6 +332,9 @@ class VLLMEngine:
 # ----------------------------------------------------------------------------------------------------------------
 # choosing an engine
 
+RULES = [("engine", "auto or hf: vllm is not installed (pip install -r requirements-gpu.txt)",  # cli.check
+          lambda v: v != "vllm" or importlib.util.find_spec("vllm") is not None)]
+
 
 def make_engine(
     kind: str, model: torch.nn.Module, tokenizer, model_path: str, hf_max_batch_size: int = 32, **vllm_kwargs
@@ -366,3 +371,23 @@ def make_engine(
     engine = VLLMEngine(model_path, **vllm_kwargs)
     engine.load_weights(model)
     return engine
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# loading a policy
+
+
+def load_policy(name_or_dir: str, gguf_file: str | None = None, dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) from a hub name, a local directory, or a GGUF file inside that directory (transformers
+    dequantizes it)."""
+    kw = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(name_or_dir, **kw)
+    model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=dtype, **kw)
+    if gguf_file:  # transformers dequantizes GGUF into ordinary tensors but keeps the model marked "quantized",
+        model.hf_quantizer = None  # which would block save_pretrained; what we train and save is plain weights
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

@@ -32,8 +32,15 @@ import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import bm25s
+import faiss
 import numpy as np
+import torch
+from bm25s.tokenization import Tokenizer
 from tqdm import tqdm
+from transformers import AutoModel, AutoTokenizer
+
+import cli
 
 PROGRESS = sys.stderr.isatty()  # progress bars only for a person watching
 
@@ -142,8 +149,6 @@ class BM25Retriever:
     """Okapi BM25 through bm25s (its default k1=1.5, b=0.75), English stopwords removed."""
 
     def __init__(self, corpus, index_dir=""):
-        import bm25s
-        from bm25s.tokenization import Tokenizer
         self.corpus, self.tokenizer = corpus, Tokenizer(stopwords="en")
         if index_dir and os.path.exists(os.path.join(index_dir, "meta.json")):
             _check_saved(index_dir, "bm25", corpus)
@@ -191,8 +196,6 @@ class Encoder:
     """A Hugging Face encoder as a sentence embedder: mean pooling over real tokens, L2-normalised."""
 
     def __init__(self, name_or_dir, max_length=256, device=None):
-        import torch
-        from transformers import AutoModel, AutoTokenizer
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype = torch.float16 if self.device.startswith("cuda") else torch.float32
         try:
@@ -205,7 +208,6 @@ class Encoder:
 
     def encode(self, texts, batch_size=64, desc=None):
         """texts -> (N, D) float32 unit vectors, in input order (batched by length to waste less padding)."""
-        import torch
         order = np.argsort([len(t) for t in texts])
         out = np.zeros((len(texts), self.model.config.hidden_size), dtype=np.float32)  # (N, D)
         batches = range(0, len(texts), batch_size)
@@ -226,7 +228,6 @@ class DenseRetriever:
 
     def __init__(self, corpus, encoder, index_dir="", batch_size=64, max_length=256,
                  query_prefix="query: ", passage_prefix="passage: ", device=None):
-        import faiss
         self.corpus, self.query_prefix, self.batch_size = corpus, query_prefix, batch_size
         self.encoder = Encoder(encoder, max_length, device)
         settings = {"encoder": os.path.abspath(encoder) if os.path.isdir(encoder) else encoder,
@@ -266,9 +267,16 @@ class DenseRetriever:
 class RetrieverConfig:
     """Which in-process retriever to build, and how."""
     retriever: str = field(default="bm25", metadata={"choices": ["bm25", "dense"]})
-    """bm25 (bm25s) or dense (HF encoder + FAISS)."""
-    encoder: str = "intfloat/e5-base-v2"
-    """Dense encoder: hub name or local directory (Search-R1 uses e5-base-v2; offline: offline_encoder_dir())."""
+    """In-process retriever when --retriever_url is empty: bm25 (bm25s) or dense (HF encoder + FAISS)."""
+    retriever_url: str = ""
+    """A Search-R1 retrieval server (python retriever.py serve ...); empty = in-process."""
+    retriever_timeout_s: float = 10.0
+    """Seconds the retrieval server gets per request (--retriever_url)."""
+    retriever_retries: int = 2
+    """Further tries of a failed retrieval request, after 0.5 s, 1 s, ... (--retriever_url)."""
+    encoder: str = ""
+    """Dense encoder: hub name or local directory (Search-R1 uses intfloat/e5-base-v2); empty = the offline MiniLM
+    that requirements-models.txt installs (offline_encoder_dir())."""
     index_dir: str = ""
     """Directory to load the index from, or to save it to after building; empty: build in memory every start."""
     encode_batch_size: int = 64
@@ -283,8 +291,9 @@ class RetrieverConfig:
 
 RETRIEVERS = {
     "bm25": lambda corpus, cfg: BM25Retriever(corpus, cfg.index_dir),
-    "dense": lambda corpus, cfg: DenseRetriever(corpus, cfg.encoder, cfg.index_dir, cfg.encode_batch_size,
-                                                cfg.max_length, cfg.query_prefix, cfg.passage_prefix),
+    "dense": lambda corpus, cfg: DenseRetriever(corpus, cfg.encoder or offline_encoder_dir(), cfg.index_dir,
+                                                cfg.encode_batch_size, cfg.max_length, cfg.query_prefix,
+                                                cfg.passage_prefix),
 }
 
 
@@ -492,6 +501,22 @@ def health_check(retriever, where):
         raise RuntimeError(f"{where} answered a test query with no passage; is its corpus empty?")
 
 
+RULES = [  # cli.check: (flags, what is allowed, test)
+    ("retriever_timeout_s", "> 0", lambda v: v > 0), ("retriever_retries", "an integer >= 0", lambda v: v >= 0)]
+
+
+def connect(cfg: RetrieverConfig, corpus_path: str):
+    """The retriever a run searches with (the server at --retriever_url, else the in-process one over the corpus
+    file), checked with one query; and its name for messages."""
+    if cfg.retriever_url:
+        search, where = RemoteRetriever(cfg.retriever_url, cfg.retriever_timeout_s, cfg.retriever_retries), \
+            f"the retrieval server {cfg.retriever_url}"
+    else:
+        search, where = make_retriever(load_corpus(corpus_path), cfg), f"the in-process {cfg.retriever}"
+    health_check(search, where)
+    return search, where
+
+
 @dataclass
 class ServeConfig:
     """`python retriever.py serve`: what to serve and where (the retriever itself: RetrieverConfig)."""
@@ -508,7 +533,6 @@ class ServeConfig:
 
 
 if __name__ == "__main__":
-    import cli
     if sys.argv[1:2] != ["serve"]:
         sys.exit("usage: python retriever.py serve --corpus FILE --retriever bm25|dense --port PORT [...]; "
                  "see `python retriever.py serve --help`")

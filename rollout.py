@@ -43,24 +43,33 @@ Deviations and choices:
    prompt; its prefix is empty, so A_base trains nothing there); the paper only says "near the tail".
 8. Tree-GRPO draws the N expansion nodes without replacement (the text's "N nodes are randomly selected");
    the official code uses random.choices, with replacement: `with_replacement=True`.
+9. The outcome reward follows SQuAD's official script (normalisation, EM, token F1) and scores the best-matching
+   golden answer; normalisation also removes Unicode punctuation (categories P*) after Unicode NFC, and token F1
+   adds HotpotQA's rule: yes / no / noanswer get no partial credit. Each leaf records both EM and F1.
 """
 from __future__ import annotations
 
-import argparse
 import math
+import os
 import random
 import re
+import string
 import time
+import unicodedata
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from scipy.cluster.hierarchy import cut_tree, linkage
 from scipy.spatial.distance import squareform
 
-from engines import Sampling
-from eval import exact_match, token_f1
-from retriever import RetrievalError
-from tree import Node, Tree, context_ids, path, scored_leaves, walk
+import cli
+import data
+from advantages import RULES as ALGO_RULES
+from advantages import AlgoConfig
+from engines import RULES as ENGINE_RULES
+from engines import Sampling, load_policy, make_engine
+from retriever import BM25Retriever, RetrievalError, load_corpus
+from tree import FLAGS, Node, Tree, context_ids, path, save_trees, scored_leaves, walk
 
 INSTRUCTION = (
     "Answer the given question. You must conduct reasoning inside <{think}> and </{think}> first every time you "
@@ -75,41 +84,124 @@ RETRY = ("\nMy previous action is invalid. If I want to search, I should put the
          "</search>. If I want to give the final answer, I should put the answer between <answer> and </answer>. "
          "Let me try again.\n")
 CORRECT_F1 = 0.8  # BranPO App. A.1: "an F1 score of 0.8 is used as a threshold" for correctness
+INSTRUCTIONS = {"search_r1": INSTRUCTION, "short": SHORT_INSTRUCTION}
 
 
 @dataclass
 class AgentConfig:
-    """How one agent step is generated, parsed, executed and scored."""
+    """How one agent step is generated, parsed, executed and scored: the same in training, evaluation, warm start
+    and dumps (train.py, eval.py, warmstart.py and rollout.py parse it)."""
 
-    instruction: str = INSTRUCTION
-    """Prompt template with {think} and {question}: Search-R1's (default) or SHORT_INSTRUCTION (tiny models)."""
+    instruction: str = field(default="auto", metadata={"choices": ["auto", "search_r1", "short"]})
+    """Prompt: auto = the short one for the embedded default's tokenizer, else Search-R1's."""
     think_tag: str = "think"
-    """Name of the reasoning tag: "think" (Search-R1), "thinking" or "reason" (the Qwen3 runs in the papers)."""
+    """Reasoning tag name: "think" (Search-R1), "thinking" or "reason" (the Qwen3 runs in the papers)."""
     max_turns: int = 4
     """Search rounds per trajectory (Search-R1's max_turns): steps 1..max_turns may search, step max_turns + 1 may
-    only answer; a search there stops the trajectory with reward 0 (max_turns)."""
-    max_step_tokens: int = 256
+    only answer; a search there stops the trajectory with reward 0 (max_turns). TreePS-RAG's depth limit D is at
+    most max_turns + 1 (--treeps_D)."""
+    max_step_tokens: int = 64
     """Tokens generated per step."""
-    max_traj_tokens: int = 2048
-    """Token budget per trajectory (model + observation tokens, prompt excluded); exceeding it truncates."""
-    max_obs_tokens: int = 256
+    max_traj_tokens: int = 1024
+    """Token budget per trajectory (model + observation tokens, prompt excluded); exceeding it truncates (reward
+    counts, tokens not trained)."""
+    max_obs_tokens: int = 160
     """Observation tokens appended per search (the passages are cut, the closing tag kept)."""
     topk: int = 3
     """Passages retrieved per query."""
     max_calls: int = 1
     """Tool calls allowed in one step; more is too_many_calls (Cut the Bill uses 5 or 10 with parallel calls)."""
     temperature: float = 1.0
-    """Sampling temperature."""
+    """Rollout sampling temperature."""
     top_p: float = 1.0
-    """Nucleus sampling mass."""
-    reward: str = "f1"
-    """Outcome reward against the golden answers: "f1" or "em"."""
+    """Rollout nucleus mass."""
+    eval_temperature: float = 0.7
+    """Evaluation sampling temperature (the seeds' protocol: 0.7 with top-p 0.8; 0 = greedy)."""
+    eval_top_p: float = 0.8
+    """Evaluation nucleus mass."""
+    reward: str = field(default="f1", metadata={"choices": ["f1", "em"]})
+    """Outcome reward (Cut the Bill, BranPO: F1; Search-R1, Tree-GRPO, TreePS-RAG: EM)."""
     format_penalty: bool = False
     """BranPO's -0.5 for a broken tag format or an answer without any search."""
     retry_invalid: bool = False
     """Search-R1's behaviour: on a parse error, append "invalid action, try again" instead of stopping."""
     seed: int = 0
-    """Seed of the engine's sampling and the strategies' random choices."""
+    """Seed of the run: data order, the engine's sampling, the strategies' random choices, the warm start."""
+
+
+RULES = [  # cli.check: (flags, what is allowed, test)
+    ("max_turns max_step_tokens max_traj_tokens max_obs_tokens topk max_calls", "an integer >= 1", lambda v: v >= 1),
+    ("temperature eval_temperature", ">= 0", lambda v: v >= 0),
+    ("top_p eval_top_p", "in (0, 1]", lambda v: 0 < v <= 1),
+]
+
+
+def for_eval(cfg: AgentConfig) -> AgentConfig:
+    """The agent settings evaluation samples with (eval_temperature, eval_top_p), every budget unchanged."""
+    return replace(cfg, temperature=cfg.eval_temperature, top_p=cfg.eval_top_p)
+
+
+def is_world_tokenizer(tokenizer) -> bool:
+    """Whether `tokenizer` is the embedded default's (its syllable continuation pieces are in the vocabulary)."""
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    return all("##" + s in vocab for s in data.SYLLABLES)
+
+
+def instruction_template(choice: str, tokenizer) -> str:
+    """The prompt template for AgentConfig.instruction ("auto": the short one for the embedded default's tokenizer,
+    Search-R1's for any other)."""
+    return INSTRUCTIONS.get(choice) or INSTRUCTIONS["short" if is_world_tokenizer(tokenizer) else "search_r1"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Outcome reward: SQuAD's normalisation, EM and token F1 (deviation 9)
+
+
+def normalize_answer(s):
+    """SQuAD normalisation: lowercase, drop punctuation, drop articles (a, an, the), collapse whitespace."""
+    s = unicodedata.normalize("NFC", s).lower()
+    s = "".join(ch for ch in s if ch not in string.punctuation and not unicodedata.category(ch).startswith("P"))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def normalized_golds(golden_answers):
+    """The normalised golden answers (a single string is one answer); none raises."""
+    golds = [golden_answers] if isinstance(golden_answers, str) else list(golden_answers)
+    if not golds:
+        raise ValueError("golden_answers is empty; every question needs at least one accepted answer")
+    return [normalize_answer(g) for g in golds]
+
+
+def exact_match(prediction, golden_answers):
+    """1.0 if the normalised prediction equals any normalised golden answer, else 0.0."""
+    golds = normalized_golds(golden_answers)
+    return float(prediction is not None and normalize_answer(prediction) in golds)
+
+
+def token_f1(prediction, golden_answers):
+    """Best token-level F1 (SQuAD) between the prediction and any golden answer."""
+    golds = normalized_golds(golden_answers)
+    if prediction is None:
+        return 0.0
+    pred = normalize_answer(prediction)
+    best = 0.0
+    for gold in golds:
+        if (pred in ("yes", "no", "noanswer") or gold in ("yes", "no", "noanswer")) and pred != gold:
+            continue  # HotpotQA: a yes/no answer gets no partial credit
+        p, g = pred.split(), gold.split()
+        if not p or not g:  # SQuAD v2: empty matches only empty
+            best = max(best, float(p == g))
+            continue
+        same = sum((Counter(p) & Counter(g)).values())
+        if same:
+            precision, recall = same / len(p), same / len(g)
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The agent
 
 
 def parse_action(text: str, think: str, max_calls: int) -> tuple[str, str | None, str | None]:
@@ -181,6 +273,7 @@ class Agent:
 
     def __init__(self, engine, retriever, tokenizer, cfg: AgentConfig, refiner=None):
         self.engine, self.retriever, self.tok, self.cfg, self.refiner = engine, retriever, tokenizer, cfg, refiner
+        self.template = instruction_template(cfg.instruction, tokenizer)
         self.sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_step_tokens,
                                  stop=["</search>", "</answer>"], seed=cfg.seed)
         self.counters = Counter()  # abnormal/<flag>, rollout/steps, rollout/waves, ...
@@ -192,15 +285,12 @@ class Agent:
 
     def prompt_ids(self, question: str) -> list[int]:
         """The instruction (Search-R1's by default) as one user turn."""
-        return user_turn_ids(self.tok, self.cfg.instruction.format(think=self.cfg.think_tag, question=question.strip()))
+        return user_turn_ids(self.tok, self.template.format(think=self.cfg.think_tag, question=question.strip()))
 
     def new_tree(self, example, tree_id: str) -> Tree:
         """An empty tree for one prompt: the root holds the prompt's token ids."""
         return Tree(Node(tree_id, tokens=self.prompt_ids(example.question)), question=example.question,
                     golden_answers=list(example.golden_answers))
-
-    def score(self, answer: str, golden: list[str]) -> float:
-        return (token_f1 if self.cfg.reward == "f1" else exact_match)(answer, golden)
 
     # ---- one step for a frontier --------------------------------------------------------------------------------
 
@@ -237,9 +327,10 @@ class Agent:
                 self._end(child, flag, -0.5 if cfg.format_penalty else 0.0)
             elif action == "answer":
                 child.answer = content
+                child.em, child.f1 = exact_match(content, tree.golden_answers), token_f1(content, tree.golden_answers)
                 no_search = not any(s.action == "search" for s in path(child))
                 penalty = cfg.format_penalty and no_search
-                child.reward = -0.5 if penalty else self.score(content, tree.golden_answers)
+                child.reward = -0.5 if penalty else child.f1 if cfg.reward == "f1" else child.em
             elif _key(content) in {_key(s.query) for s in path(node) if s.query}:
                 child.query = content
                 self._end(child, "repeated_query", 0.0)
@@ -344,9 +435,9 @@ def tree_grpo(agent: Agent, examples, rng: random.Random, M: int = 2, N: int = 2
     return prompts
 
 
-def _correct(leaf: Node, tree: Tree) -> float:
-    """BranPO's correctness score: F1 of the leaf's answer (0 without one)."""
-    return token_f1(leaf.answer, tree.golden_answers) if leaf.answer is not None else 0.0
+def _f1(leaf: Node) -> float:
+    """The F1 the agent recorded on a leaf (0 without an answer): BranPO's r, correct when >= CORRECT_F1."""
+    return leaf.f1 or 0.0
 
 
 def _bran(acc: float) -> int:
@@ -377,7 +468,7 @@ def branpo(agent: Agent, examples, rng: random.Random, N: int = 4, rsm: bool = T
     jobs = []  # [tree, original leaf, original correct?, [(truncation depth k, n branches, mode)]]
     for trees in prompts:
         originals = [(t, t.leaves()[0]) for t in trees if t.leaves()[0].scored]
-        f1s = [_correct(leaf, t) for t, leaf in originals]
+        f1s = [_f1(leaf) for _, leaf in originals]
         if not f1s:
             continue
         acc = sum(f1s) / len(f1s)
@@ -403,8 +494,8 @@ def branpo(agent: Agent, examples, rng: random.Random, N: int = 4, rsm: bool = T
             k, _, mode = plan.pop(0)
             mine = [e for e, o in zip(ends, owners) if o is job]
             keep = next((e for e in mine if e.scored and (
-                (_correct(e, t) >= CORRECT_F1) != correct if mode == "contrast"
-                else _correct(e, t) >= CORRECT_F1 and e.depth < leaf.depth)), None)
+                (_f1(e) >= CORRECT_F1) != correct if mode == "contrast"
+                else _f1(e) >= CORRECT_F1 and e.depth < leaf.depth)), None)
             for e in mine:  # prune the branches that are not kept
                 if e is not keep:
                     branch = path(e)[k]
@@ -499,83 +590,91 @@ def treeps(agent: Agent, examples, rng: random.Random, N: int = 8, D: int = 0, N
     return prompts
 
 
-STRATEGIES = {"grpo": chain, "tree_grpo": tree_grpo, "branpo": branpo, "carl": carl, "treeps": treeps}
+# The algorithm registry, rollout half: name -> (strategy, its hyperparameters from advantages.AlgoConfig);
+# advantages.ALGOS holds the credit half under the same names.
+STRATEGIES = {
+    "grpo": (chain, lambda c: {"G": c.grpo_G}),
+    "tree_grpo": (tree_grpo, lambda c: {"M": c.tree_M, "N": c.tree_N, "L": c.tree_L,
+                                        "with_replacement": c.tree_replace}),
+    "branpo": (branpo, lambda c: {"N": c.branpo_N, "rsm": c.branpo_rsm}),
+    "carl": (carl, lambda c: {"N0": c.carl_N0, "N": c.carl_N}),
+    "treeps": (treeps, lambda c: {"N": c.treeps_N, "D": c.treeps_D, "N_retain": c.treeps_retain,
+                                  "N_train": c.treeps_train}),
+}
 
 
-def summarize(prompts: list[list[Tree]]) -> dict[str, float]:
-    """Budget counters per prompt, averaged over the batch; failed retrieval queries, summed over the batch."""
+def grow(algo: AlgoConfig, agent: Agent, examples, rng: random.Random) -> list[list[Tree]]:
+    """The chosen paper's trees for a batch of prompts: one list of trees per prompt."""
+    strategy, hyperparameters = STRATEGIES[algo.algo]
+    return strategy(agent, examples, rng, **hyperparameters(algo))
+
+
+def metrics(prompts: list[list[Tree]]) -> dict[str, float]:
+    """One rollout batch's metrics (the README lists them): reward, EM/F1 (as the agent recorded them), behaviour,
+    effective groups, budgets per prompt, failed retrieval queries (summed over the batch), abnormal rates."""
     n = max(len(prompts), 1)
+    leaves = [leaf for trees in prompts for t in trees for leaf in t.leaves()]
+    scored = [leaf for leaf in leaves if leaf.scored]
+    em = [x.em or 0.0 for x in scored]  # a missing answer scores 0
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+    median = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0.0  # noqa: E731
     stat = lambda key: sum(t.stats.get(key, 0) for trees in prompts for t in trees) / n  # noqa: E731
-    return {"rollout/tokens_per_prompt": stat("generated_tokens"), "rollout/tool_calls_per_prompt": stat("tool_calls"),
-            "tree/leaves_per_prompt": sum(len(t.leaves()) for trees in prompts for t in trees) / n,
-            "rollout/gen_seconds_per_prompt": stat("gen_seconds"),
-            "rollout/retrieval_seconds_per_prompt": stat("retrieval_seconds"),
-            "rollout/retrieval_failed_queries": stat("failed_queries") * n}
+    groups = [[x.reward for t in trees for x in t.leaves() if x.scored] for trees in prompts]
+    m = {"rollout/reward": mean([x.reward for x in scored]), "rollout/em": mean(em),
+         "rollout/f1": mean([x.f1 or 0.0 for x in scored]),
+         "rollout/effective_groups": mean([float(len(set(g)) > 1) for g in groups])}
+    for name, values in (("turns", [float(x.depth) for x in scored]),
+                         ("searches", [float(sum(s.action == "search" for s in path(x))) for x in scored])):
+        for subset, keep in (("", lambda i: True), ("_correct", lambda i: em[i] == 1)):
+            picked = [v for i, v in enumerate(values) if keep(i)]
+            m[f"rollout/{name}_median{subset}"] = median(picked)
+            m[f"rollout/{name}_max{subset}"] = max(picked, default=0.0)
+    m.update({"rollout/tokens_per_prompt": stat("generated_tokens"),
+              "rollout/tool_calls_per_prompt": stat("tool_calls"), "tree/leaves_per_prompt": len(leaves) / n, "rollout/gen_seconds_per_prompt": stat("gen_seconds"),
+              "rollout/retrieval_seconds_per_prompt": stat("retrieval_seconds"),
+              "rollout/retrieval_failed_queries": stat("failed_queries") * n})
+    for flag in FLAGS:  # share of trajectories with that outcome on any of their steps
+        m[f"abnormal/{flag}"] = mean([float(any(flag in s.flags for s in path(x))) for x in leaves])
+    return m
+
+
+@dataclass
+class DumpArgs:
+    """`python rollout.py --algo ALGO --dump FILE`: one rollout batch on the embedded default, dumped as JSON."""
+    dump: str = field(default="", metadata={"required": True})
+    """Output JSON: one list of trees per prompt (advantages.py --trees FILE --prompt I)."""
+    n_prompts: int = 4
+    """Train questions to roll out (spread over the hops)."""
+    model: str = "out/warmstart"
+    """Policy directory or hub name (train.py writes the warm start to out/warmstart)."""
+    world: str = "out/world"
+    """Embedded world directory (written on first use)."""
+    engine: str = field(default="auto", metadata={"choices": ["auto", "hf", "vllm"]})
+    """Generation engine."""
 
 
 def main():
-    p = argparse.ArgumentParser(description="One rollout batch on the embedded default; dump the trees as JSON.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--algo", choices=STRATEGIES, required=True, help="tree-building strategy")
-    p.add_argument("--dump", required=True, help="output JSON: one list of trees per prompt (advantages.py --trees)")
-    p.add_argument("--n_prompts", type=int, default=4, help="train questions to roll out")
-    p.add_argument("--model", default="", help="policy dir or hub name (default: out/warmstart, else a fresh tiny "
-                                               "Llama)")
-    p.add_argument("--world", default="out/world", help="embedded world directory (written on first use)")
-    p.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"], help="generation engine")
-    p.add_argument("--seed", type=int, default=0, help="sampling and strategy seed")
-    import inspect
-    for name in ("G", "M", "N", "L", "N0", "D", "N_retain", "N_train"):
-        paper = ", ".join(f"{algo} {param.default}" for algo, fn in STRATEGIES.items()
-                          for key, param in inspect.signature(fn).parameters.items() if key == name)
-        zero = {"D": "; 0: max_turns + 1", "N_train": "; 0: N"}.get(name, "")
-        p.add_argument(f"--{name}", type=int, help=f"strategy hyperparameter {name} (default: %(default)s = the "
-                                                   f"paper's: {paper}{zero})")
-    args = p.parse_args()
-    import importlib.util
-    import os
-
-    import cli
-    hps = ("G", "M", "N", "L", "N0", "D", "N_retain", "N_train")
-    own = [k for k in inspect.signature(STRATEGIES[args.algo]).parameters if k in hps]
-    cli.check(args, [("n_prompts", "an integer >= 1", lambda v: v >= 1),
-                     ("G M N N0 N_retain", "an integer >= 1", lambda v: v is None or v >= 1),
-                     ("L D N_train", "an integer >= 0 (D, N_train: 0 = the default)", lambda v: v is None or v >= 0),
-                     ("engine", "auto or hf: vllm is not installed (pip install -r requirements-gpu.txt)",
-                      lambda v: v != "vllm" or importlib.util.find_spec("vllm") is not None)],
-              [(getattr(args, k) is not None and k not in own, f"--{k} {getattr(args, k)}: not a hyperparameter of "
-                f"--algo {args.algo} (its own: {', '.join('--' + o for o in own)}); drop it") for k in hps]
-              + [(args.D is not None and args.D > AgentConfig.max_turns + 1, f"--D {args.D}: TreePS-RAG's depth "
-                  f"limit must be at most max_turns + 1 = {AgentConfig.max_turns + 1}")])
-
-    import data
-    import policy
-    from engines import make_engine
-    from retriever import BM25Retriever, load_corpus
-    from tree import save_trees
-
+    args, algo, agent_cfg = cli.parse(DumpArgs, AlgoConfig, AgentConfig)
+    cli.check((args, algo, agent_cfg), ALGO_RULES + RULES + ENGINE_RULES
+              + [("n_prompts", "an integer >= 1", lambda v: v >= 1)], [
+        (algo.treeps_D > agent_cfg.max_turns + 1, f"--treeps_D {algo.treeps_D}: TreePS-RAG's depth limit must be at "
+         f"most --max_turns + 1 = {agent_cfg.max_turns + 1}")])
+    if not os.path.exists(args.model) and args.model == "out/warmstart":
+        raise SystemExit("no policy in out/warmstart: train one first (python warmstart.py, ~5 min on 2 cores, or "
+                         "any train.py run), or pass --model DIR")
     world = data.ensure_world(args.world)
     rows = data.spread(data.load_rows(world, "train"), args.n_prompts)
-    model_dir = args.model or ("out/warmstart" if os.path.isdir("out/warmstart") else "")
-    if model_dir:
-        model, tok = policy.load_policy(model_dir)
-    else:
-        print("policy: a freshly initialised tiny Llama (no warm-start checkpoint in out/warmstart yet)")
-        tok = policy.world_tokenizer()
-        model = policy.tiny_llama(tok)
-    engine = make_engine(args.engine, model, tok, model_dir)
-    agent = Agent(engine, BM25Retriever(load_corpus(os.path.join(world, "corpus.jsonl"))), tok,
-                  AgentConfig(instruction=policy.instruction("auto", tok), seed=args.seed))
-    strategy = STRATEGIES[args.algo]
-    hp = {k: v for k, v in vars(args).items() if k in inspect.signature(strategy).parameters and v is not None}
+    model, tok = load_policy(args.model)
+    agent = Agent(make_engine(args.engine, model, tok, args.model),
+                  BM25Retriever(load_corpus(os.path.join(world, "corpus.jsonl"))), tok, agent_cfg)
     t0 = time.perf_counter()
-    prompts = strategy(agent, rows, random.Random(args.seed), **hp)
+    prompts = grow(algo, agent, rows, random.Random(agent_cfg.seed))
     save_trees(prompts, args.dump)
-    print(f"{args.algo} {hp or '(paper defaults)'}: {len(prompts)} prompts in {time.perf_counter() - t0:.1f} s "
+    print(f"{algo.algo} {STRATEGIES[algo.algo][1](algo)}: {len(prompts)} prompts in {time.perf_counter() - t0:.1f} s "
           f"-> {args.dump}")
-    for k, v in {**summarize(prompts), **agent.counters}.items():
+    for k, v in {**metrics(prompts), **agent.counters}.items():
         print(f"  {k:40} {v:10.2f}")
-    print(f"credit assignment of the first prompt: python advantages.py --algo {args.algo} --trees {args.dump} "
+    print(f"credit assignment of the first prompt: python advantages.py --algo {algo.algo} --trees {args.dump} "
           f"--prompt 0 --render")
 
 

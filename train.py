@@ -28,7 +28,6 @@ Deviations and choices:
 from __future__ import annotations
 
 import atexit
-import importlib.util
 import json
 import math
 import os
@@ -36,33 +35,37 @@ import random
 import shutil
 import socket
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, set_seed
+from matplotlib.figure import Figure
 from tqdm import tqdm
 from transformers import get_constant_schedule_with_warmup
 
 import advantages
 import cli
 import data
-import policy
+import engines
+import retriever
 import rollout
 import warmstart
-from engines import make_engine
-from eval import evaluate, exact_match, token_f1
-from retriever import RemoteRetriever, RetrieverConfig, health_check, load_corpus, make_retriever
-from tree import FLAGS, Tree, path, to_samples
+from advantages import AlgoConfig
+from eval import evaluate
+from retriever import RetrieverConfig
+from rollout import AgentConfig
+from tree import to_samples
+from warmstart import WarmConfig
 
 
 @dataclass
 class Args:
-    """Everything a run needs; every flag of `python train.py --help`."""
+    """The run: what to train on, how to optimise, where to write; with AlgoConfig (the paper and its knobs),
+    AgentConfig (the agent's budgets, prompt, sampling and --seed), RetrieverConfig and WarmConfig it makes every
+    flag of `python train.py --help`."""
 
-    algo: str = field(default="tree_grpo", metadata={"choices": ["grpo", "tree_grpo", "branpo", "carl", "treeps"]})
-    """Which paper: picks a rollout strategy and an advantage function from ALGOS."""
     model: str = ""
     """Policy: HF hub name or local directory; empty = the embedded default (warm-started tiny Llama)."""
     gguf_file: str = ""
@@ -74,14 +77,6 @@ class Args:
     (a single --data file has none: pass this), else the embedded world's test split."""
     corpus: str = ""
     """Retrieval corpus JSONL ({"id", "contents"}); empty = the embedded world's corpus."""
-    retriever: str = field(default="bm25", metadata={"choices": ["bm25", "dense"]})
-    """In-process retriever when --retriever_url is empty."""
-    retriever_url: str = ""
-    """A Search-R1 retrieval server (python retriever.py serve ...); empty = in-process."""
-    retriever_timeout_s: float = 10.0
-    """Seconds the retrieval server gets per request (--retriever_url)."""
-    retriever_retries: int = 2
-    """Further tries of a failed retrieval request, after 0.5 s, 1 s, ... (--retriever_url)."""
     max_env_error_rate: float = 0.5
     """Stop the run when the share of trajectories lost to retrieval errors (abnormal/env_error) stays above this
     for --env_error_patience steps in a row."""
@@ -95,8 +90,6 @@ class Args:
     """Where the world, warm start, runs (metrics.jsonl, curve.png, checkpoints) go."""
     run_name: str = ""
     """Subdirectory of out_dir/runs for this run; empty = ALGO-seedSEED (e.g. tree_grpo-seed0)."""
-    seed: int = 0
-    """Seed of data order, sampling and strategies; a CPU run is deterministic for a given seed."""
 
     steps: int = 150
     """RL steps (each: one rollout batch, then PPO updates); the embedded default's test EM gain shows after ~100."""
@@ -125,75 +118,10 @@ class Args:
     grad_clip: float = 1.0
     """Gradient-norm clip."""
 
-    max_turns: int = 4
-    """Search rounds per trajectory, plus one final answer-only step (the papers' 4-turn limit, as Search-R1's
-    max_turns; TreePS-RAG's depth limit D is at most max_turns + 1, see --treeps_D)."""
-    max_step_tokens: int = 64
-    """Tokens per generated step."""
-    max_traj_tokens: int = 1024
-    """Token budget per trajectory; exceeding it truncates (reward counts, tokens not trained)."""
-    max_obs_tokens: int = 160
-    """Observation tokens per search."""
-    topk: int = 3
-    """Passages per search."""
-    temperature: float = 1.0
-    """Rollout sampling temperature."""
-    top_p: float = 1.0
-    """Rollout nucleus mass."""
-    reward: str = field(default="f1", metadata={"choices": ["f1", "em"]})
-    """Outcome reward (Cut the Bill, BranPO: F1; Search-R1, Tree-GRPO, TreePS-RAG: EM)."""
-    format_penalty: bool = False
-    """BranPO's -0.5 for broken format or an answer without search."""
-    think_tag: str = "think"
-    """Reasoning tag name (think / thinking / reason)."""
-    instruction: str = field(default="auto", metadata={"choices": ["auto", "search_r1", "short"]})
-    """Prompt: auto = the short one for the embedded default's tokenizer, else Search-R1's."""
-
-    grpo_G: int = 8
-    """GRPO: trajectories per prompt (Search-R1: 5; Cut the Bill: 8)."""
-    tree_M: int = 2
-    """Tree-GRPO: trees per prompt (paper default (M, N, L) = (2, 2, 1))."""
-    tree_N: int = 2
-    """Tree-GRPO: expansions per tree per round."""
-    tree_L: int = 1
-    """Tree-GRPO: expansion rounds."""
-    tree_replace: bool = False
-    """Tree-GRPO: draw the N expansion nodes with replacement (the official code's random.choices)."""
-    tree_mode: str = field(default="both", metadata={"choices": ["both", "intra", "inter"]})
-    """Tree-GRPO advantage: intra + inter (paper), or one of them (Table 4 ablation)."""
-    branpo_N: int = 4
-    """BranPO: initial trajectories per prompt."""
-    branpo_rsm: bool = True
-    """BranPO: redundant step masking (§4.4)."""
-    branpo_norm: str = field(default="prompt", metadata={"choices": ["prompt", "prefix"]})
-    """BranPO: branch advantage normalized per prompt (Eq. 12) or per prefix (Algorithm 1)."""
-    carl_N0: int = 1
-    """CARL: initial chains (1 = CARL-Lite, 8 = CARL)."""
-    carl_N: int = 16
-    """CARL: progressive forks."""
-    carl_update_all: bool = False
-    """CARL: also train single-child actions (Eq. 16 ablation)."""
-    carl_train_phase1: bool = True
-    """CARL: train the N0 first-phase chains' forked actions (Eqs. 13, 15); False: not trained (App. C.1)."""
-    treeps_N: int = 8
-    """TreePS-RAG: nodes per layer (rollout budget N)."""
-    treeps_retain: int = 2
-    """TreePS-RAG: N_retain, search children kept per parent."""
-    treeps_D: int = 0
-    """TreePS-RAG: depth limit D, at most max_turns + 1; 0 = max_turns + 1 (the paper uses D = 4)."""
-    treeps_train: int = 0
-    """TreePS-RAG: root-to-leaf paths sampled for training (§2.3); 0 = treeps_N, as the paper."""
-    treeps_process: bool = True
-    """TreePS-RAG: process advantage (False = GRPO over its trajectories, Table 2 ablation)."""
-
     eval_every: int = 50
     """Evaluate on test questions every this many steps (and at the start and end); 0 = never."""
     eval_n: int = 400
     """Test questions per evaluation."""
-    eval_temperature: float = 0.7
-    """Evaluation sampling temperature (the seeds' protocol: 0.7 with top-p 0.8; 0 = greedy)."""
-    eval_top_p: float = 0.8
-    """Evaluation nucleus mass."""
     checkpoint_every: int = 10
     """Save model, optimizer, scheduler, RNG states and step every this many steps; 0 = never."""
     resume: bool = False
@@ -204,62 +132,40 @@ class Args:
     """Extra accelerate trackers: tensorboard, wandb, ... (metrics.jsonl and the console always)."""
 
 
+
 RULES = [  # (flags, what is allowed, test): checked right after parsing, before any file or model is read
-    ("steps prompts_per_step ppo_mini_batches ppo_epochs micro_batch_size max_turns max_step_tokens max_traj_tokens "
-     "max_obs_tokens topk grpo_G tree_M tree_N branpo_N carl_N0 treeps_N treeps_retain eval_n env_error_patience",
+    ("steps prompts_per_step ppo_mini_batches ppo_epochs micro_batch_size eval_n env_error_patience",
      "an integer >= 1", lambda v: v >= 1),
-    ("warmup_steps tree_L carl_N eval_every checkpoint_every retriever_retries treeps_D treeps_train",
-     "an integer >= 0", lambda v: v >= 0),
-    ("lr grad_clip retriever_timeout_s", "> 0", lambda v: v > 0),
-    ("clip_high kl_coef tis_cap temperature eval_temperature", ">= 0", lambda v: v >= 0),
+    ("warmup_steps eval_every checkpoint_every", "an integer >= 0", lambda v: v >= 0),
+    ("lr grad_clip", "> 0", lambda v: v > 0),
+    ("clip_high kl_coef tis_cap", ">= 0", lambda v: v >= 0),
     ("clip_low", "in [0, 1)", lambda v: 0 <= v < 1),
-    ("top_p eval_top_p vllm_gpu_memory_utilization", "in (0, 1]", lambda v: 0 < v <= 1),
+    ("vllm_gpu_memory_utilization", "in (0, 1]", lambda v: 0 < v <= 1),
     ("max_env_error_rate", "in [0, 1]", lambda v: 0 <= v <= 1),
-    ("engine", "auto or hf: vllm is not installed (pip install -r requirements-gpu.txt)",
-     lambda v: v != "vllm" or importlib.util.find_spec("vllm") is not None),
     ("data test_data corpus", "an existing file, a directory or a datasets name",
      lambda v: os.path.exists(v) or not v.endswith((".parquet", ".jsonl", ".json"))),
 ]
 
 
-def validate(args: Args):
-    """Every flag against RULES, and the rules that tie flags together; one message lists all that break."""
+def validate(args: Args, *configs):
+    """Every flag of every config against its module's RULES, and the rules that tie flags together; one message
+    lists all that break."""
     one_file = args.data.endswith((".parquet", ".jsonl", ".json"))
-    cli.check(args, RULES, [
+    warm = next(c for c in configs if isinstance(c, WarmConfig))
+    algo = next(c for c in configs if isinstance(c, advantages.AlgoConfig))
+    agent = next(c for c in configs if isinstance(c, rollout.AgentConfig))
+    cli.check((args, *configs), RULES + advantages.RULES + rollout.RULES + retriever.RULES + engines.RULES +
+              warmstart.RULES, [
         (args.eval_every and one_file and not args.test_data, f"--data {args.data!r} is one file and --test_data is "
          f"empty: evaluation would score the training questions; pass --test_data FILE, or --eval_every 0"),
         (one_file and os.path.realpath(args.test_data) == os.path.realpath(args.data), f"--test_data "
          f"{args.test_data!r} is the --data file: evaluation would score the training questions; pass a test file"),
-        (args.treeps_D > args.max_turns + 1, f"--treeps_D {args.treeps_D}: TreePS-RAG's depth limit must be at most "
-         f"--max_turns + 1 = {args.max_turns + 1}; lower it, or raise --max_turns to {args.treeps_D - 1}"),
+        (algo.treeps_D > agent.max_turns + 1, f"--treeps_D {algo.treeps_D}: TreePS-RAG's depth limit must be at most "
+         f"--max_turns + 1 = {agent.max_turns + 1}; lower it, or raise --max_turns to {algo.treeps_D - 1}"),
         (args.resume and args.overwrite, "--resume and --overwrite contradict each other: pick one"),
-        (args.gguf_file and not args.model, f"--gguf_file {args.gguf_file!r} needs --model, the directory holding it")])
-
-
-# One dict picks the paper: (rollout strategy, its hyperparameters, advantage function, its options).
-ALGOS = {
-    "grpo": (rollout.chain, lambda a: {"G": a.grpo_G}, advantages.grpo, lambda a: {}),
-    "tree_grpo": (rollout.tree_grpo,
-                  lambda a: {"M": a.tree_M, "N": a.tree_N, "L": a.tree_L, "with_replacement": a.tree_replace},
-                  advantages.tree_grpo, lambda a: {"mode": a.tree_mode}),
-    "branpo": (rollout.branpo, lambda a: {"N": a.branpo_N, "rsm": a.branpo_rsm},
-               advantages.branpo, lambda a: {"branch_norm": a.branpo_norm}),
-    "carl": (rollout.carl, lambda a: {"N0": a.carl_N0, "N": a.carl_N},
-             advantages.carl,
-             lambda a: {"update_all": a.carl_update_all, "phase1_chains": 0 if a.carl_train_phase1 else a.carl_N0}),
-    "treeps": (rollout.treeps,
-               lambda a: {"N": a.treeps_N, "D": a.treeps_D, "N_retain": a.treeps_retain, "N_train": a.treeps_train},
-               advantages.treeps, lambda a: {"process": a.treeps_process}),
-}
-
-
-def agent_config(args: Args, tokenizer) -> rollout.AgentConfig:
-    """The rollout agent's settings from the run's flags (the prompt template also depends on the tokenizer)."""
-    return rollout.AgentConfig(
-        instruction=policy.instruction(args.instruction, tokenizer), think_tag=args.think_tag,
-        max_turns=args.max_turns, max_step_tokens=args.max_step_tokens, max_traj_tokens=args.max_traj_tokens,
-        max_obs_tokens=args.max_obs_tokens, topk=args.topk, temperature=args.temperature, top_p=args.top_p,
-        reward=args.reward, format_penalty=args.format_penalty, seed=args.seed)
+        (args.gguf_file and not args.model, f"--gguf_file {args.gguf_file!r} needs --model, the directory holding it"),
+        (warm.sft_max_steps < warm.sft_steps, f"--sft_max_steps {warm.sft_max_steps} must be >= --sft_steps "
+         f"{warm.sft_steps}")])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -313,33 +219,107 @@ def collate(samples, pad_id: int) -> dict[str, torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Metrics of one rollout batch
+# One RL step: rollout (rank 0) -> log-probs -> PPO update
 
 
-def rollout_metrics(prompts: list[list[Tree]], samples) -> dict[str, float]:
-    """reward, EM/F1, behaviour, abnormal rates, effective groups and budgets of one batch (README lists them)."""
-    leaves = [(t, leaf) for trees in prompts for t in trees for leaf in t.leaves()]
-    scored = [(t, leaf) for t, leaf in leaves if leaf.scored]
-    em = [exact_match(x.answer, t.golden_answers) for t, x in scored]  # a missing answer scores 0
-    f1 = [token_f1(x.answer, t.golden_answers) for t, x in scored]
-    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
-    median = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0.0  # noqa: E731
-    turns = [float(x.depth) for _, x in scored]
-    searches = [float(sum(s.action == "search" for s in path(x))) for _, x in scored]
-    groups = [[x.reward for t in trees for x in t.leaves() if x.scored] for trees in prompts]
-    m = {"rollout/reward": mean([x.reward for _, x in scored]), "rollout/em": mean(em), "rollout/f1": mean(f1),
-         "rollout/effective_groups": mean([float(len(set(g)) > 1) for g in groups]),
-         "train/tokens_trained": float(sum(sum(s.loss_mask) for s in samples)),
-         "train/samples": float(len(samples))}
-    for name, values in (("turns", turns), ("searches", searches)):
-        for subset, keep in (("", lambda i: True), ("_correct", lambda i: em[i] == 1)):
-            picked = [v for i, v in enumerate(values) if keep(i)]
-            m[f"rollout/{name}_median{subset}"] = median(picked)
-            m[f"rollout/{name}_max{subset}"] = max(picked, default=0.0)
-    m.update(rollout.summarize(prompts))
-    for flag in FLAGS:  # share of trajectories with that outcome on any of their steps
-        m[f"abnormal/{flag}"] = mean([float(any(flag in s.flags for s in path(x))) for _, x in leaves])
-    return m
+def rollout_step(step: int, args: Args, algo: AlgoConfig, agent: rollout.Agent, train_rows, order, rng):
+    """This step's prompts grown into trees (the paper's strategy), credited (its advantage function) and turned
+    into training samples; and the batch's metrics."""
+    at = step * args.prompts_per_step
+    batch = [train_rows[order[(at + i) % len(order)]] for i in range(args.prompts_per_step)]
+    with torch.no_grad():
+        prompts = rollout.grow(algo, agent, batch, rng)
+    samples = to_samples([t for trees in prompts for t in advantages.credit(algo, trees)])
+    return samples, {**rollout.metrics(prompts), "train/tokens_trained": float(sum(sum(s.loss_mask) for s in samples)),
+                     "train/samples": float(len(samples))}
+
+
+def micro_batches(samples, accelerator, model, ref_model, args: Args, pad_id: int, exact_logprobs: bool):
+    """This rank's shard of the samples in micro-batches, with pi_old (the trainer's, before this step's updates;
+    the engine's when they are exact) and pi_ref log-probs. Ranks are padded to the same number of rows with
+    zero-weight copies (deviation 3)."""
+    shard = samples[accelerator.process_index::accelerator.num_processes]
+    per_rank = math.ceil(len(samples) / accelerator.num_processes)
+    weights = [1.0] * len(shard) + [0.0] * (per_rank - len(shard))  # padding rows carry zero loss
+    shard += samples[:1] * (per_rank - len(shard))
+    micro = []
+    for i in range(0, per_rank, args.micro_batch_size):
+        b = {k: v.to(accelerator.device) for k, v in collate(shard[i:i + args.micro_batch_size], pad_id).items()}
+        b["mask"] = b["mask"] * torch.tensor(weights[i:i + args.micro_batch_size], device=b["mask"].device)[:, None]
+        with torch.no_grad():
+            model.eval()
+            b["old_logp"] = b["rollout_logp"] if exact_logprobs else token_logprobs(model, b["ids"], b["attn"])[0]
+            b["ref_logp"], _ = token_logprobs(ref_model, b["ids"], b["attn"])
+        micro.append(b)
+    return micro
+
+
+def update(micro, accelerator, model, optimizer, scheduler, args: Args):
+    """PPO epochs x mini-batches of micro-batches. Returns per-micro-batch stats, the gradient norms and losses of
+    the applied optimizer steps, and how many were skipped for a non-finite loss or norm (deviation 4)."""
+    model.train()
+    stats, grad_norms, losses, skipped = [], [], [], 0
+    n_mini = max(1, min(args.ppo_mini_batches, len(micro)))
+    for _ in range(args.ppo_epochs):
+        for mb in [micro[j::n_mini] for j in range(n_mini)]:
+            total = sum(b["mask"].sum().item() if args.loss_agg == "token-mean"
+                        else (b["mask"].sum(-1) > 0).sum().item() for b in mb)
+            total = accelerator.reduce(torch.tensor(float(total), device=accelerator.device), "sum").item()
+            loss_sum = 0.0
+            for b in mb:
+                logp, entropy = token_logprobs(model, b["ids"], b["attn"])
+                loss, s = ppo_loss(logp, b["old_logp"], b["ref_logp"], b["rollout_logp"], b["adv"], b["mask"],
+                                   args, max(total, 1.0) / accelerator.num_processes)
+                s["entropy"] = entropy[b["mask"].bool()].detach()
+                accelerator.backward(loss)
+                loss_sum += loss.item()
+                stats.append(s)
+            norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
+            if not (math.isfinite(loss_sum) and torch.isfinite(torch.as_tensor(norm)).all()):
+                skipped += 1  # NaN/inf: drop this mini-batch's gradients, never apply them
+            else:
+                optimizer.step()
+                scheduler.step()
+                grad_norms.append(float(norm))
+                losses.append(loss_sum)
+            optimizer.zero_grad()
+    return stats, grad_norms, losses, skipped
+
+
+def train_metrics(stats, grad_norms, losses, args: Args) -> dict[str, float]:
+    """The update's train/ metrics (the README lists them)."""
+    cat = lambda k: torch.cat([s[k].float().cpu() for s in stats]) if stats else torch.zeros(0)  # noqa: E731
+    mean = lambda x: x.mean().item() if stats else 0.0  # noqa: E731
+    return {"train/loss": sum(losses) / max(len(losses), 1), "train/kl": mean(cat("kl")),
+            "train/entropy": mean(cat("entropy")), "train/clip_fraction": mean(cat("clipped")),
+            "train/tis_truncated_fraction": mean((cat("tis") > args.tis_cap).float()) if args.tis_cap > 0 else 0.0,
+            "train/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
+            **quantiles("train/ratio", cat("ratio")), **quantiles("train/tis_ratio", cat("tis"))}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Logging and evaluation
+
+
+def log(row: dict, history: list[dict], run_dir: str, accelerator, args: Args):
+    """Append a row to the history; rank 0 also writes it to metrics.jsonl, the trackers and curve.png."""
+    history.append(row)
+    if accelerator.is_main_process:
+        with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if args.log_with:
+            accelerator.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+        plot_curves(history, os.path.join(run_dir, "curve.png"))
+
+
+def run_eval(step: int, eval_agent: rollout.Agent, test_rows) -> dict:
+    """Evaluate on the test questions; print a line and return the eval/ metrics row."""
+    m = evaluate(eval_agent, test_rows)
+    hops = " ".join(f"{k[3:]} {v:.2f}" for k, v in m.items() if k.startswith("em_hop"))
+    print(f"step {step}: eval EM {m['em']:.3f} F1 {m['f1']:.3f} on {m['n']} questions"
+          + (f" (by hops: {hops})" if hops else "")
+          + (f" ({m['env_errors']} more lost to retrieval errors)" if m["env_errors"] else ""))
+    return {"step": step, **{f"eval/{k}": v for k, v in m.items() if isinstance(v, (int, float))}}
 
 
 def quantiles(name: str, x: torch.Tensor) -> dict[str, float]:
@@ -367,10 +347,8 @@ def summary(history: list[dict], seconds: dict[str, float], wall: float, run_dir
 
 def plot_curves(history: list[dict], path: str):
     """The learning curve: rollout reward and eval EM against the step."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
     for key, style in (("rollout/reward", "-"), ("rollout/em", ":"), ("eval/em", "o-")):
         pts = [(h["step"], h[key]) for h in history if key in h]
         if pts:
@@ -380,7 +358,6 @@ def plot_curves(history: list[dict], path: str):
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def check_env_errors(history: list[dict], args: Args, where: str):
@@ -474,7 +451,9 @@ def save_checkpoint(accelerator, run_dir: str, step: int, state: dict, main_proc
     """Save checkpoint-STEP (accelerate state + trainer_state.json), point `latest` at it, delete older ones.
 
     A new directory per checkpoint; `latest` moves to it only once it is complete (os.replace is atomic), so a run
-    killed or out of disk space while saving resumes from the previous checkpoint, never a torn one."""
+    killed or out of disk space while saving resumes from the previous checkpoint, never a torn one. (Accelerate's
+    ProjectConfiguration(total_limit=...) is not used: it deletes the oldest checkpoint before writing the new
+    one, so a failed save could leave none.)"""
     name, latest = f"checkpoint-{step}", os.path.join(run_dir, "latest")
     accelerator.wait_for_everyone()
     try:
@@ -501,33 +480,45 @@ def save_checkpoint(accelerator, run_dir: str, step: int, state: dict, main_proc
                 shutil.rmtree(os.path.join(run_dir, old))
 
 
+def load_checkpoint(accelerator, run_dir: str) -> dict | None:
+    """Restore the accelerate state (model, optimizer, scheduler, RNGs) of the checkpoint `latest` names and return
+    its trainer_state.json; None when the run has no checkpoint yet."""
+    latest = os.path.join(run_dir, "latest")
+    if not os.path.exists(latest):
+        return None
+    with open(latest) as f:
+        ckpt_dir = os.path.join(run_dir, f.read().strip())
+    accelerator.load_state(ckpt_dir)
+    with open(os.path.join(ckpt_dir, "trainer_state.json")) as f:
+        state = json.load(f)
+    print(f"resumed from {ckpt_dir} at step {state['step']}")
+    return state
+
+
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def main(args: Args, warm: warmstart.WarmConfig):
+def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: RetrieverConfig, warm: WarmConfig):
     # ---- config: checked, derived values, logged whole
     t_start, seconds = time.perf_counter(), {}  # seconds: wall time per stage, printed at the end
-    validate(args)
-    cli.check(warm, warmstart.RULES, [(warm.sft_max_steps < warm.sft_steps, f"--sft_max_steps {warm.sft_max_steps} "
-                                       f"must be >= --sft_steps {warm.sft_steps}")])
-    run_dir = os.path.join(args.out_dir, "runs", args.run_name or f"{args.algo}-seed{args.seed}")
-    latest = os.path.join(run_dir, "latest")  # names the last complete checkpoint-STEP directory
-    strategy, strategy_hp, credit, credit_opts = ALGOS[args.algo]
+    validate(args, algo, agent_cfg, retriever_cfg, warm)
+    run_dir = os.path.join(args.out_dir, "runs", args.run_name or f"{algo.algo}-seed{agent_cfg.seed}")
+    world = os.path.join(args.out_dir, "world") if not (args.data and args.corpus) else ""
+    config = {**asdict(args), **asdict(algo), **asdict(agent_cfg), **asdict(retriever_cfg)}
     accelerator = Accelerator(log_with=args.log_with or None, project_dir=run_dir)
     main_proc = accelerator.is_main_process
     if accelerator.num_processes == 1 and accelerator.device.type == "cpu":
         torch.set_num_threads(len(os.sched_getaffinity(0)))  # `accelerate launch` sets OMP_NUM_THREADS=1; one
         # process may use every core it is allowed (taskset / cpuset)
-    set_seed(args.seed)
+    set_seed(agent_cfg.seed)
     if main_proc:
         lock_run_dir(run_dir)
         claim_run_dir(run_dir, args)
-        print(json.dumps({**asdict(args), **(asdict(warm) if not args.model else {})}, indent=1))
+        print(json.dumps({**config, **(asdict(warm) if not args.model else {})}, indent=1))
         if args.log_with:
-            accelerator.init_trackers("train", config=asdict(args))
+            accelerator.init_trackers("train", config=config)
 
     # ---- init: data, retriever, policy, reference, engine, agent
-    world = os.path.join(args.out_dir, "world") if not (args.data and args.corpus) else ""
     if world and main_proc:  # one rank writes the world (and below, the warm start); the others wait for it
         data.ensure_world(world)
     accelerator.wait_for_everyone()
@@ -535,182 +526,84 @@ def main(args: Args, warm: warmstart.WarmConfig):
     train_rows = data.load_rows(args.data or world, "train")
     test_rows = data.spread(data.load_rows(args.test_data or args.data or world, "test"), args.eval_n) \
         if args.eval_every else []  # validate() made sure this is a real test split, never the training rows
-    where = f"the retrieval server {args.retriever_url}" if args.retriever_url else f"the in-process {args.retriever}"
+    search, where = None, ""
     if main_proc:  # files first: a bad corpus or a dead server stops the run before any model loads
-        if args.retriever_url:
-            search = RemoteRetriever(args.retriever_url, args.retriever_timeout_s, args.retriever_retries)
-        else:
-            corpus = load_corpus(args.corpus or os.path.join(world, "corpus.jsonl"))
-            search = make_retriever(corpus, RetrieverConfig(retriever=args.retriever))
-        health_check(search, where)
-    if args.model:
-        model, tok = policy.load_policy(args.model, args.gguf_file or None)
-        model_path = args.model
-    else:  # the embedded default: warm-start once, in this run's agent format, and cache it
+        search, where = retriever.connect(retriever_cfg, args.corpus or os.path.join(world, "corpus.jsonl"))
+    model_path = args.model
+    if not args.model:  # the embedded default: warm-start once, in this run's agent format, and cache it
         model_path, t0 = os.path.join(args.out_dir, "warmstart"), time.perf_counter()
         if main_proc:
-            warmstart.ensure(model_path, world, warm, agent_config(args, policy.world_tokenizer()))
+            warmstart.ensure(model_path, world, warm, agent_cfg)
         accelerator.wait_for_everyone()
         seconds["warm start"] = time.perf_counter() - t0
-        model, tok = policy.load_policy(model_path)
-    ref_model, _ = policy.load_policy(model_path, args.gguf_file or None)  # frozen: the KL anchor
+    model, tok = engines.load_policy(model_path, args.gguf_file or None)
+    ref_model, _ = engines.load_policy(model_path, args.gguf_file or None)  # frozen: the KL anchor
     ref_model.requires_grad_(False).eval()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scheduler = get_constant_schedule_with_warmup(optimizer, args.warmup_steps)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     ref_model = ref_model.to(accelerator.device)
-    agent = None
+    agent = eval_agent = None
     if main_proc:
-        engine = make_engine(args.engine, accelerator.unwrap_model(model), tok, model_path,
-                             gpu_memory_utilization=args.vllm_gpu_memory_utilization)
-        agent_cfg = agent_config(args, tok)
+        engine = engines.make_engine(args.engine, accelerator.unwrap_model(model), tok, model_path,
+                                     gpu_memory_utilization=args.vllm_gpu_memory_utilization)
         agent = rollout.Agent(engine, search, tok, agent_cfg)
-        eval_agent = rollout.Agent(engine, search, tok, replace(agent_cfg, temperature=args.eval_temperature,
-                                                                top_p=args.eval_top_p))
+        eval_agent = rollout.Agent(engine, search, tok, rollout.for_eval(agent_cfg))
     exact_logprobs = [agent.engine.exact_logprobs if main_proc else None]  # the engine's log-probs are pi_old
     broadcast_object_list(exact_logprobs)
-    rng = random.Random(args.seed)  # strategies' random choices
+    rng = random.Random(agent_cfg.seed)  # strategies' random choices
     order = list(range(len(train_rows)))
-    random.Random(args.seed).shuffle(order)
+    random.Random(agent_cfg.seed).shuffle(order)
 
-    # ---- resume
+    # ---- resume: the checkpoint's state, and the metrics logged up to it
     start, history, skipped = 0, [], 0
-    if args.resume and os.path.exists(latest):
-        with open(latest) as f:
-            ckpt_dir = os.path.join(run_dir, f.read().strip())
-        accelerator.load_state(ckpt_dir)
-        with open(os.path.join(ckpt_dir, "trainer_state.json")) as f:
-            state = json.load(f)
+    state = load_checkpoint(accelerator, run_dir) if args.resume else None
+    if state:
         start, skipped = state["step"], state["skipped"]
         rng.setstate((state["rng"][0], tuple(state["rng"][1]), state["rng"][2]))
-        if agent is not None:
+        if main_proc:
             agent.counters.update(state["counters"])
-            engine.load_weights(accelerator.unwrap_model(model))
-        # drop what the interrupted run logged after it
+            agent.engine.load_weights(accelerator.unwrap_model(model))
         history = [row for row in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if row["step"] <= start]
-        if main_proc:
-            with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
-                f.writelines(json.dumps(row) + "\n" for row in history)
-        print(f"resumed from {ckpt_dir} at step {start}")
-    elif main_proc:
-        open(os.path.join(run_dir, "metrics.jsonl"), "w").close()
-
-    def log(row: dict):
-        history.append(row)
-        if main_proc:
-            with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
-                f.write(json.dumps(row) + "\n")
-            if args.log_with:
-                accelerator.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
-            plot_curves(history, os.path.join(run_dir, "curve.png"))
-
-    def run_eval(step: int):
-        if main_proc and args.eval_every:
-            t0 = time.perf_counter()
-            m = evaluate(eval_agent, test_rows)
-            log({"step": step, **{f"eval/{k}": v for k, v in m.items() if isinstance(v, (int, float))}})
-            hops = " ".join(f"{k[3:]} {v:.2f}" for k, v in m.items() if k.startswith("em_hop"))
-            print(f"step {step}: eval EM {m['em']:.3f} F1 {m['f1']:.3f} on {m['n']} questions"
-                  + (f" (by hops: {hops})" if hops else "")
-                  + (f" ({m['env_errors']} more lost to retrieval errors)" if m["env_errors"] else ""))
-            seconds["eval"] = seconds.get("eval", 0.0) + time.perf_counter() - t0
-
-    if start == 0:
-        run_eval(0)
+    if main_proc:  # drop what an interrupted run logged after its checkpoint
+        with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
+            f.writelines(json.dumps(row) + "\n" for row in history)
+    if start == 0 and args.eval_every and main_proc:
+        t0 = time.perf_counter()
+        log(run_eval(0, eval_agent, test_rows), history, run_dir, accelerator, args)
+        seconds["eval"] = time.perf_counter() - t0
 
     # ---- loop
-    bar = tqdm(range(start, args.steps), desc=f"{args.algo}", disable=not main_proc, initial=start, total=args.steps)
+    bar = tqdm(range(start, args.steps), desc=algo.algo, disable=not main_proc, initial=start, total=args.steps)
     for step in bar:
-        # rollout: rank 0 grows the trees of this step's prompts and turns them into samples
         t0 = time.perf_counter()
         payload = [None]
         if main_proc:
-            at = step * args.prompts_per_step
-            batch = [train_rows[order[(at + i) % len(order)]] for i in range(args.prompts_per_step)]
             model.eval()
-            with torch.no_grad():
-                prompts = strategy(agent, batch, rng, **strategy_hp(args))
-            trajectories = [t for trees in prompts for t in credit(trees, **credit_opts(args))]
-            samples = to_samples(trajectories)
-            payload = [(samples, rollout_metrics(prompts, samples))]
+            payload = [rollout_step(step, args, algo, agent, train_rows, order, rng)]
         broadcast_object_list(payload)
         samples, metrics = payload[0]
-        t_rollout = time.perf_counter() - t0
-
-        # log-probs: pi_old (the trainer's, before this step's updates; the engine's when they are exact) and
-        # pi_ref, for this rank's shard
-        t0 = time.perf_counter()
-        shard = samples[accelerator.process_index::accelerator.num_processes]
-        per_rank = math.ceil(len(samples) / accelerator.num_processes)
-        weights = [1.0] * len(shard) + [0.0] * (per_rank - len(shard))  # padding rows carry zero loss
-        shard += samples[:1] * (per_rank - len(shard))
-        micro = []
-        for i in range(0, per_rank, args.micro_batch_size):
-            b = {k: v.to(accelerator.device) for k, v in collate(shard[i:i + args.micro_batch_size],
-                                                                  tok.pad_token_id).items()}
-            b["mask"] = b["mask"] * torch.tensor(weights[i:i + args.micro_batch_size], device=b["mask"].device)[:, None]
-            with torch.no_grad():
-                model.eval()
-                b["old_logp"] = b["rollout_logp"] if exact_logprobs[0] else token_logprobs(model, b["ids"], b["attn"])[0]
-                b["ref_logp"], _ = token_logprobs(ref_model, b["ids"], b["attn"])
-            micro.append(b)
-        t_logprob = time.perf_counter() - t0
-
-        # update: PPO epochs x mini-batches of micro-batches
-        t0 = time.perf_counter()
-        model.train()
-        stats, grad_norms, losses = [], [], []
-        n_mini = max(1, min(args.ppo_mini_batches, len(micro)))
-        for _ in range(args.ppo_epochs):
-            for mb in [micro[j::n_mini] for j in range(n_mini)]:
-                total = sum(b["mask"].sum().item() if args.loss_agg == "token-mean"
-                            else (b["mask"].sum(-1) > 0).sum().item() for b in mb)
-                total = accelerator.reduce(torch.tensor(float(total), device=accelerator.device), "sum").item()
-                loss_sum = 0.0
-                for b in mb:
-                    logp, entropy = token_logprobs(model, b["ids"], b["attn"])
-                    loss, s = ppo_loss(logp, b["old_logp"], b["ref_logp"], b["rollout_logp"], b["adv"], b["mask"],
-                                       args, max(total, 1.0) / accelerator.num_processes)
-                    s["entropy"] = entropy[b["mask"].bool()].detach()
-                    accelerator.backward(loss)
-                    loss_sum += loss.item()
-                    stats.append(s)
-                norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
-                if not (math.isfinite(loss_sum) and torch.isfinite(torch.as_tensor(norm)).all()):
-                    skipped += 1  # NaN/inf: drop this mini-batch's gradients, never apply them
-                else:
-                    optimizer.step()
-                    scheduler.step()
-                    grad_norms.append(float(norm))
-                    losses.append(loss_sum)
-                optimizer.zero_grad()
-        t_update = time.perf_counter() - t0
-
-        # sync: the rollout engine samples from the new weights from the next step on
-        if main_proc:
+        t1 = time.perf_counter()
+        micro = micro_batches(samples, accelerator, model, ref_model, args, tok.pad_token_id, exact_logprobs[0])
+        t2 = time.perf_counter()
+        stats, grad_norms, losses, n_skipped = update(micro, accelerator, model, optimizer, scheduler, args)
+        skipped += n_skipped
+        t3 = time.perf_counter()
+        if main_proc:  # sync: the rollout engine samples from the new weights from the next step on
             agent.engine.load_weights(accelerator.unwrap_model(model))
-
-        # log
-        cat = lambda k: torch.cat([s[k].float().cpu() for s in stats]) if stats else torch.zeros(0)  # noqa: E731
-        metrics.update({"train/loss": sum(losses) / max(len(losses), 1), "train/kl": cat("kl").mean().item() if stats else 0.0,
-                        "train/entropy": cat("entropy").mean().item() if stats else 0.0,
-                        "train/clip_fraction": cat("clipped").mean().item() if stats else 0.0,
-                        "train/tis_truncated_fraction": (cat("tis") > args.tis_cap).float().mean().item()
-                        if stats and args.tis_cap > 0 else 0.0,
-                        "train/grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "train/skipped_steps": skipped,
-                        "train/lr": scheduler.get_last_lr()[0], "train/time_rollout": t_rollout,
-                        "train/time_logprob": t_logprob, "train/time_update": t_update},
-                       **quantiles("train/ratio", cat("ratio")), **quantiles("train/tis_ratio", cat("tis")))
+        metrics.update(train_metrics(stats, grad_norms, losses, args), **{
+            "train/skipped_steps": skipped, "train/lr": scheduler.get_last_lr()[0], "train/time_rollout": t1 - t0,
+            "train/time_logprob": t2 - t1, "train/time_update": t3 - t2})
         for k in ("rollout", "logprob", "update"):
             seconds[f"RL {k}"] = seconds.get(f"RL {k}", 0.0) + metrics[f"train/time_{k}"]
-        log({"step": step + 1, **metrics})
+        log({"step": step + 1, **metrics}, history, run_dir, accelerator, args)
         check_env_errors(history, args, where)
         bar.set_postfix(reward=f"{metrics['rollout/reward']:.3f}", em=f"{metrics['rollout/em']:.2f}",
                         kl=f"{metrics['train/kl']:.4f}")
-
-        # eval / checkpoint
-        if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
-            run_eval(step + 1)
+        if args.eval_every and main_proc and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
+            t0 = time.perf_counter()
+            log(run_eval(step + 1, eval_agent, test_rows), history, run_dir, accelerator, args)
+            seconds["eval"] = seconds.get("eval", 0.0) + time.perf_counter() - t0
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
             state = {"step": step + 1, "skipped": skipped, "rng": rng.getstate(),
                      "counters": dict(agent.counters) if agent else {}}
@@ -723,4 +616,4 @@ def main(args: Args, warm: warmstart.WarmConfig):
 
 
 if __name__ == "__main__":
-    main(*cli.parse(Args, warmstart.WarmConfig))
+    main(*cli.parse(Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig))

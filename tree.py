@@ -63,6 +63,10 @@ class Node:
     """Ids of the passages retrieved for `query` (TreePS-RAG's Jaccard pruning compares these)."""
     reward: float | None = None
     """Outcome reward R(H) of the trajectory ending here (leaves only); None = not scored."""
+    em: float | None = None
+    """Exact match of `answer` against the golden answers (answer steps; set once, by the agent)."""
+    f1: float | None = None
+    """Token F1 of `answer` against the golden answers (answer steps; set once, by the agent)."""
     value: float | None = None
     """V(n) where the method defines a node value (CARL, TreePS-RAG, BranPO's r_base); set by advantages.py."""
     advantage: float | None = None

@@ -1,17 +1,12 @@
 """Supervised warm start of the embedded default's tiny Llama, before RL (as BranPO's cold start, App. A.2).
 
-    python warmstart.py --out out/warmstart --world out/world
+    python warmstart.py --out out/warmstart --world out/world    # the agent format: train.py's flags (AgentConfig)
 
 Three stages, each a few minutes or less on 2 CPU cores:
 1. copy: random pieces (name syllables and the world's words), a gap, the same pieces again, loss on the repeat.
    It grows the induction heads (find the earlier occurrence of the current token, copy what followed) that a
    real base model arrives with and that every later step needs: copying a name from the question or a passage,
-   and the question's wording into a thought. Measured: without this stage, or at a learning rate of 2e-3 or
-   more, the tiny model copied names only at fixed offsets (a positional shortcut) and never looked a fact up; at
-   1e-3 the induction loss collapses after ~600 steps. With name pieces alone (our earlier recipe) the model
-   copied names but wrote the relation words from its priors, so its thoughts restated another question than the
-   one asked ("the birthplace of the founder of X" became "the headquarters of the employer of X") and it
-   stopped searching after the wrong number of hops; copying words too fixed that (README, "The warm start").
+   and the question's wording into a thought (README, "The embedded default", for what failed without it).
 2. corpus: language modelling on the passages (as a base model is pretrained on text like Wikipedia).
 3. trajectories: the world's gold chains in the agent's exact token format: the prompt ids (`Agent.prompt_ids`),
    steps "<think> fact. open question </think><search> entity </search>" with the observation ids the agent
@@ -24,8 +19,15 @@ Three stages, each a few minutes or less on 2 CPU cores:
        wrong     search an unrelated entity, then the right one (a wasted search)
        repeat    search the previous query again (the rollout stops it: Cut the Bill's "repeated query")
 
-Deviations: BranPO's cold start keeps correct trajectories of a zero-RL run of the model itself; a model trained
-from scratch has no such run, so its trajectories come from the gold chains, with a thought format of our own.
+The model is a 3-layer, d = 128 Llama; its tokenizer's pieces are the world's syllables, syllable pairs and words
+plus the agent's own words, with the agent tags as single tokens, so every entity name splits into pieces the
+model has seen and it can copy a name it never saw in a training question from a passage into its next query.
+
+Deviations:
+1. BranPO's cold start keeps correct trajectories of a zero-RL run of the model itself; a model trained from
+   scratch has no such run, so its trajectories come from the gold chains, with a thought format of our own.
+2. The tokenizer lowercases (the world is lowercase) and splits on whitespace and punctuation; decoding joins
+   words with single spaces. Decoded text is for parsing tags and reading only: the rollout never re-encodes it.
 """
 from __future__ import annotations
 
@@ -33,20 +35,59 @@ import json
 import math
 import os
 import random
+import re
 import time
 from dataclasses import asdict, dataclass, replace
 
 import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from tqdm import tqdm
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+import cli
 import data
-import policy
 import rollout
 from engines import HFEngine
 from eval import evaluate
 from retriever import BM25Retriever, load_corpus
 
 MISTAKES = ("early", "wrong", "repeat")
+
+TAGS = ["<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "<information>", "</information>"]
+SPECIAL = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
+
+
+def world_tokenizer() -> PreTrainedTokenizerFast:
+    """A WordPiece tokenizer over the world's syllables and syllable pairs (word-initial and '##' continuation
+    pieces), its words, the agent's words, digits, punctuation and single letters (so no lowercase word is ever
+    [UNK]); the agent tags are single tokens (why pairs: README, "The embedded default")."""
+    agent_text = " ".join([rollout.INSTRUCTION, rollout.SHORT_INSTRUCTION, rollout.RETRY, "Doc 1(Title: x) 0123456789"])
+    words = set(data.TEMPLATE_WORDS) | {w.lower() for w in re.findall(r"[A-Za-z]+", agent_text)}
+    symbols = set(data.PUNCTUATION) | set(re.findall(r"[^\sA-Za-z]", agent_text)) - set("<>/")
+    letters = set("abcdefghijklmnopqrstuvwxyz")  # fallback: any lowercase word can be spelled, none is [UNK]
+    syllables = set(data.SYLLABLES) | {a + b for a in data.SYLLABLES for b in data.SYLLABLES}  # 1 and 2 syllables
+    starts = sorted(syllables | words | letters)
+    pieces = SPECIAL + starts + sorted(symbols) + ["##" + s for s in sorted(syllables | letters)]
+    tok = Tokenizer(models.WordPiece({p: i for i, p in enumerate(pieces)}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation(),
+                                                 pre_tokenizers.Digits(individual_digits=True)])
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+    tok.add_tokens([AddedToken(t, normalized=False, single_word=False) for t in TAGS])
+    tok.add_special_tokens(SPECIAL)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
+                                   eos_token="[EOS]")
+
+
+def tiny_llama(tokenizer, hidden: int = 128, layers: int = 3, heads: int = 4, max_len: int = 2048,
+               seed: int = 0) -> LlamaForCausalLM:
+    """A freshly initialised small Llama for the embedded default (DESIGN.md: 3 layers, d = 128)."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=3 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                      max_position_embeddings=max_len, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    return LlamaForCausalLM(cfg)
 
 
 @dataclass
@@ -183,8 +224,8 @@ def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Agen
     """Warm-start a fresh tiny Llama on the world and save it (model + tokenizer) to out_dir: the copy task, language
     modelling on the corpus passages, then supervised trajectories (the module docstring's three stages) in the
     prompt and observation format of `agent_cfg`; its seed seeds the weights and the data."""
-    tok = policy.world_tokenizer()
-    model = policy.tiny_llama(tok, seed=agent_cfg.seed)
+    tok = world_tokenizer()
+    model = tiny_llama(tok, seed=agent_cfg.seed)
     rows = [r for r in data.load_rows(world_dir, "train") if r.gold_queries]
     if not rows:
         raise ValueError(f"{world_dir}/train.jsonl has no rows with gold_queries; the warm start needs the "
@@ -254,8 +295,9 @@ def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Agen
 
 def settings(cfg: WarmConfig, agent_cfg: rollout.AgentConfig) -> dict:
     """What a cached warm start must match: its own settings and the agent format it was trained in."""
-    keep = ("instruction", "think_tag", "topk", "max_obs_tokens", "seed")
-    return {**asdict(cfg), **{k: v for k, v in asdict(agent_cfg).items() if k in keep}}
+    keep = ("think_tag", "topk", "max_obs_tokens", "seed")
+    return {**asdict(cfg), **{k: v for k, v in asdict(agent_cfg).items() if k in keep},
+            "instruction": rollout.instruction_template(agent_cfg.instruction, world_tokenizer())}
 
 
 def ensure(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.AgentConfig) -> str:
@@ -277,24 +319,16 @@ def ensure(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Age
     return out_dir
 
 
+@dataclass
+class Paths:
+    """`python warmstart.py`: where to read the world and write the checkpoint (the agent format: AgentConfig)."""
+    out: str = "out/warmstart"
+    """Checkpoint directory (model + tokenizer + warmstart.json)."""
+    world: str = "out/world"
+    """Embedded world directory (written first if missing)."""
+
+
 if __name__ == "__main__":
-    import cli
-
-    @dataclass
-    class Paths:
-        """Where to read the world and write the checkpoint, and the agent format to train in."""
-        out: str = "out/warmstart"
-        """Checkpoint directory (model + tokenizer + warmstart.json)."""
-        world: str = "out/world"
-        """Embedded world directory (written first if missing)."""
-        topk: int = 3
-        """Passages per search (train.py --topk)."""
-        max_obs_tokens: int = 160
-        """Observation tokens per search (train.py --max_obs_tokens)."""
-        seed: int = 0
-        """Seed of the weights and the data (train.py --seed)."""
-
-    cfg, paths = cli.parse(WarmConfig, Paths)
+    cfg, paths, agent_cfg = cli.parse(WarmConfig, Paths, rollout.AgentConfig)
     cli.check(cfg, RULES)
-    train(paths.out, data.ensure_world(paths.world), cfg, rollout.AgentConfig(
-        instruction=rollout.SHORT_INSTRUCTION, topk=paths.topk, max_obs_tokens=paths.max_obs_tokens, seed=paths.seed))
+    train(paths.out, data.ensure_world(paths.world), cfg, agent_cfg)

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import cli  # noqa: E402
 import data  # noqa: E402
-import policy  # noqa: E402
 import rollout  # noqa: E402
-from engines import make_engine  # noqa: E402
+from engines import load_policy, make_engine  # noqa: E402
 from retriever import BM25Retriever, load_corpus  # noqa: E402
 
 BUDGETS = {  # ~8 full-trajectory units per prompt each
@@ -43,25 +43,23 @@ class Args:
     """Train questions per strategy."""
     engine: str = "auto"
     """Generation engine: auto | hf | vllm."""
-    seed: int = 0
-    """Sampling and strategy seed."""
 
 
-def main(a: Args):
+def main(a: Args, cfg: rollout.AgentConfig):
+    """Every strategy at BUDGETS, under the run's agent settings (train.py's budgets and --seed)."""
     world = data.ensure_world(a.world)
     rows = data.spread(data.load_rows(world, "train"), a.n_prompts)
-    model, tok = policy.load_policy(a.model)
+    model, tok = load_policy(a.model)
     engine = make_engine(a.engine, model, tok, a.model)
     retriever = BM25Retriever(load_corpus(os.path.join(world, "corpus.jsonl")))
-    cfg = rollout.AgentConfig(instruction=policy.instruction("auto", tok), seed=a.seed)
     print(f"\n{'strategy':10} {'tokens/prompt':>14} {'calls/prompt':>13} {'leaves/prompt':>14} "
           f"{'leaves/1k tok':>14} {'seconds':>8}")
     for name, hp in BUDGETS.items():
         agent = rollout.Agent(engine, retriever, tok, cfg)
         t0 = time.perf_counter()
-        prompts = rollout.STRATEGIES[name](agent, rows, random.Random(a.seed), **hp)
+        prompts = rollout.STRATEGIES[name][0](agent, rows, random.Random(cfg.seed), **hp)
         seconds = time.perf_counter() - t0
-        s = rollout.summarize(prompts)
+        s = rollout.metrics(prompts)
         tokens, leaves = s["rollout/tokens_per_prompt"], s["tree/leaves_per_prompt"]
         print(f"{name:10} {tokens:14.0f} {s['rollout/tool_calls_per_prompt']:13.1f} {leaves:14.1f} "
               f"{1000 * leaves / max(tokens, 1):14.2f} {seconds:8.1f}")
@@ -84,5 +82,4 @@ def main(a: Args):
 
 
 if __name__ == "__main__":
-    import cli
-    main(cli.parse(Args)[0])
+    main(*cli.parse(Args, rollout.AgentConfig))

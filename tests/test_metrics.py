@@ -3,7 +3,8 @@ import unicodedata
 
 import pytest
 
-from eval import FORMAT_RULES, check_format, cover_exact_match, exact_match, extract_answer, normalize_answer, token_f1
+from eval import FORMAT_RULES, check_format, cover_exact_match, extract_answer
+from rollout import exact_match, normalize_answer, token_f1
 
 
 @pytest.mark.parametrize("raw, normalized", [

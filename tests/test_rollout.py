@@ -8,7 +8,7 @@ import pytest
 import advantages
 from engines import Completion
 from retriever import Passage, RetrievalError
-from rollout import Agent, AgentConfig, Refiner, STRATEGIES, jaccard_prune, parse_action, summarize
+from rollout import Agent, AgentConfig, Refiner, STRATEGIES, jaccard_prune, metrics, parse_action
 from tree import Node, context_ids, path, to_samples, walk
 
 PIECES = ["<search>", "</search>", "<answer>", "</answer>", "<think>", "</think>", "<information>",
@@ -212,7 +212,7 @@ def test_retrieval_failure_discards_only_its_own_trajectory():
     assert [(x.reward, x.flags) for x in leaves] == [(1.0, []), (None, ["env_error"]), (1.0, [])]
     assert retriever.calls == [["who", "boom", "who"]]  # one batched call for the wave
     assert agent.counters["rollout/retrieval_failed_queries"] == 1
-    assert summarize([trees])["rollout/retrieval_failed_queries"] == 1  # logged per step by train.py
+    assert metrics([trees])["rollout/retrieval_failed_queries"] == 1  # logged per step by train.py
     assert [t.leaf.id for t in advantages.grpo(trees)] == ["p0.0.0", "p2.0.0"]  # discarded: not in the group
 
 
@@ -243,17 +243,17 @@ def search_then_answer(c):
 
 def test_chain_one_engine_call_per_wave():
     agent, eng = agent_with(search_then_answer)
-    prompts = STRATEGIES["grpo"](agent, [EX, EX], random.Random(0), G=3)
+    prompts = STRATEGIES["grpo"][0](agent, [EX, EX], random.Random(0), G=3)
     assert [len(trees) for trees in prompts] == [3, 3]
     assert all(len(t.leaves()) == 1 and t.leaves()[0].depth == 2 for trees in prompts for t in trees)
     assert eng.calls == [6, 6]  # 2 waves (search, answer), all 6 trajectories in each
-    assert summarize(prompts)["tree/leaves_per_prompt"] == 3
-    assert summarize(prompts)["rollout/tool_calls_per_prompt"] == 3
+    assert metrics(prompts)["tree/leaves_per_prompt"] == 3
+    assert metrics(prompts)["rollout/tool_calls_per_prompt"] == 3
 
 
 def test_tree_grpo_221_gives_two_trees_of_three_leaves():
     agent, eng = agent_with(search_then_answer)
-    [trees] = STRATEGIES["tree_grpo"](agent, [EX], random.Random(0), M=2, N=2, L=1)
+    [trees] = STRATEGIES["tree_grpo"][0](agent, [EX], random.Random(0), M=2, N=2, L=1)
     # each chain has 2 expandable nodes (root, the search step); N = 2 picks both
     assert [len(t.leaves()) for t in trees] == [3, 3]  # M (L N + 1) = 2 * 3 = 6 leaves
     assert all(len(t.root.children) == 2 for t in trees)  # one expansion from the root, one from the search step
@@ -264,7 +264,7 @@ def test_tree_grpo_expansion_nodes_with_replacement():
     # one chain (M = 1): expandable nodes [root, search step]; N = 2 draws from random.Random(0):
     assert random.Random(0).choices([0, 1], k=2) == [1, 1]  # with replacement (official code): the search step twice
     agent, eng = agent_with(search_then_answer)
-    [[t]] = STRATEGIES["tree_grpo"](agent, [EX], random.Random(0), M=1, N=2, L=1, with_replacement=True)
+    [[t]] = STRATEGIES["tree_grpo"][0](agent, [EX], random.Random(0), M=1, N=2, L=1, with_replacement=True)
     assert len(t.root.children) == 1 and len(t.root.children[0].children) == 3  # its answer + 2 new answers
     assert eng.calls == [1, 1, 2]  # init: 2 waves; expansion: 2 answers in one wave
     # (without replacement both nodes are drawn once each: test_tree_grpo_221_gives_two_trees_of_three_leaves)
@@ -280,7 +280,7 @@ def test_branpo_keeps_first_contrastive_branch():
     # initial: 2 chains (search, answer): correct + wrong -> acc 0.5; Recur = 2, Bran = 2 for both
     # first truncation point k = 1 (resample the answer): A's branches [A, W] -> keeps W; B's [W, A] -> keeps A
     agent, eng = agent_with(queue_policy([S, S, A, W] + [A, W, W, A]))
-    trees, = STRATEGIES["branpo"](agent, [EX], random.Random(0), N=2)
+    trees, = STRATEGIES["branpo"][0](agent, [EX], random.Random(0), N=2)
     a, b = trees
     assert eng.calls == [2, 2, 4]
     assert [n.id for n in walk(a.root)] == ["p0.n0", "p0.n0.0", "p0.n0.0.0", "p0.n0.0.2"]  # branch .1 pruned
@@ -299,7 +299,7 @@ def test_branpo_redundant_step_check():
     script = [S1, S1, S1, S2, A, W, A] + ["<search>q3</search>", A, "<search>q4</search>", "<search>q5</search>",
                                            "<search>q6</search>", A, A, A, W] + [A, A, A, A]
     agent, eng = agent_with(queue_policy(script))
-    a, b, c = STRATEGIES["branpo"](agent, [EX], random.Random(0), N=3)[0]
+    a, b, c = STRATEGIES["branpo"][0](agent, [EX], random.Random(0), N=3)[0]
     s1, s2 = path(a.leaves()[0])[:2]
     assert s1.prefix_end and s2.redundant and not s1.redundant
     assert [(x.depth, x.reward) for x in a.leaves()] == [(3, 1.0), (2, 1.0)]
@@ -319,7 +319,7 @@ def test_branpo_redundant_step_check_fires_at_f1_0_8():
     # B (2 steps, not longer): contrast at k = 1 [P, P] none, then k = 0 (default W, kept); C: k = 1 [P, W] keeps P
     script = [S1, S1, S1, S2, P, W, P] + [P, W, W, W, W, P, P, P, W]
     agent, _ = agent_with(queue_policy(script))
-    a, b, c = STRATEGIES["branpo"](agent, [Ex("who is it", ["Ivo Ra"])], random.Random(0), N=3)[0]
+    a, b, c = STRATEGIES["branpo"][0](agent, [Ex("who is it", ["Ivo Ra"])], random.Random(0), N=3)[0]
     s1, s2 = path(a.leaves()[0])[:2]
     assert s1.prefix_end and s2.redundant
     assert [x.depth for x in a.leaves()] == [3, 2] and [x.reward for x in a.leaves()] == pytest.approx([0.8, 0.8])
@@ -330,13 +330,13 @@ def test_carl_forks_from_lowest_density():
     # search actions are uncertain (NLL 2 per token), answers confident (NLL 0.1): H(root) = 2, H(search) = 0.1
     policy = lambda c: ("<search>q</search>", -2.0) if turns(c) == 0 else ("<answer>Ivo</answer>", -0.1)  # noqa
     agent, eng = agent_with(policy)
-    [tree], = STRATEGIES["carl"](agent, [EX], random.Random(0), N0=1, N=2)
+    [tree], = STRATEGIES["carl"][0](agent, [EX], random.Random(0), N0=1, N=2)
     # fork 1: root (H/n = 2/1) beats the search state (0.1/1); fork 2: root (2/2 = 1) again
     assert len(tree.root.children) == 3 and len(tree.leaves()) == 3
     assert tree.root.entropy == pytest.approx(2.0) and tree.root.children[0].entropy == pytest.approx(0.1)
     policy2 = lambda c: ("<search>q</search>", -0.1) if turns(c) == 0 else ("<answer>Ivo</answer>", -2.0)  # noqa
     agent, _ = agent_with(policy2)
-    [tree], = STRATEGIES["carl"](agent, [EX], random.Random(0), N0=1, N=2)
+    [tree], = STRATEGIES["carl"][0](agent, [EX], random.Random(0), N0=1, N=2)
     # now the search state is the uncertain one: both forks resample the answer (2/1, then 2/2 vs root 0.1)
     assert len(tree.root.children) == 1 and len(tree.root.children[0].children) == 3
 
@@ -353,7 +353,7 @@ def alternating_searches():
 
 def test_treeps_layers_and_pruning():
     agent, eng = agent_with(alternating_searches(), max_turns=3)  # 3 search rounds + the answer-only step: D = 4
-    [tree], = STRATEGIES["treeps"](agent, [EX], random.Random(0), N=8, N_retain=2)
+    [tree], = STRATEGIES["treeps"][0](agent, [EX], random.Random(0), N=8, N_retain=2)
     # B_d = ceil(8 / |M(d-1)|) with |M| = 1, 2, 4, 8 -> 8, 4, 2, 1 children per parent: 8 prompts per layer
     assert eng.calls == [8, 8, 8, 8]
     by_depth = [sum(1 for x in walk(tree.root) if x.depth == d) for d in range(1, 5)]
@@ -364,7 +364,7 @@ def test_treeps_layers_and_pruning():
 def test_treeps_prunes_at_the_depth_limit_and_samples_n_paths():
     retriever = MemoryRetriever()
     agent, eng = agent_with(alternating_searches(), retriever, max_turns=1)  # D = max_turns + 1 = 2
-    [tree], = STRATEGIES["treeps"](agent, [EX], random.Random(0), N=8, N_retain=2, N_train=3)
+    [tree], = STRATEGIES["treeps"][0](agent, [EX], random.Random(0), N=8, N_retain=2, N_train=3)
     # depth 1: 8 searches, 2 kept (one per doc family); depth 2: B = ceil(8/2) = 4 per parent, 8 searches that the
     # agent ends at its step limit (max_turns, not retrieved): pruned like any, 2 per parent -> 4 leaves (8 before)
     assert eng.calls == [8, 8] and [len(q) for q in retriever.calls] == [8]
@@ -375,19 +375,19 @@ def test_treeps_prunes_at_the_depth_limit_and_samples_n_paths():
     leaves = tree.leaves()
     assert [x.sampled for x in leaves] == [True, True, False, True]
     assert [t.leaf for t in advantages.treeps([tree])] == [leaves[0], leaves[1], leaves[3]]  # only those trained
-    [tree], = STRATEGIES["treeps"](agent_with(alternating_searches(), max_turns=1)[0], [EX], random.Random(0))
+    [tree], = STRATEGIES["treeps"][0](agent_with(alternating_searches(), max_turns=1)[0], [EX], random.Random(0))
     assert all(x.sampled for x in tree.leaves())  # N_train = N = 8 >= 4 leaves: every path
 
     # D <= max_turns: the depth-D searches are retrieved, pruned by Jaccard (a 'qa' and a 'qb' per parent), ended
     retriever = MemoryRetriever()
     agent, eng = agent_with(alternating_searches(), retriever, max_turns=3)
-    [tree], = STRATEGIES["treeps"](agent, [EX], random.Random(0), N=8, D=2, N_retain=2)
+    [tree], = STRATEGIES["treeps"][0](agent, [EX], random.Random(0), N=8, D=2, N_retain=2)
     assert [len(q) for q in retriever.calls] == [8, 8]
     assert [sum(1 for x in walk(tree.root) if x.depth == d) for d in (1, 2, 3)] == [2, 4, 0]
     assert sorted(x.query[:2] for x in tree.leaves()) == ["qa", "qa", "qb", "qb"]
     assert all(x.flags == ["max_turns"] and x.reward == 0.0 for x in tree.leaves())
     with pytest.raises(ValueError, match="depth limit D=5 exceeds the agent's max_turns \\+ 1 = 4"):
-        STRATEGIES["treeps"](agent, [EX], random.Random(0), D=5)
+        STRATEGIES["treeps"][0](agent, [EX], random.Random(0), D=5)
 
 
 def test_jaccard_prune():
@@ -417,7 +417,7 @@ def test_cli_dump_feeds_advantages(env):
     dump = env / "dump.json"
     out = subprocess.run([sys.executable, str(root / "rollout.py"), "--algo", "treeps", "--dump", str(dump),
                           "--n_prompts", "2", "--model", str(env / "tiny"), "--world", str(env / "out" / "world"),
-                          "--N", "3", "--D", "2"], cwd=env, capture_output=True, text=True, timeout=300)
+                          "--treeps_N", "3", "--treeps_D", "2"], cwd=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "tree/leaves_per_prompt" in out.stdout and "engine: hf" in out.stdout
     prompts = json.loads(dump.read_text())
@@ -430,23 +430,24 @@ def test_cli_dump_feeds_advantages(env):
 
 
 def test_cli_checks_its_flags_before_anything_loads(tmp_path):
-    # before: --n_prompts 0 raised a bare ZeroDivisionError in data.spread after the world was built, --N 0 rolled
-    # out nothing, --G with --algo treeps was silently ignored, --D 9 failed only after the model loaded
+    # before: --n_prompts 0 raised a bare ZeroDivisionError in data.spread after the world was built, N 0 rolled
+    # out nothing, D 9 failed only after the model loaded (one name per knob now: a flag of another algo is simply
+    # that algo's setting, shared with train.py)
     import subprocess
     import sys
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, str(root / "rollout.py"), "--algo", "treeps", "--dump", "x.json",
-                          "--world", str(tmp_path / "world"), "--n_prompts", "0", "--N", "0", "--N_train", "-1",
-                          "--G", "3", "--D", "9"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                          "--world", str(tmp_path / "world"), "--n_prompts", "0", "--treeps_N", "0",
+                          "--treeps_train", "-1", "--treeps_D", "9"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode != 0
-    for message in ("--n_prompts 0: must be an integer >= 1", "--N 0: must be an integer >= 1",
-                    "--N_train -1: must be an integer >= 0",
-                    "--G 3: not a hyperparameter of --algo treeps (its own: --N, --D, --N_retain, --N_train)",
-                    "--D 9: TreePS-RAG's depth limit must be at most max_turns + 1 = 5"):  # AgentConfig: max_turns 4
+    for message in ("--n_prompts 0: must be an integer >= 1", "--treeps_N 0: must be an integer >= 1",
+                    "--treeps_train -1: must be an integer >= 0",
+                    "--treeps_D 9: TreePS-RAG's depth limit must be at most --max_turns + 1 = 5"):  # max_turns 4
         assert message in out.stderr, out.stderr[-2000:]
     assert not (tmp_path / "world").exists()  # stopped before the world was written
     help_ = " ".join(subprocess.run([sys.executable, str(root / "rollout.py"), "--help"], capture_output=True,
                                     text=True, timeout=120).stdout.split())
-    assert "--N N strategy hyperparameter N (default: None = the paper's: tree_grpo 2, branpo 4, carl 16, treeps 8)" \
-        in help_ and "train questions to roll out (default: 4)" in help_
+    assert "Tree-GRPO: trees per prompt (paper default (M, N, L) = (2, 2, 1)). (default: 2)" in help_ \
+        and "Train questions to roll out (spread over the hops). (default: 4)" in help_

@@ -4,7 +4,13 @@ import math
 import pytest
 import torch
 
-from train import ALGOS, Args, collate, ppo_loss
+import advantages
+import rollout
+from advantages import AlgoConfig
+from retriever import RetrieverConfig
+from rollout import AgentConfig
+from train import Args, collate, ppo_loss
+from warmstart import WarmConfig
 from tree import Sample
 
 ARGS = Args(clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=0.0)
@@ -87,10 +93,11 @@ def test_collate_right_pads():
 
 
 def test_algos_pass_the_paper_options():
-    a = Args(tree_replace=True, carl_train_phase1=False, carl_N0=8, treeps_D=4, treeps_train=3)
-    assert ALGOS["tree_grpo"][1](a)["with_replacement"] is True  # the official code's random.choices
-    assert ALGOS["carl"][3](a)["phase1_chains"] == 8 and ALGOS["carl"][3](Args())["phase1_chains"] == 0  # C.1 / Eq. 13
-    assert ALGOS["treeps"][1](a) == {"N": 8, "D": 4, "N_retain": 2, "N_train": 3}  # D = 4 (the paper's), 3 paths
+    a = AlgoConfig(tree_replace=True, carl_train_phase1=False, carl_N0=8, treeps_D=4, treeps_train=3)
+    assert rollout.STRATEGIES["tree_grpo"][1](a)["with_replacement"] is True  # the official code's random.choices
+    carl_options = advantages.ALGOS["carl"][1]
+    assert carl_options(a)["phase1_chains"] == 8 and carl_options(AlgoConfig())["phase1_chains"] == 0  # C.1 / Eq. 13
+    assert rollout.STRATEGIES["treeps"][1](a) == {"N": 8, "D": 4, "N_retain": 2, "N_train": 3}  # D = 4, 3 paths
 
 
 def test_hf_engine_logprobs_are_the_trainers_pi_old(env):
@@ -99,22 +106,20 @@ def test_hf_engine_logprobs_are_the_trainers_pi_old(env):
     # trainer's right-padded full forward pass on every trained token
     import random
 
-    import policy
-    import rollout
-    from engines import HFEngine
+    from engines import HFEngine, load_policy
     from retriever import BM25Retriever, load_corpus
     from train import token_logprobs
     from tree import to_samples
 
     world = env / "out" / "world"
-    model, tok = policy.load_policy(str(env / "tiny"))
+    model, tok = load_policy(str(env / "tiny"))
     engine = HFEngine(model, tok)
     assert engine.exact_logprobs
     agent = rollout.Agent(engine, BM25Retriever(load_corpus(f"{world}/corpus.jsonl")), tok, rollout.AgentConfig(
-        instruction=rollout.SHORT_INSTRUCTION, max_step_tokens=12, max_turns=2, seed=3))
+        instruction="short", max_step_tokens=12, max_turns=2, seed=3))
     rows = __import__("data").load_rows(str(world), "train")[:4]
     prompts = rollout.tree_grpo(agent, rows, random.Random(0), M=2, N=2, L=1)
-    samples = to_samples([t for trees in prompts for t in ALGOS["tree_grpo"][2](trees)])
+    samples = to_samples([t for trees in prompts for t in advantages.tree_grpo(trees)])
     b = collate(samples, tok.pad_token_id)
     with torch.no_grad():
         logp, _ = token_logprobs(model, b["ids"], b["attn"])  # (B, T)
@@ -221,8 +226,8 @@ def test_eval_script_on_a_few_questions(env):
 
 
 def test_one_training_step_with_the_smollm2_gguf(env):
-    import policy
-    folder, name = policy.smollm2_gguf()
+    from conftest import smollm2_gguf
+    folder, name = smollm2_gguf()
     out = train(env, "--model", folder, "--gguf_file", name, "--algo", "grpo", "--steps", "1", "--grpo_G", "2",
                 "--prompts_per_step", "1", "--max_step_tokens", "8", "--max_turns", "1", "--eval_every", "0",
                 "--run_name", "gguf", "--lr", "1e-6")
@@ -236,10 +241,11 @@ def test_one_training_step_with_the_smollm2_gguf(env):
 
 def test_validate_names_each_bad_flag():
     from train import validate
+    configs = (Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig)
     for flag in ("prompts_per_step", "tree_M", "grpo_G", "topk", "max_turns", "micro_batch_size", "eval_n"):
         with pytest.raises(SystemExit, match=f"--{flag} 0: must be an integer >= 1"):
-            validate(Args(**{flag: 0}))
-    validate(Args())  # the defaults pass
+            validate(*[c(**{flag: 0}) if flag in c.__dataclass_fields__ else c() for c in configs])
+    validate(*[c() for c in configs])  # the defaults pass
 
 
 def test_validate_treeps_depth_and_paths_and_the_same_train_file(tmp_path):
@@ -247,18 +253,23 @@ def test_validate_treeps_depth_and_paths_and_the_same_train_file(tmp_path):
     # before: --treeps_D -1 grew no layer (range(1, 0)) and trained on nothing; --treeps_train -1 raised a bare
     # "Sample larger than population or is negative" after both models loaded; --treeps_D 6 with --max_turns 4
     # failed only at the first rollout
+    configs = (Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig)
+
+    def run(**flags):  # validate() with each flag set on the dataclass that owns it
+        validate(*[c(**{k: v for k, v in flags.items() if k in c.__dataclass_fields__}) for c in configs])
+
     for flag in ("treeps_D", "treeps_train"):
         with pytest.raises(SystemExit, match=f"--{flag} -1: must be an integer >= 0"):
-            validate(Args(**{flag: -1}))
+            run(**{flag: -1})
     # D <= max_turns + 1 = 4 + 1 = 5: 5 passes, 6 is refused with the max_turns it would need (6 - 1 = 5)
-    validate(Args(treeps_D=5, max_turns=4))
+    run(treeps_D=5, max_turns=4)
     with pytest.raises(SystemExit, match=r"--treeps_D 6: .* at most --max_turns \+ 1 = 5; .* raise --max_turns to 5"):
-        validate(Args(treeps_D=6, max_turns=4))
+        run(treeps_D=6, max_turns=4)
     # the training file named another way ("./x" vs "x") is still the training file
     (tmp_path / "train.jsonl").write_text("")
     with pytest.raises(SystemExit, match="is the --data file: evaluation would score the training questions"):
-        validate(Args(data=str(tmp_path / "train.jsonl"), test_data=str(tmp_path / "." / "train.jsonl")))
-    validate(Args(data=str(tmp_path), test_data=str(tmp_path)))  # a directory: its test.* split, never train.*
+        run(data=str(tmp_path / "train.jsonl"), test_data=str(tmp_path / "." / "train.jsonl"))
+    run(data=str(tmp_path), test_data=str(tmp_path))  # a directory: its test.* split, never train.*
 
 
 def test_bad_flags_stop_before_anything_loads(env):
@@ -276,8 +287,8 @@ def test_bad_flags_stop_before_anything_loads(env):
     ("eval.py", "--n N Questions: n spread evenly over the split. (default: 500)"),
     ("warmstart.py", "Steps of the copy task (stage 1; 0 = none). (default: 1000)"),
     ("data.py", "--people PEOPLE Number of real people"),
-    ("advantages.py", "carl: N0; leave the first-phase chains out of the update (App. C.1) (default: 0)"),
-    ("rollout.py", "train questions to roll out (default: 4)"),
+    ("advantages.py", "CARL: initial chains (1 = CARL-Lite, 8 = CARL). (default: 1)"),
+    ("rollout.py", "Train questions to roll out (spread over the hops). (default: 4)"),
     ("retriever.py serve", "Largest topk a request may ask for (a larger one is answered 400, not with megabytes). "
                            "(default: 100)"),
 ])

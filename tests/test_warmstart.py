@@ -5,10 +5,10 @@ import random
 import pytest
 
 import data
-import policy
 import rollout
 import warmstart
 from data import QARow
+from engines import load_policy
 from retriever import BM25Retriever, load_corpus
 
 ROW = QARow(id="t", question="where is the employer of kalo mire based?", golden_answers=["latori"],
@@ -27,8 +27,8 @@ def test_open_question_and_fact():
 def setup(env):
     world = str(env / "out" / "world")
     retriever = BM25Retriever(load_corpus(f"{world}/corpus.jsonl"))
-    tok = policy.world_tokenizer()
-    agent = rollout.Agent(None, retriever, tok, rollout.AgentConfig(instruction=rollout.SHORT_INSTRUCTION, topk=2,
+    tok = warmstart.world_tokenizer()
+    agent = rollout.Agent(None, retriever, tok, rollout.AgentConfig(instruction="short", topk=2,
                                                                     max_obs_tokens=60))
     rows = data.load_rows(world, "train")
     return agent, retriever, rows, world
@@ -90,8 +90,8 @@ def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, c
     warmstart.ensure(out, world, cfg, agent.cfg)
     saved = json.loads((tmp_path / "warm" / "warmstart.json").read_text())
     assert saved["sft_steps"] == 2 and saved["topk"] == 2 and saved["max_obs_tokens"] == 60
-    model, tok = policy.load_policy(out)
-    assert policy.is_world_tokenizer(tok)
+    model, tok = load_policy(out)
+    assert rollout.is_world_tokenizer(tok)
     warmstart.ensure(out, world, cfg, agent.cfg)
     assert "cached" in capsys.readouterr().out
     with pytest.raises(ValueError, match="topk"):  # another observation format: the checkpoint does not fit
