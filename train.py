@@ -89,6 +89,9 @@ class Args:
     """Rollout engine: vLLM when installed with CUDA, else Hugging Face generate (printed once at start)."""
     vllm_gpu_memory_utilization: float = 0.3
     """Share of rank 0's GPU memory vLLM may take (the trainer's replica shares that GPU)."""
+    vllm_dtype: str = field(default="", metadata={"choices": ["", "float32", "bfloat16", "float16"]})
+    """Weights and activations dtype of the vLLM engine; empty = the policy's (float32 here), so the engine's
+    log-probs match the trainer's and TIS corrects only kernel differences, not rounding to a narrower type."""
     out_dir: str = "out"
     """Where the world, warm start, runs (metrics.jsonl, curve.png, checkpoints) go."""
     run_name: str = ""
@@ -556,7 +559,7 @@ def main(args: Args, warm: warmstart.WarmConfig):
     ref_model = ref_model.to(accelerator.device)
     agent = None
     if main_proc:
-        engine = make_engine(args.engine, accelerator.unwrap_model(model), tok, model_path,
+        engine = make_engine(args.engine, accelerator.unwrap_model(model), tok, model_path, dtype=args.vllm_dtype,
                              gpu_memory_utilization=args.vllm_gpu_memory_utilization)
         agent_cfg = agent_config(args, tok)
         agent = rollout.Agent(engine, search, tok, agent_cfg)
@@ -695,7 +698,8 @@ def main(args: Args, warm: warmstart.WarmConfig):
                         "train/grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "train/skipped_steps": skipped,
                         "train/lr": scheduler.get_last_lr()[0], "train/time_rollout": t_rollout,
                         "train/time_logprob": t_logprob, "train/time_update": t_update},
-                       **quantiles("train/ratio", cat("ratio")), **quantiles("train/tis_ratio", cat("tis")))
+                       **quantiles("train/ratio", cat("ratio")), **quantiles("train/tis_ratio", cat("tis")),
+                       **({"train/tis_ratio_max_dev": (cat("tis") - 1).abs().max().item()} if stats else {}))
         for k in ("rollout", "logprob", "update"):
             seconds[f"RL {k}"] = seconds.get(f"RL {k}", 0.0) + metrics[f"train/time_{k}"]
         log({"step": step + 1, **metrics})
@@ -714,6 +718,7 @@ def main(args: Args, warm: warmstart.WarmConfig):
         accelerator.unwrap_model(model).save_pretrained(os.path.join(run_dir, "final"))
         tok.save_pretrained(os.path.join(run_dir, "final"))
         print(summary(history, seconds, time.perf_counter() - t_start, run_dir))
+        engine.close()  # before end_training tears down torch.distributed, which vLLM's shutdown still uses
     accelerator.end_training()
 
 
