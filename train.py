@@ -215,7 +215,8 @@ RULES = [  # (flags, what is allowed, test): checked right after parsing, before
     ("clip_low", "in [0, 1)", lambda v: 0 <= v < 1),
     ("top_p eval_top_p vllm_gpu_memory_utilization", "in (0, 1]", lambda v: 0 < v <= 1),
     ("max_env_error_rate", "in [0, 1]", lambda v: 0 <= v <= 1),
-    ("engine", "auto or hf: vllm is not installed (pip install -r requirements-gpu.txt)",
+    ("engine", "auto or hf: vllm is not installed (GPU: pip install -r requirements-gpu.txt; CPU: README, "
+               "'vLLM on CPU')",
      lambda v: v != "vllm" or importlib.util.find_spec("vllm") is not None),
     ("data test_data corpus", "an existing file, a directory or a datasets name",
      lambda v: os.path.exists(v) or not v.endswith((".parquet", ".jsonl", ".json"))),

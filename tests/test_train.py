@@ -245,8 +245,8 @@ def test_vllm_engine_runs_the_training_loop(tmp_path_factory, algo):
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     out = subprocess.run([sys.executable, str(ROOT / "train.py"), "--engine", "vllm", "--algo", algo, "--out_dir",
                           str(out_dir), *FAST, "--steps", "2", "--eval_every", "2", "--eval_n", "4",
-                          "--checkpoint_every", "2", "--lr", "1e-2", "--ppo_epochs", "2", "--copy_steps", "2", "--corpus_steps", "2",
-                          "--sft_steps", "2", "--warm_batch_size", "2", "--target_em", "0"],
+                          "--checkpoint_every", "2", "--lr", "1e-2", "--ppo_epochs", "2", "--copy_steps", "2",
+                          "--corpus_steps", "2", "--sft_steps", "2", "--warm_batch_size", "2", "--target_em", "0"],
                          cwd=tmp_path_factory.getbasetemp(), capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "engine: vllm (requested" in out.stdout and "float32 (the policy's)" in out.stdout
