@@ -49,6 +49,11 @@ Notes and deviations, numbered:
    trainer spreads pi_old / pi_rollout by rounding alone (p5 / p95 0.99 / 1.004 measured on CPU) and makes
    every weight update cast each tensor. `close()` shuts vLLM down while torch.distributed, which it set up, is
    still there; train.py calls it before Accelerate's end_training destroys the process group.
+10. On CPU, chunked prefill is off: vLLM 0.32 rewinds a seeded request's generator when a step prefilled only
+   part of its prompt, which CPU generators cannot do ("CPU Generator does not use offset"); with every prompt
+   prefilled in one step, that never happens (measured: a Tree-GRPO wave of 64 prompts, > 4,096 prompt tokens,
+   crashed with it on and runs with it off). vLLM then warns that Llama does not "officially support" this.
+   A prompt must then fit max_num_batched_tokens (default 4,096; pass a larger one with a longer max_model_len).
 """
 
 import os
@@ -276,6 +281,8 @@ class VLLMEngine:
             raise RuntimeError(f"llvmlite is loaded in this process (loaded: {', '.join(loaders)}), and vLLM 0.32's "
                                "CPU start crashes on it; import numba only after the vLLM engine starts, and build "
                                "BM25 through retriever.py (it keeps bm25s off numba)")
+        if not torch.cuda.is_available():  # note 10: a seeded request must never be prefilled in chunks on CPU
+            llm_kwargs.setdefault("enable_chunked_prefill", False)
         from vllm import LLM
 
         self.llm = LLM(
