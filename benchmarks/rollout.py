@@ -57,6 +57,10 @@ class Args:
 
 
 def main(a: Args):
+    names = a.strategies.split(",")
+    if set(names) - set(BUDGETS):  # checked before anything loads
+        raise SystemExit(f"--strategies {a.strategies!r}: unknown {sorted(set(names) - set(BUDGETS))}; "
+                         f"choose from {','.join(BUDGETS)}")
     world = data.ensure_world(a.world)
     rows = data.spread(data.load_rows(world, "train"), a.n_prompts)
     model, tok = policy.load_policy(a.model)
@@ -67,10 +71,6 @@ def main(a: Args):
     cfg = rollout.AgentConfig(instruction=policy.instruction("auto", tok), seed=a.seed)
     print(f"\n{'strategy':10} {'tokens/prompt':>14} {'calls/prompt':>13} {'leaves/prompt':>14} "
           f"{'leaves/1k tok':>14} {'seconds':>8}")
-    names = a.strategies.split(",")
-    if set(names) - set(BUDGETS):
-        raise SystemExit(f"--strategies {a.strategies!r}: unknown {sorted(set(names) - set(BUDGETS))}; "
-                         f"choose from {','.join(BUDGETS)}")
     for name, hp in [(n, BUDGETS[n]) for n in names]:
         agent = rollout.Agent(engine, retriever, tok, cfg)
         before = (getattr(engine, "prefill_tokens", 0), getattr(engine, "cached_prefill_tokens", 0))

@@ -410,3 +410,14 @@ def test_cli_dump_feeds_advantages(env):
     assert got.returncode == 0, got.stderr[-2000:]
     report = json.loads(got.stdout)
     assert report["algo"] == "treeps" and len(report["trajectories"]) >= 1
+
+
+def test_rollout_benchmark_refuses_an_unknown_strategy(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "rollout.py"), "--strategies", "tree_grpo,nope",
+                          "--world", str(tmp_path / "world")], capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "--strategies 'tree_grpo,nope': unknown ['nope']" in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "world").exists()  # refused before anything was built or loaded
