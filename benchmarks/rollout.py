@@ -3,6 +3,10 @@ loop costs on top of the engine. Prints figures; asserts nothing.
 
     python benchmarks/rollout.py                      # the warm-start policy in out/warmstart (train.py makes it)
     python benchmarks/rollout.py --n_prompts 8 --model DIR
+    VLLM_CPU_KVCACHE_SPACE=2 <vllm venv>/bin/python benchmarks/rollout.py --engine vllm --strategies tree_grpo
+
+With the vLLM engine it also prints the prompt tokens each strategy fed the engine and how many of them vLLM's
+prefix cache served instead of recomputing (the HF engine recomputes them all).
 
 For every strategy, at the budgets below (each about 8 full trajectories per prompt, so the rows compare at
 equal budget), it prints the generated tokens, tool calls and leaves per prompt, leaves per 1,000 generated
@@ -43,26 +47,47 @@ class Args:
     """Train questions per strategy."""
     engine: str = "auto"
     """Generation engine: auto | hf | vllm."""
+    strategies: str = "grpo,tree_grpo,branpo,carl,treeps"
+    """Comma-separated strategies to run, each at its budget below."""
+    vllm_block_size: int = 0
+    """vLLM KV-cache block size in tokens (prefix caching reuses whole blocks); 0 = vLLM's default (16 on GPU,
+    128 on CPU, where it must be a multiple of 32)."""
 
 
 def main(a: Args, cfg: rollout.AgentConfig):
-    """Every strategy at BUDGETS, under the run's agent settings (train.py's budgets and --seed)."""
+    """The chosen strategies at BUDGETS, under the run's agent settings (train.py's budgets and --seed)."""
+    names = a.strategies.split(",")
+    if set(names) - set(BUDGETS):  # checked before anything loads
+        raise SystemExit(f"--strategies {a.strategies!r}: unknown {sorted(set(names) - set(BUDGETS))}; "
+                         f"choose from {','.join(BUDGETS)}")
     world = data.ensure_world(a.world)
     rows = data.spread(data.load_rows(world, "train"), a.n_prompts)
     model, tok = load_policy(a.model)
-    engine = make_engine(a.engine, model, tok, a.model)
+    block = {"block_size": a.vllm_block_size} if a.vllm_block_size else {}
+    engine = make_engine(a.engine, model, tok, a.model, **block)
+    prefill = {}  # strategy -> (prompt tokens, of which served by vLLM's prefix cache); vLLM only (engines.py note 7)
     retriever = BM25Retriever(load_corpus(os.path.join(world, "corpus.jsonl")))
     print(f"\n{'strategy':10} {'tokens/prompt':>14} {'calls/prompt':>13} {'leaves/prompt':>14} "
           f"{'leaves/1k tok':>14} {'seconds':>8}")
-    for name, hp in BUDGETS.items():
+    for name, hp in [(n, BUDGETS[n]) for n in names]:
         agent = rollout.Agent(engine, retriever, tok, cfg)
+        before = (getattr(engine, "prefill_tokens", 0), getattr(engine, "cached_prefill_tokens", 0))
         t0 = time.perf_counter()
         prompts = rollout.STRATEGIES[name][0](agent, rows, random.Random(cfg.seed), **hp)
         seconds = time.perf_counter() - t0
+        if hasattr(engine, "cached_prefill_tokens"):
+            prefill[name] = (engine.prefill_tokens - before[0], engine.cached_prefill_tokens - before[1])
         s = rollout.metrics(prompts)
         tokens, leaves = s["rollout/tokens_per_prompt"], s["tree/leaves_per_prompt"]
         print(f"{name:10} {tokens:14.0f} {s['rollout/tool_calls_per_prompt']:13.1f} {leaves:14.1f} "
               f"{1000 * leaves / max(tokens, 1):14.2f} {seconds:8.1f}")
+
+    if prefill:  # the HF engine recomputes every prompt token of every call: its prefill is the first column
+        print(f"\nvLLM prefix cache (block size {a.vllm_block_size or 'default'}): prompt tokens per prompt, "
+              "of which served from the cache")
+        for name, (total, cached) in prefill.items():
+            share = 100 * cached / max(total, 1)
+            print(f"{name:10} {total / len(rows):10.0f} {cached / len(rows):10.0f} ({share:.0f}%)")
 
     # agent loop vs raw engine: the same first-wave prompts, the same batch size and sampling
     agent = rollout.Agent(engine, retriever, tok, cfg)

@@ -8,6 +8,8 @@ The HF tests always run. The vLLM test runs only where `import vllm` works, e.g.
 import copy
 import importlib.util
 import string
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -143,6 +145,17 @@ def test_make_engine_choice(hf, capsys):
             make_engine("vllm", model, tok, "unused")
 
 
+def test_vllm_refuses_to_start_on_cpu_with_llvmlite_loaded(monkeypatch):
+    # engines.py note 8: vLLM 0.32's CPU start crashes on llvmlite's objects; the engine names the cause instead
+    from engines import VLLMEngine
+
+    monkeypatch.setitem(sys.modules, "llvmlite", types.ModuleType("llvmlite"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    with pytest.raises(RuntimeError, match=r"llvmlite is loaded in this process \(loaded: llvmlite\).*CPU start"):
+        VLLMEngine("unused")
+
+
 def engine_scores(engine, prompt: list[int], completion: list[int]) -> torch.Tensor:
     """The vLLM engine's own log-probs of given tokens (prompt log-probs of prompt + completion)."""
     from vllm import SamplingParams
@@ -206,3 +219,8 @@ def test_vllm_matches_hf_and_follows_weight_updates(model_dir, hf, monkeypatch):
     # and back: a second update restores the original samples exactly
     engine.load_weights(model)
     assert [c.token_ids for c in engine.generate(prompts, sampling)] == [c.token_ids for c in before]
+
+    # the prefix cache served part of the prompts (the same prompts, asked again), and close() shuts down twice
+    assert 0 < engine.cached_prefill_tokens < engine.prefill_tokens
+    engine.close()
+    engine.close()

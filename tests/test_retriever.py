@@ -1,5 +1,6 @@
 """retriever.py: corpus loading, BM25 and dense recall on a generated world, index save/load, the Search-R1 HTTP
 server (round trip and error paths) and the client's timeout / retry / concurrency-cap / partial-failure policy."""
+import importlib.util
 import json
 import os
 import re
@@ -118,6 +119,28 @@ def test_bm25_save_load(bm25, corpus, tmp_path, world):
     other = Corpus("other", corpus.ids[:-1], corpus.contents[:-1])
     with pytest.raises(ValueError, match="does not match this corpus"):
         BM25Retriever(other, str(tmp_path / "idx"))
+
+
+def test_bm25_keeps_numba_out_for_vllm(corpus, tmp_path):
+    # retriever.py note 5: bm25s is imported with numba hidden, so BM25 runs its numpy backend and nothing numba
+    # loads is in the process when vLLM starts on CPU. A fresh interpreter, with numba importable: the real one
+    # where it is installed (the vLLM virtualenv), else a stand-in.
+    fake = tmp_path / "fake" / "numba"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("njit = lambda f: f\n")
+    script = ("import importlib.util, sys\n"
+              "import retriever\n"
+              f"r = retriever.BM25Retriever(retriever.load_corpus({corpus.path!r}))\n"
+              "assert r.bm25.backend == 'numpy', r.bm25.backend\n"
+              "assert 'numba' not in sys.modules and 'llvmlite' not in sys.modules, 'numba loaded'\n"
+              "assert r.search(['who'], 1)[0]\n"
+              "import numba\n"  # hidden only during bm25s' import: later imports work
+              "print('ok')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    if importlib.util.find_spec("numba") is None:
+        env["PYTHONPATH"] += os.pathsep + str(fake.parent)  # the stand-in, after the real path entries
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")

@@ -451,3 +451,14 @@ def test_cli_checks_its_flags_before_anything_loads(tmp_path):
                                     text=True, timeout=120).stdout.split())
     assert "Tree-GRPO: trees per prompt (paper default (M, N, L) = (2, 2, 1)). (default: 2)" in help_ \
         and "Train questions to roll out (spread over the hops). (default: 4)" in help_
+
+
+def test_rollout_benchmark_refuses_an_unknown_strategy(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "rollout.py"), "--strategies", "tree_grpo,nope",
+                          "--world", str(tmp_path / "world")], capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "--strategies 'tree_grpo,nope': unknown ['nope']" in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "world").exists()  # refused before anything was built or loaded
