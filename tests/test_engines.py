@@ -152,7 +152,8 @@ def test_vllm_refuses_to_start_on_cpu_with_llvmlite_loaded(monkeypatch):
     monkeypatch.setitem(sys.modules, "llvmlite", types.ModuleType("llvmlite"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    with pytest.raises(RuntimeError, match=r"llvmlite is loaded in this process \(loaded: llvmlite\).*CPU start"):
+    loaded = r"llvmlite is loaded in this process \(loaded: [a-z0-9, ]*llvmlite\).*CPU start"  # bm25s may be too
+    with pytest.raises(RuntimeError, match=loaded):
         VLLMEngine("unused")
 
 
