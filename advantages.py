@@ -243,13 +243,11 @@ def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
         A = group_normalize([leaf.reward for leaf in chosen])
         return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(chosen, A)])
     for t in trees:
-        for n in walk(t.root):
+        for n in walk(t.root):  # depth first: V(root) and V(parent(n)) are set before n is reached
             L = scored_leaves(n)  # L(n)
             n.value = sum(leaf.reward for leaf in L) / len(L) if L else None
-    for t in trees:
-        for n in walk(t.root):
             if n.parent is not None and n.value is not None:
-                n.advantage = (2 * n.value - t.root.value - n.parent.value) / math.sqrt(len(scored_leaves(n)))
+                n.advantage = (2 * n.value - t.root.value - n.parent.value) / math.sqrt(len(L))
     return [Trajectory(leaf, [step.advantage for step in path(leaf)]) for leaf in chosen]
 
 
@@ -368,19 +366,14 @@ def report(algo: str, trees: list[Tree], trajectories: list[Trajectory]) -> dict
 
 def demo_tree() -> Tree:
     """A small worked example: one prompt, two original trajectories, a branch, a redundant step."""
-    def n(id_, action, **kw):
-        return {"id": id_, "action": action, "children": [], **kw}
-    t = n("q", "")
-    a = n("q.0", "search", query="who founded Acme")
-    b = n("q.1", "search", query="Acme founder")
-    a["children"] = [n("q.0.0", "answer", answer="Ivo", reward=1.0),
-                     n("q.0.1", "search", query="Ivo Ra birthplace", redundant=True,
-                       children=[n("q.0.1.0", "answer", answer="Ivo", reward=1.0)]),
-                     n("q.0.2", "answer", answer="Oda", reward=0.0)]
-    a["prefix_end"] = True
-    b["children"] = [n("q.1.0", "answer", answer="Oda", reward=0.0)]
-    t["children"] = [a, b]
-    return Tree.from_dict(t)
+    return Tree.from_dict({"id": "q", "children": [
+        {"id": "q.0", "action": "search", "query": "who founded Acme", "prefix_end": True, "children": [
+            {"id": "q.0.0", "action": "answer", "answer": "Ivo", "reward": 1.0},
+            {"id": "q.0.1", "action": "search", "query": "Ivo Ra birthplace", "redundant": True, "children": [
+                {"id": "q.0.1.0", "action": "answer", "answer": "Ivo", "reward": 1.0}]},
+            {"id": "q.0.2", "action": "answer", "answer": "Oda", "reward": 0.0}]},
+        {"id": "q.1", "action": "search", "query": "Acme founder", "children": [
+            {"id": "q.1.0", "action": "answer", "answer": "Oda", "reward": 0.0}]}]})
 
 
 def demo() -> str:
@@ -399,7 +392,8 @@ def demo() -> str:
     for leaf in scored_leaves(tree.root):
         for step in path(leaf):
             cells = [table.get((k, leaf.id, step.id)) for k in ALGOS]
-            lines.append(f"{leaf.id:8} {step.id:8} " + " ".join(f"{'-' if c is None else f'{c:+.3f}':>9}" for c in cells))
+            lines.append(f"{leaf.id:8} {step.id:8} "
+                         + " ".join(f"{'-' if c is None else f'{c:+.3f}':>9}" for c in cells))
     return "\n".join(lines)
 
 

@@ -270,10 +270,9 @@ def build_world(cfg):
 
     order = list(range(len(entities)))
     rng.shuffle(order)  # ids must not reveal kind, side or distractor-ness
-    corpus = []
     for doc_id, i in enumerate(order):
         entities[i].doc_id = str(doc_id)
-        corpus.append({"id": str(doc_id), "contents": passage(entities[i], entities)})
+    corpus = [{"id": entities[i].doc_id, "contents": passage(entities[i], entities)} for i in order]
     taken = set()  # (subject, relations) already asked: dev never repeats a test question
     train = _questions(rng, entities, "train", cfg.train_per_hop, cfg.max_hops, taken)
     test = _questions(rng, entities, "test", cfg.test_per_hop, cfg.max_hops, taken)
@@ -378,12 +377,10 @@ def _answers(value, where):
 def _question_from_prompt(prompt, where):
     if hasattr(prompt, "tolist"):
         prompt = prompt.tolist()
-    if isinstance(prompt, str):
-        text = prompt
-    elif isinstance(prompt, list) and any(isinstance(m, dict) and m.get("role") == "user" for m in prompt):
-        text = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"][-1].get("content", "")
-    else:
+    users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"] if isinstance(prompt, list) else []
+    if not isinstance(prompt, str) and not users:
         raise DataError(f"{where}: 'prompt' must be a string or chat messages with a user turn, got {prompt!r:.200}")
+    text = prompt if isinstance(prompt, str) else users[-1].get("content", "")
     return text.rsplit("Question:", 1)[-1].strip()  # deviation 2
 
 

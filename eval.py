@@ -157,13 +157,11 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None):
         if not samples:
             lost[row.data_source] += 1
             continue
-        first = samples[0]
-        steps = path(first)
-        prediction = first.answer
+        first, steps = samples[0], path(samples[0])
         per_row.append({
             "source": row.data_source, "hops": row.hops, "question": row.question, "golden": row.golden_answers,
-            "prediction": prediction,
-            "em": first.em or 0.0, "f1": first.f1 or 0.0, "cover_em": cover_exact_match(prediction, row.golden_answers),
+            "prediction": first.answer, "em": first.em or 0.0, "f1": first.f1 or 0.0,
+            "cover_em": cover_exact_match(first.answer, row.golden_answers),
             f"pass@{k}": max(s.em or 0.0 for s in samples),
             "format": float(check_format("".join(s.text + s.obs_text for s in steps)).ok),
             "turns": float(len(steps)), "searches": float(sum(s.action == "search" for s in steps))})
