@@ -329,8 +329,7 @@ def spread(rows, n):
 
 def iter_texts(world):
     """Every string the world can show a model: passages, questions, answers (for building a tokenizer)."""
-    for row in world.corpus:
-        yield row["contents"]
+    yield from (row["contents"] for row in world.corpus)
     for row in world.train + world.test + world.dev:
         yield row.question
         yield from row.golden_answers

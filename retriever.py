@@ -171,10 +171,9 @@ class BM25Retriever:
             self.bm25 = bm25s.BM25()
             self.bm25.index(self.tokenizer.tokenize(corpus.contents, return_as="tuple", show_progress=PROGRESS),
                             show_progress=PROGRESS)
-            how = "built"
             if index_dir:
                 self.save(index_dir)
-                how += f", saved to {index_dir}"
+            how = "built" + (f", saved to {index_dir}" if index_dir else "")
         print(f"retriever: bm25 (bm25s) over {len(corpus.ids)} passages, index {how}")
 
     def save(self, index_dir):
@@ -250,13 +249,12 @@ class DenseRetriever:
         else:
             vectors = self.encoder.encode([passage_prefix + c for c in corpus.contents], batch_size,
                                           desc="encoding passages")  # (N, D)
-            index, how = faiss.IndexFlatIP(vectors.shape[1]), "built"
+            index, how = faiss.IndexFlatIP(vectors.shape[1]), "built" + (f", saved to {index_dir}" if index_dir else "")
             index.add(vectors)
             if index_dir:
                 os.makedirs(index_dir, exist_ok=True)
                 faiss.write_index(index, os.path.join(index_dir, "faiss.index"))
                 _write_meta(index_dir, "dense", corpus, **settings)
-                how += f", saved to {index_dir}"
         gpu_faiss = hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
         if gpu_faiss and self.encoder.device.startswith("cuda"):
             index, where = faiss.index_cpu_to_all_gpus(index), "GPU"
