@@ -27,8 +27,7 @@ def field_docs(cls) -> dict:
 
 
 def parse(*classes, args=None):
-    """Parse the command line (or `args`) into one instance per dataclass; `--help` shows every field's docstring
-    and default."""
+    """Parse the command line (or `args`) into one instance per dataclass; `--help` gives docstrings, defaults."""
     for cls in classes:
         docs = field_docs(cls)
         for f in dataclasses.fields(cls):
@@ -38,11 +37,9 @@ def parse(*classes, args=None):
 
 
 def check(configs, rules, extra=()):
-    """Stop with one message listing every flag of `configs` (one dataclass instance, or a tuple of them) that
-    breaks its rule.
-
-    rules: [(flag names separated by spaces, what is allowed, test(value) -> bool)]; extra: [(broken?, message)]
-    for rules that involve several flags."""
+    """Stop with one message listing every flag of `configs` (a dataclass instance or a tuple of them) that breaks
+    its rule. rules: [(flag names separated by spaces, what is allowed, test(value) -> bool)]; extra: [(broken?,
+    message)] for rules that involve several flags."""
     configs = configs if isinstance(configs, tuple) else (configs,)
     value = lambda name: getattr(next(c for c in configs if hasattr(c, name)), name)  # noqa: E731
     errors = [f"--{name} {value(name)!r}: must be {allowed}" for names, allowed, test in rules
