@@ -399,8 +399,7 @@ def demo() -> str:
 
 def _chain_copy(tree: Tree, leaf: Node) -> Tree:
     """The root-to-`leaf` path of `tree` as a chain of its own (ids prefixed with "c:")."""
-    root = Node("c:" + tree.root.id)
-    node = root
+    root = node = Node("c:" + tree.root.id)
     for step in path(leaf):
         node = Node("c:" + step.id, parent=node, action=step.action, reward=step.reward, flags=list(step.flags))
         node.parent.children.append(node)
