@@ -4,8 +4,9 @@ optional LLM judge), and the metrics beyond the reward: cover EM, answer extract
     python eval.py --model out/runs/tree_grpo-seed0/final --n 400
 
 The script parses the same AgentConfig and RetrieverConfig as train.py, so a policy is scored under the budgets it
-was trained with; it samples at --eval_temperature / --eval_top_p (the seeds' protocol, T = 0.7, top-p 0.8). EM and
-F1 are rollout.py's (the reward), recorded on each leaf once; a prediction of None (no answer given) scores 0.
+was trained with; it decodes at --eval_temperature / --eval_top_p (greedy by default; the seeds' protocol is
+T = 0.7, top-p 0.8). EM and F1 are rollout.py's (the reward), recorded on each leaf once; a prediction of None (no
+answer given) scores 0.
 
 Deviations from the papers' code:
 1. Cover EM matches whole tokens: gold "art" is in "modern art" but not in "party" (Search-R1 tests substrings).

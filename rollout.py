@@ -115,9 +115,9 @@ class AgentConfig:
     """Rollout sampling temperature."""
     top_p: float = 1.0
     """Rollout nucleus mass."""
-    eval_temperature: float = 0.7
-    """Evaluation sampling temperature (the seeds' protocol: 0.7 with top-p 0.8; 0 = greedy)."""
-    eval_top_p: float = 0.8
+    eval_temperature: float = 0.0
+    """Evaluation sampling temperature (0 = greedy, deterministic; for the seeds' protocol: 0.7 with top-p 0.8)."""
+    eval_top_p: float = 1.0
     """Evaluation nucleus mass."""
     reward: str = field(default="f1", metadata={"choices": ["f1", "em"]})
     """Outcome reward (Cut the Bill, BranPO: F1; Search-R1, Tree-GRPO, TreePS-RAG: EM)."""

@@ -18,6 +18,10 @@ Three stages, each a few minutes or less on 2 CPU cores:
        early     answer after too few hops (a skipped hop), with the entity found so far (wrong)
        wrong     search an unrelated entity, then the right one (a wasted search)
        repeat    search the previous query again (the rollout stops it: Cut the Bill's "repeated query")
+   And the demonstrator has a habit: it stops searching at a budget of 3 searches in 70% of its demonstrations
+   of 4-hop questions, answering with the entity reached (wrong). The warm-started policy inherits it: greedy, it
+   answers 4-hop questions one hop early (test EM ~0.1 on them). That is the error RL is to fix, and does: the
+   premature answer of an under-searching agent, whose search calls RL raises (README, "The embedded default").
 
 The model is a 3-layer, d = 128 Llama; its tokenizer's pieces are the world's syllables, syllable pairs and words
 plus the agent's own words, with the agent tags as single tokens, so every entity name splits into pieces the
@@ -118,14 +122,19 @@ class WarmConfig:
     """AdamW peak learning rate of every stage (constant for copy, cosine decay to 10% for the others); at 2e-3
     or more the copy stage's induction heads did not form."""
     mistake_rate: float = 0.3
-    """Share of trajectories that carry one mistake."""
+    """Share of trajectories that carry one mistake (early, wrong or repeat, at a random hop)."""
+    search_budget: int = 3
+    """The demonstrator's habit: on a question of more hops than this, it answers after this many searches (with
+    the entity reached, wrong) in budget_rate of its demonstrations (0 = never; README, "The embedded default")."""
+    budget_rate: float = 0.7
+    """Share of the demonstrations of questions longer than search_budget hops that stop at the budget."""
 
 
 RULES = [  # cli.check: (flags, what is allowed, test)
-    ("copy_steps corpus_steps", "an integer >= 0", lambda v: v >= 0),
+    ("copy_steps corpus_steps search_budget", "an integer >= 0", lambda v: v >= 0),
     ("copy_length corpus_length sft_steps warm_batch_size val_n", "an integer >= 1", lambda v: v >= 1),
     ("warm_lr", "> 0", lambda v: v > 0),
-    ("mistake_rate target_em", "in [0, 1]", lambda v: 0 <= v <= 1),
+    ("mistake_rate budget_rate target_em", "in [0, 1]", lambda v: 0 <= v <= 1),
 ]
 
 
@@ -144,9 +153,10 @@ def fact(row, hop: int) -> str:
 
 
 def trajectory(agent: rollout.Agent, row, rng: random.Random, mistake: str | None, others: list[str],
-               observations: dict[str, list[int]]):
-    """(input ids, loss mask) of one supervised trajectory for `row`, with at most one mistake (`observations`
-    holds the observation ids per query; a query missing there is searched and added).
+               observations: dict[str, list[int]], where: int | None = None):
+    """(input ids, loss mask) of one supervised trajectory for `row`, with at most one mistake, made at hop
+    `where` (random when None; `observations` holds the observation ids per query; a query missing there is
+    searched and added).
 
     Each thought quotes the fact just read and restates the question still open, so every generated token is a
     local copy (the fact from the passage, the question from the previous thought, the next query from the
@@ -170,7 +180,8 @@ def trajectory(agent: rollout.Agent, row, rng: random.Random, mistake: str | Non
 
     hops = len(row.gold_queries)
     first = 1 if mistake == "early" else 0  # answering early needs at least one hop done
-    where = rng.randrange(first, hops) if mistake and hops > first else -1
+    if where is None:
+        where = rng.randrange(first, hops) if mistake and hops > first else -1
     read = ""  # the fact read in the last observation, quoted by the next thought
     for i, query in enumerate(row.gold_queries):
         if i == where and mistake == "early":  # a skipped hop: answer with the entity reached so far
@@ -185,6 +196,17 @@ def trajectory(agent: rollout.Agent, row, rng: random.Random, mistake: str | Non
         read = fact(row, i)
     act(f"{read} the answer is {row.golden_answers[0]}", "answer", row.golden_answers[0])
     return ids, mask
+
+
+def demonstration(agent: rollout.Agent, row, rng: random.Random, cfg: WarmConfig, others: list[str],
+                  observations: dict[str, list[int]]):
+    """One demonstration of `row` (`trajectory`'s ids and mask) with at most one mistake: on a question of more
+    than cfg.search_budget hops, the demonstrator stops at its budget (answers after that many searches) in
+    cfg.budget_rate of them; otherwise a random mistake in cfg.mistake_rate of them."""
+    if cfg.search_budget and row.hops > cfg.search_budget and rng.random() < cfg.budget_rate:
+        return trajectory(agent, row, rng, "early", others, observations, where=cfg.search_budget)
+    mistake = rng.choice(MISTAKES) if rng.random() < cfg.mistake_rate else None
+    return trajectory(agent, row, rng, mistake, others, observations)
 
 
 def fit(model, make_batch, steps: int, lr: float, pad_id: int, desc: str, floor: float = 0.1) -> float:
@@ -260,8 +282,7 @@ def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Agen
 
     def trajectory_batch():  # one hop count per batch: similar lengths, little padding
         pool = by_hops[rng.choice(sorted(by_hops))]
-        return [trajectory(agent, rng.choice(pool), rng,
-                           rng.choice(MISTAKES) if rng.random() < cfg.mistake_rate else None, names, observations)
+        return [demonstration(agent, rng.choice(pool), rng, cfg, names, observations)
                 for _ in range(cfg.warm_batch_size)]
 
     if cfg.copy_steps:

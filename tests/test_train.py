@@ -9,7 +9,7 @@ import rollout
 from advantages import AlgoConfig
 from retriever import RetrieverConfig
 from rollout import AgentConfig
-from train import Args, collate, ppo_loss
+from train import Args, collate, ppo_loss, summary
 from warmstart import WarmConfig
 from tree import Sample
 
@@ -98,6 +98,19 @@ def test_algos_pass_the_paper_options():
     carl_options = advantages.ALGOS["carl"][1]
     assert carl_options(a)["phase1_chains"] == 8 and carl_options(AlgoConfig())["phase1_chains"] == 0  # C.1 / Eq. 13
     assert rollout.STRATEGIES["treeps"][1](a) == {"N": 8, "D": 4, "N_retain": 2, "N_train": 3}  # D = 4, 3 paths
+
+
+def test_the_summary_says_whether_rl_helped_beyond_noise():
+    # the gain's standard error: sqrt(a(1-a)/n + b(1-b)/n) over the first and last evaluation (n = 1000 each)
+    def said(a, b):
+        return summary([{"step": 0, "eval/em": a, "eval/n": 1000}, {"step": 60, "eval/em": b, "eval/n": 1000}],
+                       {"world": 1.0}, 60.0, "runs/x")
+    # 0.70 -> 0.90: se = sqrt(0.21/1000 + 0.09/1000) = 0.0173; +0.200 > 2 se = 0.035
+    assert "RL improved the policy: test EM 0.700 (step 0) -> 0.900 (step 60), +0.200" in said(0.70, 0.90)
+    # 0.70 -> 0.72: se = sqrt(0.21/1000 + 0.2016/1000) = 0.0203; +0.020 < 2 se = 0.041: said plainly
+    assert "NO clear change from RL (the gain is within 2 standard errors, 0.041)" in said(0.70, 0.72)
+    # 0.70 -> 0.60: se = sqrt(0.21/1000 + 0.24/1000) = 0.0212; -0.100 < -0.042
+    assert "RL made the policy WORSE" in said(0.70, 0.60) and "-0.100" in said(0.70, 0.60)
 
 
 def test_hf_engine_logprobs_are_the_trainers_pi_old(env):

@@ -110,3 +110,28 @@ def test_a_warm_start_below_target_trains_to_its_cap_then_fails_loudly_and_saves
     printed = capsys.readouterr().out
     assert "greedy dev EM 0.000 after 2 trajectory steps" in printed and "after 4 trajectory steps" in printed
     assert not out.exists()  # nothing a later run could mistake for a usable warm start
+
+
+def test_the_demonstrator_stops_at_its_search_budget_on_longer_questions_only(setup):
+    agent, _, rows, _ = setup
+    four, three = next(r for r in rows if r.hops == 4), next(r for r in rows if r.hops == 3)
+    other = next(r.gold_queries[0] for r in rows if r.gold_queries[0] not in four.gold_chain)
+
+    def searches(row, cfg, rng):
+        ids, mask = warmstart.demonstration(agent, row, rng, cfg, [other], {})
+        _, actions, _ = steps_of(agent, ids, mask)
+        return [c for a, c, _ in actions if a == "search"], actions[-1]
+
+    always = warmstart.WarmConfig(search_budget=3, budget_rate=1.0, mistake_rate=0.0)
+    qs, last = searches(four, always, random.Random(0))  # 3 searches, then the entity reached: chain[3], wrong
+    assert qs == four.gold_queries[:3] and last == ("answer", four.gold_chain[3], None)
+    assert last[1] != four.golden_answers[0]
+    qs, last = searches(three, always, random.Random(0))  # a 3-hop question fits the budget: the gold chain
+    assert qs == three.gold_queries and last == ("answer", three.golden_answers[0], None)
+    never = warmstart.WarmConfig(search_budget=0, budget_rate=1.0, mistake_rate=0.0)  # 0 = no budget
+    assert searches(four, never, random.Random(0))[0] == four.gold_queries
+    # budget_rate 0.7: of 300 demonstrations of a 4-hop question, ~210 stop at 3 searches (binomial sd
+    # sqrt(300 x 0.7 x 0.3) = 7.9, so 210 +- 4 sd = [178, 242]); the others search all 4 hops
+    rng, cfg = random.Random(1), warmstart.WarmConfig(search_budget=3, budget_rate=0.7, mistake_rate=0.0)
+    counts = [len(searches(four, cfg, rng)[0]) for _ in range(300)]
+    assert set(counts) == {3, 4} and 178 <= counts.count(3) <= 242
