@@ -333,7 +333,7 @@ def ensure(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Age
                              f"(setting: (cached, asked)) {differ}; delete {out_dir} to retrain, or match them")
         print(f"warm start: cached in {out_dir}")
         return out_dir
-    print(f"warm start: none in {out_dir}; training one (about 5 minutes on 2 CPU cores)")
+    print(f"warm start: none in {out_dir}; training one (4-7 minutes on 2 CPU cores)")
     t0 = time.perf_counter()
     train(out_dir, world_dir, cfg, agent_cfg)
     print(f"warm start: saved to {out_dir} in {time.perf_counter() - t0:.0f} s")
