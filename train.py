@@ -313,7 +313,7 @@ def log(row: dict, history: list[dict], run_dir: str, accelerator, args: Args):
             f.write(json.dumps(row) + "\n")
         if args.log_with:
             accelerator.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
-        plot_curves(history, os.path.join(run_dir, "curve.png"))
+        plot_curves({"": history}, os.path.join(run_dir, "curve.png"))
 
 
 def run_eval(step: int, eval_agent: rollout.Agent, test_rows) -> dict:
@@ -351,16 +351,19 @@ def summary(history: list[dict], seconds: dict[str, float], wall: float, run_dir
             + f"; {wall / 60:.1f} min ({times}); {where}")
 
 
-def plot_curves(history: list[dict], path: str):
-    """The learning curve: rollout reward and eval EM against the step."""
-    fig = Figure(figsize=(6, 3.5))
+def plot_curves(runs: dict[str, list[dict]], path: str, keys=("rollout/reward", "rollout/em", "eval/em")):
+    """Learning curves against the step, one colour per run ({label: metrics rows}): rollout reward (line), rollout
+    EM (dotted), eval EM (dots)."""
+    fig = Figure(figsize=(6 + (len(runs) > 1), 3.5))
     ax = fig.subplots()
-    for key, style in (("rollout/reward", "-"), ("rollout/em", ":"), ("eval/em", "o-")):
-        pts = [(h["step"], h[key]) for h in history if key in h]
-        if pts:
-            ax.plot(*zip(*pts), style, label=key)
+    styles = {"rollout/reward": "-", "rollout/em": ":", "eval/em": "o--"}
+    for i, (name, history) in enumerate(runs.items()):
+        for key in keys:
+            pts = [(h["step"], h[key]) for h in history if key in h]
+            if pts:
+                ax.plot(*zip(*pts), styles[key], color=f"C{i}", label=f"{name} {key}".strip())
     ax.set_xlabel("step")
-    ax.legend()
+    ax.legend(fontsize=6 if len(runs) > 1 else None, ncol=1 + (len(runs) > 1))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -18,9 +18,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from matplotlib.figure import Figure
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import cli  # noqa: E402  (the project's modules, from the repository root)
+import train  # noqa: E402
 
 
 @dataclass
@@ -58,25 +59,6 @@ def run_seed(a: Args, seed: int) -> dict:
     return {"seed": seed, "wall": wall, "before": evals[0], "after": evals[-1]}
 
 
-def plot(a: Args, seeds: list[int], path: str):
-    """Every seed's curve in one picture: greedy test EM (dots) and rollout reward (lines) against the RL step."""
-    fig = Figure(figsize=(7, 3.5))
-    ax = fig.subplots()
-    for i, seed in enumerate(seeds):
-        with open(os.path.join(a.out, f"seed{seed}", "runs", "main", "metrics.jsonl")) as f:
-            rows = [json.loads(line) for line in f]
-        for key, style, label in (("rollout/reward", "-", "reward"), ("eval/em", "o--", "test EM")):
-            pts = [(r["step"], r[key]) for r in rows if key in r]
-            ax.plot(*zip(*pts), style, color=f"C{i}", alpha=0.45 if key == "rollout/reward" else 1.0,
-                    label=f"seed {seed} {label}")
-    ax.set_xlabel("RL step")
-    ax.set_title(f"{a.algo}: rollout reward (T = 1) and greedy test EM")
-    ax.legend(fontsize=6, ncol=2)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def main(a: Args):
     rows = []
     for seed in a.seeds:
@@ -101,7 +83,11 @@ def main(a: Args):
               f"{statistics.mean(r['after']['eval/em'] for r in rows):.3f} ± "
               f"{sd([r['after']['eval/em'] for r in rows]):.3f}; gain {statistics.mean(gains):+.3f} ± {sd(gains):.3f}; "
               f"lowest gain {min(gains):+.3f}")
-    plot(a, a.seeds, os.path.join(a.out, "curves.png"))
+    runs = {}
+    for seed in a.seeds:
+        with open(os.path.join(a.out, f"seed{seed}", "runs", "main", "metrics.jsonl")) as f:
+            runs[f"seed {seed}"] = [json.loads(line) for line in f]
+    train.plot_curves(runs, os.path.join(a.out, "curves.png"), keys=("rollout/reward", "eval/em"))
     print(f"curves: {os.path.join(a.out, 'curves.png')}")
     if a.check:
         bad = [f"seed {r['seed']}: warm-start EM {r['before']['eval/em']:.3f} < {a.min_warm_em}"
@@ -113,6 +99,4 @@ def main(a: Args):
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, ROOT)
-    import cli
     main(cli.parse(Args)[0])
