@@ -2,13 +2,13 @@
 
     python warmstart.py --out out/warmstart --world out/world    # the agent format: train.py's flags (AgentConfig)
 
-Three stages, each a few minutes or less on 2 CPU cores:
-1. copy: random pieces (name syllables and the world's words), a gap, the same pieces again, loss on the repeat.
-   It grows the induction heads (find the earlier occurrence of the current token, copy what followed) that a
-   real base model arrives with and that every later step needs: copying a name from the question or a passage,
-   and the question's wording into a thought (README, "The embedded default", for what failed without it).
-2. corpus: language modelling on the passages (as a base model is pretrained on text like Wikipedia).
-3. trajectories: the world's gold chains in the agent's exact token format: the prompt ids (`Agent.prompt_ids`),
+Two stages, a few minutes on 2 CPU cores:
+1. copy: random pieces (name syllables and the world's words), a gap, the same pieces twice more, loss on both
+   repeats. It grows the induction heads (find the earlier occurrence of the current token, copy what followed)
+   that a real base model arrives with and that every later step needs: copying a name from the question or a
+   passage, and the question's wording into a thought (README, "The embedded default", for what failed without
+   it). They form suddenly, after a seed-dependent number of steps, so the stage runs until its loss shows them.
+2. trajectories: the world's gold chains in the agent's exact token format: the prompt ids (`Agent.prompt_ids`),
    steps "<think> fact. open question </think><search> entity </search>" with the observation ids the agent
    would append (`Agent.observation_ids` over the real retriever's passages), and a final
    "<think> fact. the answer is X </think><answer> X </answer>". Each thought quotes the fact it just read and
@@ -98,16 +98,15 @@ def tiny_llama(tokenizer, hidden: int = 128, layers: int = 3, heads: int = 4, ma
 class WarmConfig:
     """The warm start's stages and optimisation (the trajectories' format is the RL run's rollout.AgentConfig)."""
 
-    copy_steps: int = 1000
-    """Steps of the copy task (stage 1; 0 = none)."""
+    copy_steps: int = 2000
+    """Cap on the copy task's steps (stage 1; 0 = none); it ends sooner, once its loss is below copy_loss."""
+    copy_loss: float = 0.5
+    """The copy task ends when its loss (mean of the last 50 steps) is below this: the induction heads have formed
+    (the loss falls from ~5 to below 1 within ~200 steps when they do; README, "The embedded default")."""
     copy_length: int = 16
-    """Most name pieces per copy sequence (each sequence: 4..copy_length pieces, a gap, the same pieces again)."""
-    corpus_steps: int = 500
-    """Language-modelling steps on the corpus passages (stage 2; 0 = none)."""
-    corpus_length: int = 128
-    """Tokens per corpus window."""
+    """Most pieces per copy sequence (each sequence: 4..copy_length pieces, a gap, the same pieces twice more)."""
     sft_steps: int = 300
-    """Optimizer steps on trajectories (stage 3) before the first validation."""
+    """Optimizer steps on trajectories (stage 2) before the first validation."""
     sft_max_steps: int = 900
     """Cap on trajectory steps: while the dev EM is below target_em, train sft_steps more (a fresh cosine cycle at
     half the learning rate) up to this many; still below it, the warm start stops with an error (never hands a
@@ -119,7 +118,7 @@ class WarmConfig:
     warm_batch_size: int = 16
     """Sequences per step, every stage."""
     warm_lr: float = 1e-3
-    """AdamW peak learning rate of every stage (constant for copy, cosine decay to 10% for the others); at 2e-3
+    """AdamW peak learning rate of both stages (constant for copy, cosine decay to 10% for trajectories); at 2e-3
     or more the copy stage's induction heads did not form."""
     mistake_rate: float = 0.3
     """Share of trajectories that carry one mistake (early, wrong or repeat, at a random hop)."""
@@ -131,9 +130,9 @@ class WarmConfig:
 
 
 RULES = [  # cli.check: (flags, what is allowed, test)
-    ("copy_steps corpus_steps search_budget", "an integer >= 0", lambda v: v >= 0),
-    ("copy_length corpus_length sft_steps warm_batch_size val_n", "an integer >= 1", lambda v: v >= 1),
-    ("warm_lr", "> 0", lambda v: v > 0),
+    ("copy_steps search_budget", "an integer >= 0", lambda v: v >= 0),
+    ("copy_length sft_steps warm_batch_size val_n", "an integer >= 1", lambda v: v >= 1),
+    ("warm_lr copy_loss", "> 0", lambda v: v > 0),
     ("mistake_rate budget_rate target_em", "in [0, 1]", lambda v: 0 <= v <= 1),
 ]
 
@@ -209,31 +208,38 @@ def demonstration(agent: rollout.Agent, row, rng: random.Random, cfg: WarmConfig
     return trajectory(agent, row, rng, mistake, others, observations)
 
 
-def fit(model, make_batch, steps: int, lr: float, pad_id: int, desc: str, floor: float = 0.1) -> float:
+def fit(model, make_batch, steps: int, lr: float, pad_id: int, desc: str, floor: float = 0.1,
+        until: float = 0.0) -> tuple[float, int]:
     """AdamW on next-token loss over the positions `make_batch()`'s masks select (50 warmup steps, then cosine
-    down to floor x lr); returns the last loss."""
+    down to floor x lr), for `steps` steps or until the mean loss of the last 50 is below `until`; returns the
+    last loss and the steps taken."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * (
         floor + (1 - floor) * (1 + math.cos(math.pi * s / steps)) / 2))
     model.train()
     bar = tqdm(range(steps), desc=desc)
-    loss = torch.tensor(float("nan"))
+    losses = []
     for _ in bar:
         batch = make_batch()
         T = max(len(ids) for ids, _ in batch)
         ids = torch.tensor([i + [pad_id] * (T - len(i)) for i, _ in batch])  # (B, T)
         attn = torch.tensor([[1] * len(i) + [0] * (T - len(i)) for i, _ in batch])  # (B, T)
-        mask = torch.tensor([m + [0] * (T - len(m)) for _, m in batch], dtype=torch.float)  # (B, T)
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, T-1, V)
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T-1)
-        loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        mask = torch.tensor([m + [0] * (T - len(m)) for _, m in batch])  # (B, T)
+        keep = mask[:, 1:].bool()  # (B, T-1): the positions whose next token the loss covers
+        hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]  # (B, T-1, d)
+        logits = model.lm_head(hidden[keep])  # (N, V): the vocabulary projection only where the loss looks
+        loss = torch.nn.functional.cross_entropy(logits, ids[:, 1:][keep])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
         optimizer.zero_grad()
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-    return loss.item()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        if len(losses) >= 50 and sum(losses[-50:]) / 50 < until:
+            bar.close()
+            break
+    return (losses[-1] if losses else float("nan")), len(losses)
 
 
 def validate(model, agent: rollout.Agent, rows) -> dict:
@@ -243,9 +249,9 @@ def validate(model, agent: rollout.Agent, rows) -> dict:
 
 
 def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.AgentConfig) -> str:
-    """Warm-start a fresh tiny Llama on the world and save it (model + tokenizer) to out_dir: the copy task, language
-    modelling on the corpus passages, then supervised trajectories (the module docstring's three stages) in the
-    prompt and observation format of `agent_cfg`; its seed seeds the weights and the data."""
+    """Warm-start a fresh tiny Llama on the world and save it (model + tokenizer) to out_dir: the copy task, then
+    supervised trajectories (the module docstring's two stages) in the prompt and observation format of
+    `agent_cfg`; its seed seeds the weights and the data."""
     tok = world_tokenizer()
     model = tiny_llama(tok, seed=agent_cfg.seed)
     rows = [r for r in data.load_rows(world_dir, "train") if r.gold_queries]
@@ -259,20 +265,13 @@ def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Agen
     words = set(data.TEMPLATE_WORDS)  # copy names AND wording: a thought restates the question's relations
     pieces = sorted(i for p, i in tok.get_vocab().items() if data.syllabify(p.removeprefix("##")) or p in words)
 
-    def copy_batch():  # name pieces, other pieces, the same name pieces again (loss on the repeat): predictable
-        batch = []     # only by finding the earlier occurrence (an induction head); varied gaps rule out an offset
+    def copy_batch():  # pieces, other pieces, the same pieces twice more (loss on the repeats): predictable only
+        batch = []     # by finding an earlier occurrence (an induction head); varied gaps rule out an offset
         for _ in range(cfg.warm_batch_size):
             K, gap = rng.randint(4, cfg.copy_length), rng.randint(0, cfg.copy_length // 2)
             seq, other = [rng.choice(pieces) for _ in range(K)], [rng.choice(pieces) for _ in range(gap)]
-            batch.append(([tok.bos_token_id] + seq + other + seq, [0] * (1 + K + gap) + [1] * K))
+            batch.append(([tok.bos_token_id] + seq + other + seq + seq, [0] * (1 + K + gap) + [1] * 2 * K))
         return batch
-
-    stream = [i for text in corpus.contents for i in agent.encode(text) + [tok.eos_token_id]]
-    L = cfg.corpus_length
-
-    def text_batch():  # random windows of the passages, every position trained
-        starts = [rng.randrange(len(stream) - L) for _ in range(cfg.warm_batch_size)]
-        return [(stream[s:s + L], [1] * L) for s in starts]
 
     names, by_hops = sorted({n for r in rows for n in r.gold_queries}), {}
     for r in rows:
@@ -285,11 +284,14 @@ def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Agen
         return [demonstration(agent, rng.choice(pool), rng, cfg, names, observations)
                 for _ in range(cfg.warm_batch_size)]
 
-    if cfg.copy_steps:
-        fit(model, copy_batch, cfg.copy_steps, cfg.warm_lr, tok.pad_token_id, "warm start: copy", floor=1.0)
-    if cfg.corpus_steps:
-        fit(model, text_batch, cfg.corpus_steps, cfg.warm_lr, tok.pad_token_id, "warm start: corpus")
-    loss = fit(model, trajectory_batch, cfg.sft_steps, cfg.warm_lr, tok.pad_token_id, "warm start: trajectories")
+    copy_steps = 0
+    if cfg.copy_steps:  # the induction heads form after a seed-dependent number of steps: run until they have
+        copy_loss, copy_steps = fit(model, copy_batch, cfg.copy_steps, cfg.warm_lr, tok.pad_token_id,
+                                    "warm start: copy", floor=1.0, until=cfg.copy_loss)
+        print(f"warm start: copy loss {copy_loss:.3f} after {copy_steps} steps" + (
+            f" (above --copy_loss {cfg.copy_loss}: the induction heads may not have formed; the trajectory "
+            f"stage will take longer)" if copy_steps == cfg.copy_steps else ""), flush=True)
+    loss, _ = fit(model, trajectory_batch, cfg.sft_steps, cfg.warm_lr, tok.pad_token_id, "warm start: trajectories")
     steps, dev = cfg.sft_steps, data.spread(data.load_rows(world_dir, "dev"), cfg.val_n)
     while cfg.target_em:
         m = validate(model, agent, dev)
@@ -303,13 +305,14 @@ def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Agen
                 f"warm start failed: greedy dev EM {m['em']:.3f} < target_em {cfg.target_em} after {steps} "
                 f"trajectory steps (sft_max_steps {cfg.sft_max_steps}); nothing was saved to {out_dir}. Raise "
                 f"--sft_max_steps, try another --seed, or lower --target_em (0 = no check) at your own risk")
-        loss = fit(model, trajectory_batch, cfg.sft_steps, cfg.warm_lr / 2, tok.pad_token_id, "warm start: more")
+        loss, _ = fit(model, trajectory_batch, cfg.sft_steps, cfg.warm_lr / 2, tok.pad_token_id, "warm start: more")
         steps += cfg.sft_steps
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     with open(os.path.join(out_dir, "warmstart.json"), "w") as f:
-        json.dump({**settings(cfg, agent_cfg), "world": world_dir, "final_loss": loss, "sft_steps_done": steps,
+        json.dump({**settings(cfg, agent_cfg), "world": world_dir, "final_loss": loss, "copy_steps_done": copy_steps,
+                   "sft_steps_done": steps,
                    **({"dev_em": m["em"]} if cfg.target_em else {})}, f, indent=1)
     return out_dir
 
@@ -333,7 +336,7 @@ def ensure(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Age
                              f"(setting: (cached, asked)) {differ}; delete {out_dir} to retrain, or match them")
         print(f"warm start: cached in {out_dir}")
         return out_dir
-    print(f"warm start: none in {out_dir}; training one (4-7 minutes on 2 CPU cores)")
+    print(f"warm start: none in {out_dir}; training one (about 5 minutes on 2 CPU cores)")
     t0 = time.perf_counter()
     train(out_dir, world_dir, cfg, agent_cfg)
     print(f"warm start: saved to {out_dir} in {time.perf_counter() - t0:.0f} s")

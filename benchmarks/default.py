@@ -7,7 +7,8 @@ Prints figures; `--check` also turns the run into the product's correctness guar
 Each seed runs the README's main command, `accelerate launch train.py --algo ALGO --seed S`, from nothing (world,
 warm start, RL) in its own directory, one seed after another so that the wall times are honest. The figures are
 the run's own evaluations (train.py: greedy, on --eval_n test questions spread over the hops): the first is the
-warm start's, the last the RL policy's.
+warm start's, the last the RL policy's. "warm steps" is copy + trajectory steps (warmstart.json): the stages run
+until their checks pass, so they show how hard each seed's warm start was.
 """
 import json
 import os
@@ -56,7 +57,10 @@ def run_seed(a: Args, seed: int) -> dict:
     wall = time.perf_counter() - t0
     with open(os.path.join(out, "runs", "main", "metrics.jsonl")) as f:
         evals = [r for r in map(json.loads, f) if "eval/em" in r]
-    return {"seed": seed, "wall": wall, "before": evals[0], "after": evals[-1]}
+    with open(os.path.join(out, "warmstart", "warmstart.json")) as f:
+        warm = json.load(f)  # how long each warm-start stage had to run on this seed
+    return {"seed": seed, "wall": wall, "before": evals[0], "after": evals[-1],
+            "steps": f"{warm['copy_steps_done']}+{warm['sft_steps_done']}"}
 
 
 def main(a: Args):
@@ -67,11 +71,11 @@ def main(a: Args):
         print(f"seed {seed}: {r['wall'] / 60:.1f} min; greedy test EM {r['before']['eval/em']:.3f} -> "
               f"{r['after']['eval/em']:.3f}", flush=True)
     hops = sorted(k for k in rows[0]["before"] if k.startswith("eval/em_hop"))
-    print(f"\n{'seed':>4} {'minutes':>8} {'EM warm':>8} {'EM RL':>7} {'gain':>7}  "
+    print(f"\n{'seed':>4} {'minutes':>8} {'warm steps':>10} {'EM warm':>8} {'EM RL':>7} {'gain':>7}  "
           + "  ".join(f"{h[len('eval/em_hop'):]}-hop warm -> RL" for h in hops))
     for r in rows:
         b, f = r["before"], r["after"]
-        print(f"{r['seed']:>4} {r['wall'] / 60:>8.1f} {b['eval/em']:>8.3f} {f['eval/em']:>7.3f} "
+        print(f"{r['seed']:>4} {r['wall'] / 60:>8.1f} {r['steps']:>10} {b['eval/em']:>8.3f} {f['eval/em']:>7.3f} "
               f"{f['eval/em'] - b['eval/em']:>+7.3f}  " + "  ".join(f"{b[h]:>8.3f} -> {f[h]:.3f}" for h in hops))
     gains = [r["after"]["eval/em"] - r["before"]["eval/em"] for r in rows]
     if len(rows) > 1:

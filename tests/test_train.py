@@ -186,7 +186,7 @@ def test_two_step_smoke_run(env, algo):
 def test_embedded_default_warm_starts_then_trains(env, tmp_path):
     # no --model: the world, a (tiny) warm start cached under out/warmstart, then RL from it, as the main job does
     out = subprocess.run([sys.executable, str(ROOT / "train.py"), "--out_dir", str(tmp_path), *FAST, "--steps", "1",
-                          "--eval_every", "0", "--copy_steps", "2", "--corpus_steps", "2", "--sft_steps", "2",
+                          "--eval_every", "0", "--copy_steps", "2", "--sft_steps", "2",
                           "--warm_batch_size", "2", "--target_em", "0"], cwd=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "warm start: saved" in out.stdout
@@ -264,7 +264,7 @@ def test_vllm_engine_runs_the_training_loop(tmp_path_factory, algo):
     out = subprocess.run([sys.executable, str(ROOT / "train.py"), "--engine", "vllm", "--algo", algo, "--out_dir",
                           str(out_dir), *FAST, "--steps", "2", "--eval_every", "2", "--eval_n", "4",
                           "--checkpoint_every", "2", "--lr", "1e-2", "--ppo_epochs", "2", "--copy_steps", "2",
-                          "--corpus_steps", "2", "--sft_steps", "2", "--warm_batch_size", "2", "--target_em", "0"],
+                          "--sft_steps", "2", "--warm_batch_size", "2", "--target_em", "0"],
                          cwd=tmp_path_factory.getbasetemp(), capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "engine: vllm (requested" in out.stdout and "float32 (the policy's)" in out.stdout

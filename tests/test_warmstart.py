@@ -85,11 +85,14 @@ def test_each_mistake(setup, seed):
 
 def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, capsys):
     agent, _, _, world = setup
-    cfg = warmstart.WarmConfig(copy_steps=2, corpus_steps=2, sft_steps=2, warm_batch_size=2, target_em=0)
+    # the copy stage ends once the mean loss of its last 50 steps is below copy_loss: at once (50 of 60 steps)
+    # when that is any loss at all
+    cfg = warmstart.WarmConfig(copy_steps=60, copy_loss=1e9, sft_steps=2, warm_batch_size=2, target_em=0)
     out = str(tmp_path / "warm")
     warmstart.ensure(out, world, cfg, agent.cfg)
     saved = json.loads((tmp_path / "warm" / "warmstart.json").read_text())
     assert saved["sft_steps"] == 2 and saved["topk"] == 2 and saved["max_obs_tokens"] == 60
+    assert saved["copy_steps_done"] == 50 and saved["sft_steps_done"] == 2
     model, tok = load_policy(out)
     assert rollout.is_world_tokenizer(tok)
     warmstart.ensure(out, world, cfg, agent.cfg)
@@ -101,7 +104,7 @@ def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, c
 def test_a_warm_start_below_target_trains_to_its_cap_then_fails_loudly_and_saves_nothing(setup, tmp_path, capsys):
     agent, _, _, world = setup
     # 2 steps, validate (EM 0 < 0.6), 2 more at half the lr, validate again, then 4 + 2 > sft_max_steps 5: stop
-    cfg = warmstart.WarmConfig(copy_steps=0, corpus_steps=0, sft_steps=2, sft_max_steps=5, warm_batch_size=2,
+    cfg = warmstart.WarmConfig(copy_steps=0, sft_steps=2, sft_max_steps=5, warm_batch_size=2,
                                target_em=0.6, val_n=4)
     out = tmp_path / "warm"
     with pytest.raises(RuntimeError, match=r"warm start failed: greedy dev EM 0\.000 < target_em 0\.6 after 4 "
