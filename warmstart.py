@@ -105,9 +105,10 @@ class WarmConfig:
     (the loss falls from ~5 to below 1 within ~200 steps when they do; README, "The embedded default")."""
     copy_length: int = 16
     """Most pieces per copy sequence (each sequence: 4..copy_length pieces, a gap, the same pieces twice more)."""
-    sft_steps: int = 300
-    """Optimizer steps on trajectories (stage 2) before the first validation."""
-    sft_max_steps: int = 900
+    sft_steps: int = 400
+    """Optimizer steps on trajectories (stage 2) before the first validation (why not 300: README, "The embedded
+    default")."""
+    sft_max_steps: int = 1200
     """Cap on trajectory steps: while the dev EM is below target_em, train sft_steps more (a fresh cosine cycle at
     half the learning rate) up to this many; still below it, the warm start stops with an error (never hands a
     broken policy to RL)."""
