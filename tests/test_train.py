@@ -335,7 +335,8 @@ def test_bad_flags_stop_before_anything_loads(env):
 @pytest.mark.parametrize("script, text", [
     ("train.py", "Questions rolled out per step (Search-R1 / Tree-GRPO use 512 / 64 on GPUs). (default: 8)"),
     ("eval.py", "--n N Questions: n spread evenly over the split. (default: 500)"),
-    ("warmstart.py", "Steps of the copy task (stage 1; 0 = none). (default: 1000)"),
+    ("warmstart.py", "Cap on the copy task's steps (stage 1; 0 = none); it ends sooner, once its loss is below "
+                     "copy_loss. (default: 2000)"),
     ("data.py", "--people PEOPLE Number of real people"),
     ("advantages.py", "CARL: initial chains (1 = CARL-Lite, 8 = CARL). (default: 1)"),
     ("rollout.py", "Train questions to roll out (spread over the hops). (default: 4)"),
