@@ -123,7 +123,7 @@ class Args:
 
     eval_every: int = 30
     """Evaluate on test questions every this many steps (and at the start and end); 0 = never. The embedded
-    default evaluates at its start and end only: 1,000 greedy questions take ~40 s on 2 cores."""
+    default evaluates at its start and end only: 1,000 greedy questions take ~45 s on 2 cores."""
     eval_n: int = 1000
     """Test questions per evaluation, spread evenly over the split (the world's: 250 per hop count)."""
     checkpoint_every: int = 10

@@ -214,7 +214,8 @@ def fit(model, make_batch, steps: int, lr: float, pad_id: int, desc: str, floor:
         until: float = 0.0) -> tuple[float, int]:
     """AdamW on next-token loss over the positions `make_batch()`'s masks select (50 warmup steps, then cosine
     down to floor x lr), for `steps` steps or until the mean loss of the last 50 is below `until`; returns the
-    last loss and the steps taken."""
+    last loss and the steps taken. `model` is a LlamaForCausalLM (`tiny_llama`): its body and head are called
+    apart, so the vocabulary projection runs only at the positions the loss covers."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * (
         floor + (1 - floor) * (1 + math.cos(math.pi * s / steps)) / 2))
