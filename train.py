@@ -94,8 +94,8 @@ class Args:
     run_name: str = ""
     """Subdirectory of out_dir/runs for this run; empty = ALGO-seedSEED (e.g. tree_grpo-seed0)."""
 
-    steps: int = 30
-    """RL steps (each: one rollout batch, then PPO updates); the embedded default's gain is in by step ~30."""
+    steps: int = 20
+    """RL steps (each: one rollout batch, then PPO updates); the embedded default's gain is in by step ~20."""
     prompts_per_step: int = 8
     """Questions rolled out per step (Search-R1 / Tree-GRPO use 512 / 64 on GPUs)."""
     lr: float = 5e-5
@@ -121,7 +121,7 @@ class Args:
     grad_clip: float = 1.0
     """Gradient-norm clip."""
 
-    eval_every: int = 30
+    eval_every: int = 20
     """Evaluate on test questions every this many steps (and at the start and end); 0 = never. The embedded
     default evaluates at its start and end only: 1,000 greedy questions take ~45 s on 2 cores."""
     eval_n: int = 1000
