@@ -334,23 +334,6 @@ def tree_grpo_budget(M: int, N: int, L: int) -> tuple[int, float]:
     return M * (L * N + 1), M * (1 + L * N / 2)
 
 
-def carl_rollout_cost(N0: int, N: int) -> float:
-    """CARL Eq. 14: actions sampled relative to GRPO with N trajectories of T actions:
-    (T N0 + (T/2) N) / (N T) = N0/N + 1/2 (a fork starts, on average, halfway down a trajectory)."""
-    return N0 / N + 0.5
-
-
-def carl_update_bounds(N: int) -> tuple[int, int]:
-    """CARL Eq. 15: N + 1 <= |update set| <= 2N after N forks (a fork from a state without siblings adds two
-    critical actions, the new one and its now-sibling; from a state that already branches, one)."""
-    return N + 1, 2 * N
-
-
-def treeps_branching(N: int, n_parents: int) -> int:
-    """TreePS-RAG Eq. 2: B_d = ceil(N / |M(d-1)|) children per retained parent, so each layer samples ~N nodes."""
-    return math.ceil(N / n_parents)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # CLI
 

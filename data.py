@@ -327,14 +327,6 @@ def spread(rows, n):
     return rows[::max(1, len(rows) // n)][:n]
 
 
-def iter_texts(world):
-    """Every string the world can show a model: passages, questions, answers (for building a tokenizer)."""
-    yield from (row["contents"] for row in world.corpus)
-    for row in world.train + world.test + world.dev:
-        yield row.question
-        yield from row.golden_answers
-
-
 def write_jsonl(path, rows):
     """Write dicts or dataclasses as one JSON object per line."""
     with open(path, "w") as f:

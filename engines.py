@@ -353,16 +353,11 @@ def make_engine(kind: str, model: torch.nn.Module, tokenizer, model_path: str, h
         vllm, vllm_status = None, f"vllm not importable ({e})"
     if kind == "vllm" and vllm is None:
         raise ImportError(f"engine 'vllm' requested but {vllm_status}; pip install vllm, or use engine 'hf'")
-    if kind == "hf":
-        reason = "requested"
-    elif kind == "vllm":
-        reason = f"requested; {vllm_status}"
-    elif vllm is None:
-        kind, reason = "hf", vllm_status
-    elif not torch.cuda.is_available():
-        kind, reason = "hf", f"{vllm_status} but no CUDA device; pass engine 'vllm' to run vLLM on CPU"
-    else:
-        kind, reason = "vllm", f"{vllm_status} and CUDA available"
+    reason = "requested" + (f"; {vllm_status}" if kind == "vllm" else "")
+    if kind == "auto":  # vLLM where it can run fast; say why not otherwise
+        kind = "vllm" if vllm is not None and torch.cuda.is_available() else "hf"
+        reason = vllm_status + ("" if vllm is None else " and CUDA available" if kind == "vllm" else
+                                " but no CUDA device; pass engine 'vllm' to run vLLM on CPU")
     if kind == "hf":
         print(f"engine: hf ({reason})", flush=True)
         return HFEngine(model, tokenizer, hf_max_batch_size)

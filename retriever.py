@@ -138,12 +138,16 @@ def load_corpus(path):
     return Corpus(path, ids, contents)
 
 
+def _meta(kind, corpus, **settings):
+    """What a saved index records (meta.json), so that an index built for another corpus or settings is refused."""
+    return {"kind": kind, "passages": len(corpus.ids), "fingerprint": corpus.fingerprint(), **settings}
+
+
 def _check_saved(index_dir, kind, corpus, **settings):
-    """Load meta.json of a saved index and refuse it if it was built for another corpus or settings."""
+    """Refuse a saved index whose meta.json differs from `_meta` now."""
     with open(os.path.join(index_dir, "meta.json")) as f:
         meta = json.load(f)
-    expected = {"kind": kind, "passages": len(corpus.ids), "fingerprint": corpus.fingerprint(), **settings}
-    wrong = {k: (meta.get(k), v) for k, v in expected.items() if meta.get(k) != v}
+    wrong = {k: (meta.get(k), v) for k, v in _meta(kind, corpus, **settings).items() if meta.get(k) != v}
     if wrong:
         raise ValueError(f"index in {index_dir} does not match this corpus/settings (saved vs now: {wrong}); "
                          f"delete {index_dir} or pass another index directory to rebuild it")
@@ -151,7 +155,7 @@ def _check_saved(index_dir, kind, corpus, **settings):
 
 def _write_meta(index_dir, kind, corpus, **settings):
     with open(os.path.join(index_dir, "meta.json"), "w") as f:
-        json.dump({"kind": kind, "passages": len(corpus.ids), "fingerprint": corpus.fingerprint(), **settings}, f)
+        json.dump(_meta(kind, corpus, **settings), f)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -136,6 +136,12 @@ RULES = [  # cli.check: (flags, what is allowed, test)
 ]
 
 
+def depth_rule(algo: AlgoConfig, cfg: AgentConfig) -> tuple[bool, str]:
+    """cli.check's rule that ties --treeps_D to --max_turns: (broken?, message)."""
+    return (algo.treeps_D > cfg.max_turns + 1, f"--treeps_D {algo.treeps_D}: TreePS-RAG's depth limit must be at "
+            f"most --max_turns + 1 = {cfg.max_turns + 1}; lower it, or raise --max_turns to {algo.treeps_D - 1}")
+
+
 def for_eval(cfg: AgentConfig) -> AgentConfig:
     """The agent settings evaluation samples with (eval_temperature, eval_top_p), every budget unchanged."""
     return replace(cfg, temperature=cfg.eval_temperature, top_p=cfg.eval_top_p)
@@ -310,7 +316,8 @@ class Agent:
                                    text=self.tok.decode(out.token_ids))
             children.append((tree, child))
             tree.stats["generated_tokens"] = tree.stats.get("generated_tokens", 0) + len(out.token_ids)
-            tree.stats["gen_seconds"] = tree.stats.get("gen_seconds", 0.0) + gen_time * len(out.token_ids) / total_tokens
+            share = len(out.token_ids) / total_tokens  # of this wave's generation time (deviation 6)
+            tree.stats["gen_seconds"] = tree.stats.get("gen_seconds", 0.0) + gen_time * share
             self.counters["rollout/steps"] += 1
             action, content, flag = parse_action(child.text, cfg.think_tag, cfg.max_calls)
             child.action = action
@@ -518,7 +525,9 @@ def _action_nll(node: Node) -> float:
 def carl(agent: Agent, examples, rng: random.Random, N0: int = 1, N: int = 16) -> list[list[Tree]]:
     """CARL App. C.1 (progressive rollout): N0 chains from the root, then N forks, each from the state of
     lowest action density n(s) / H(s) (Eq. 12), where n(s) counts the actions sampled at s and H(s) is the mean
-    length-normalised NLL of those actions (Eq. 6-8). Each fork rolls out one full trajectory. One tree per prompt.
+    length-normalised NLL of those actions (Eq. 6-8). Each fork rolls out one full trajectory, so the rollout
+    samples N0/N + 1/2 of the actions of GRPO with N chains (Eq. 14: a fork starts halfway down, on average).
+    One tree per prompt.
     """
     prompts = [[agent.new_tree(ex, f"p{i}")] for i, ex in enumerate(examples)]
     agent.run([(trees[0], trees[0].root) for trees in prompts for _ in range(N0)])
@@ -630,7 +639,8 @@ def metrics(prompts: list[list[Tree]]) -> dict[str, float]:
             m[f"rollout/{name}_median{subset}"] = median(picked)
             m[f"rollout/{name}_max{subset}"] = max(picked, default=0.0)
     m.update({"rollout/tokens_per_prompt": stat("generated_tokens"),
-              "rollout/tool_calls_per_prompt": stat("tool_calls"), "tree/leaves_per_prompt": len(leaves) / n, "rollout/gen_seconds_per_prompt": stat("gen_seconds"),
+              "rollout/tool_calls_per_prompt": stat("tool_calls"), "tree/leaves_per_prompt": len(leaves) / n,
+              "rollout/gen_seconds_per_prompt": stat("gen_seconds"),
               "rollout/retrieval_seconds_per_prompt": stat("retrieval_seconds"),
               "rollout/retrieval_failed_queries": stat("failed_queries") * n})
     for flag in FLAGS:  # share of trajectories with that outcome on any of their steps
@@ -656,9 +666,7 @@ class DumpArgs:
 def main():
     args, algo, agent_cfg = cli.parse(DumpArgs, AlgoConfig, AgentConfig)
     cli.check((args, algo, agent_cfg), ALGO_RULES + RULES + ENGINE_RULES
-              + [("n_prompts", "an integer >= 1", lambda v: v >= 1)], [
-        (algo.treeps_D > agent_cfg.max_turns + 1, f"--treeps_D {algo.treeps_D}: TreePS-RAG's depth limit must be at "
-         f"most --max_turns + 1 = {agent_cfg.max_turns + 1}")])
+              + [("n_prompts", "an integer >= 1", lambda v: v >= 1)], [depth_rule(algo, agent_cfg)])
     if not os.path.exists(args.model) and args.model == "out/warmstart":
         raise SystemExit("no policy in out/warmstart: train one first (python warmstart.py, ~5 min on 2 cores, or "
                          "any train.py run), or pass --model DIR")

@@ -27,7 +27,7 @@ Deviations and choices:
 """
 from __future__ import annotations
 
-import atexit
+import fcntl
 import json
 import math
 import os
@@ -94,8 +94,8 @@ class Args:
     run_name: str = ""
     """Subdirectory of out_dir/runs for this run; empty = ALGO-seedSEED (e.g. tree_grpo-seed0)."""
 
-    steps: int = 20
-    """RL steps (each: one rollout batch, then PPO updates); the embedded default's gain is in by step ~20."""
+    steps: int = 15
+    """RL steps (each: one rollout batch, then PPO updates); the embedded default's gain is in by step ~15."""
     prompts_per_step: int = 8
     """Questions rolled out per step (Search-R1 / Tree-GRPO use 512 / 64 on GPUs)."""
     lr: float = 5e-5
@@ -121,7 +121,7 @@ class Args:
     grad_clip: float = 1.0
     """Gradient-norm clip."""
 
-    eval_every: int = 20
+    eval_every: int = 15
     """Evaluate on test questions every this many steps (and at the start and end); 0 = never. The embedded
     default evaluates at its start and end only: 1,000 greedy questions take ~45 s on 2 cores."""
     eval_n: int = 1000
@@ -164,8 +164,7 @@ def validate(args: Args, *configs):
          f"empty: evaluation would score the training questions; pass --test_data FILE, or --eval_every 0"),
         (one_file and os.path.realpath(args.test_data) == os.path.realpath(args.data), f"--test_data "
          f"{args.test_data!r} is the --data file: evaluation would score the training questions; pass a test file"),
-        (algo.treeps_D > agent.max_turns + 1, f"--treeps_D {algo.treeps_D}: TreePS-RAG's depth limit must be at most "
-         f"--max_turns + 1 = {agent.max_turns + 1}; lower it, or raise --max_turns to {algo.treeps_D - 1}"),
+        rollout.depth_rule(algo, agent),
         (args.resume and args.overwrite, "--resume and --overwrite contradict each other: pick one"),
         (args.gguf_file and not args.model, f"--gguf_file {args.gguf_file!r} needs --model, the directory holding it"),
         (warm.sft_max_steps < warm.sft_steps, f"--sft_max_steps {warm.sft_max_steps} must be >= --sft_steps "
@@ -384,38 +383,27 @@ def check_env_errors(history: list[dict], args: Args, where: str):
 # The run directory: one writer (run.lock), never overwritten by accident, resumable after a kill
 
 
+HELD_LOCKS = []  # the open run.lock files: each holds its lock for as long as it stays open
+
+
 def lock_run_dir(run_dir: str):
-    """Create run_dir and hold run.lock in it ("PID HOST") until this process exits, so that no second process
-    writes the same run; a lock left by a process of this host that no longer runs is replaced, with a note."""
+    """Create run_dir and hold an exclusive lock on run_dir/run.lock ("PID HOST" inside) until this process ends, so
+    that no second process writes the same run. The OS releases the lock when the process ends, however it ends
+    (SIGKILL included), so a dead run never leaves a stale lock."""
     os.makedirs(run_dir, exist_ok=True)
-    path, me = os.path.join(run_dir, "run.lock"), f"{os.getpid()} {socket.gethostname()}"
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            with open(path) as f:
-                pid, _, host = f.read().strip().partition(" ")
-            if host == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid)):
-                print(f"run dir: replacing the stale lock of process {pid} (no longer running): {path}")
-                os.remove(path)
-                continue
-            raise SystemExit(f"{run_dir} is in use by process {pid} on {host} ({path}): wait for it to end or stop "
-                             f"it (kill {pid}); if no such process runs, delete {path}") from None
-        with os.fdopen(fd, "w") as f:
-            f.write(me + "\n")
-        atexit.register(lambda: os.path.exists(path) and open(path).read().strip() == me and os.remove(path))
-        return
-    raise SystemExit(f"another process took {path} while this one replaced a stale lock; run one at a time")
-
-
-def pid_alive(pid: int) -> bool:
+    path = os.path.join(run_dir, "run.lock")
+    f = open(path, "a+")
     try:
-        os.kill(pid, 0)  # signal 0: nothing is sent, only whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, under another user
-        return True
-    return True
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        raise SystemExit(f"{run_dir} is in use by process {holder} ({path}): wait for it to end or stop it "
+                         f"(kill {holder.split()[0]})") from None
+    f.truncate(0)
+    f.write(f"{os.getpid()} {socket.gethostname()}\n")
+    f.flush()
+    HELD_LOCKS.append(f)
 
 
 def claim_run_dir(run_dir: str, args: Args):
