@@ -383,13 +383,10 @@ def check_env_errors(history: list[dict], args: Args, where: str):
 # The run directory: one writer (run.lock), never overwritten by accident, resumable after a kill
 
 
-HELD_LOCKS = []  # the open run.lock files: each holds its lock for as long as it stays open
-
-
 def lock_run_dir(run_dir: str):
-    """Create run_dir and hold an exclusive lock on run_dir/run.lock ("PID HOST" inside) until this process ends, so
-    that no second process writes the same run. The OS releases the lock when the process ends, however it ends
-    (SIGKILL included), so a dead run never leaves a stale lock."""
+    """Create run_dir and take an exclusive lock on run_dir/run.lock ("PID HOST" inside), so that no second process
+    writes the same run; returns the open file, which holds the lock until it is closed. The OS releases the lock
+    when the process ends, however it ends (SIGKILL included), so a dead run never leaves a stale lock."""
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, "run.lock")
     f = open(path, "a+")
@@ -398,12 +395,13 @@ def lock_run_dir(run_dir: str):
     except BlockingIOError:
         f.seek(0)
         holder = f.read().strip() or "?"
+        f.close()
         raise SystemExit(f"{run_dir} is in use by process {holder} ({path}): wait for it to end or stop it "
                          f"(kill {holder.split()[0]})") from None
     f.truncate(0)
     f.write(f"{os.getpid()} {socket.gethostname()}\n")
     f.flush()
-    HELD_LOCKS.append(f)
+    return f
 
 
 def claim_run_dir(run_dir: str, args: Args):
@@ -510,7 +508,7 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
         # process may use every core it is allowed (taskset / cpuset)
     set_seed(agent_cfg.seed)
     if main_proc:
-        lock_run_dir(run_dir)
+        run_lock = lock_run_dir(run_dir)  # noqa: F841 (open, so locked, while main runs)
         claim_run_dir(run_dir, args)
         print(json.dumps({**config, **(asdict(warm) if not args.model else {})}, indent=1))
         if args.log_with:
