@@ -8,8 +8,8 @@ Notes and deviations, numbered:
 1. Log-probs are log_softmax(raw logits)[sampled id] whatever temperature / top_p sampled the token (vLLM's
    "raw_logprobs", HF's `output_logits`), as the trainer recomputes them. At T=1, top_p=1 (the papers' setting) that
    is log pi_old; otherwise the PPO ratio is taken at T=1 (verl divides the trainer's logits by T instead).
-2. Stop strings are matched on the decoded completion alone, as in vLLM (transformers' `stop_strings` also matches
-   across the prompt/completion boundary, so HF uses our own criterion); the token that completes one is kept.
+2. Stop strings are matched on the decoded completion alone, across tokens, as in vLLM; the token that completes one
+   is kept. HF uses our criterion: transformers' `stop_strings` also match across the prompt/completion boundary.
 3. An EOS that ended a completion is kept (finish_reason "eos"); EOS ids: the tokenizer's and generation_config's.
 4. HF ignores the checkpoint's generation_config sampling defaults, as vLLM does given `SamplingParams`.
 5. A seed makes one `generate` call reproducible on one engine: HF seeds once per call, vLLM gives prompt i seed + i
@@ -19,9 +19,9 @@ Notes and deviations, numbered:
 7. The HF engine has no prefix cache; the vLLM engine counts the prompt tokens its cache served.
 8. vLLM 0.32's CPU start crashes when numba's llvmlite is loaded; `VLLMEngine` then refuses to start, naming it.
 9. The vLLM engine's dtype defaults to the policy's, so that rounding does not spread pi_old / pi_rollout.
-   `close()` shuts vLLM down while torch.distributed, which it set up, still exists.
+   `close()` shuts vLLM down while the torch.distributed it set up still exists (before Accelerate's end_training).
 10. On CPU, chunked prefill is off: vLLM 0.32 cannot rewind a seeded request's CPU generator after a partial
-   prefill. A prompt must then fit max_num_batched_tokens (default 4,096).
+   prefill. A prompt must then fit max_num_batched_tokens (default 4,096; raise it with a longer max_model_len).
 """
 
 import importlib.util
@@ -223,7 +223,7 @@ class VLLMEngine:
         common = dict(  # top_k 0: off; logprobs 0: the sampled token's only; include_stop_str: affects .text only
             temperature=sampling.temperature, top_p=1.0 if greedy else sampling.top_p, top_k=0, logprobs=0,
             max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None, include_stop_str_in_output=True)
-        sampling_params = SamplingParams(**common) if sampling.seed is None else \
+        sampling_params = SamplingParams(**common, seed=None) if sampling.seed is None else \
             [SamplingParams(**common, seed=sampling.seed + i) for i in range(len(prompts))]  # note 5
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sampling_params,
                                     use_tqdm=False)
