@@ -127,7 +127,7 @@ class WorldConfig:
     test_per_hop: int = 500
     """Test questions per hop count."""
     dev_per_hop: int = 100
-    """Dev questions per hop count: test-side, never a test question, drawn after test; the warm start's check."""
+    """Dev questions per hop: test-side entities, never a test question, drawn after test; the warm start's check."""
     max_hops: int = 4
     """Largest hop count; questions have 1..max_hops hops."""
 
