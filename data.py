@@ -174,8 +174,7 @@ def _draw_names(rng, kind, n, owner):
         if all(owner.get(w, kind) == kind and w not in TEMPLATE_WORDS for w in words):
             names.add(" ".join(words))
             owner.update((w, kind) for w in words)
-    raise ValueError(f"could not draw {n} distinct {kind} names from {len(SYLLABLES)} syllables; "
-                     f"lower the {kind} count in WorldConfig")
+    raise ValueError(f"could not draw {n} distinct {kind} names from the syllables; lower the {kind} count")
 
 
 def _confusable(rng, name, kind, owner, taken):
@@ -197,8 +196,7 @@ def _pick(rng, by_side_kind, side, kind):
     """A random object of `kind` on `side` (relations stay inside a side; countries are shared)."""
     pool = by_side_kind.get(("shared" if kind == "country" else side, kind))
     if not pool:
-        raise ValueError(f"no {kind} on the {side} side; raise the {kind} count or move test_fraction "
-                         f"away from 0 and 1")
+        raise ValueError(f"no {kind} on the {side} side; raise the {kind} count or move test_fraction off 0 and 1")
     return rng.choice(pool)
 
 
@@ -214,34 +212,32 @@ def build_world(cfg):
             entities.append(Entity(name, kind, side))
 
     for e in entities:
-        for rel_name, rel in RELATIONS.items():
-            if rel.subject == e.kind:
-                e.facts[rel_name] = _pick(rng, by_side_kind, e.side, rel.object)
+        e.facts = {name: _pick(rng, by_side_kind, e.side, rel.object)
+                   for name, rel in RELATIONS.items() if rel.subject == e.kind}
     taken = {e.name for e in entities}
     for e in list(entities):  # confusable look-alikes: never asked about, facts point into e's side
         if e.kind != "country" and rng.random() < cfg.distractor_fraction:
             name = _confusable(rng, e.name, e.kind, owner, taken)
             if name is not None:
                 taken.add(name)
-                d = Entity(name, e.kind, "distractor")
-                d.facts = {r: _pick(rng, by_side_kind, e.side, RELATIONS[r].object) for r in e.facts}
-                entities.append(d)
+                facts = {r: _pick(rng, by_side_kind, e.side, RELATIONS[r].object) for r in e.facts}
+                entities.append(Entity(name, e.kind, "distractor", facts))
 
     order = list(range(len(entities)))
     rng.shuffle(order)  # ids must not reveal kind, side or distractor-ness
     for doc_id, i in enumerate(order):
         entities[i].doc_id = str(doc_id)
     corpus = [{"id": entities[i].doc_id, "contents": passage(entities[i], entities)} for i in order]
-    taken = set()  # (subject, relations) already asked: dev never repeats a test question
-    train = _questions(rng, entities, "train", "train", cfg.train_per_hop, cfg.max_hops, taken)
-    test = _questions(rng, entities, "test", "test", cfg.test_per_hop, cfg.max_hops, taken)
-    dev = _questions(rng, entities, "test", "dev", cfg.dev_per_hop, cfg.max_hops, taken)
+    asked = set()  # (subject, relations) already asked: dev never repeats a test question
+    train = _questions(rng, entities, "train", "train", cfg.train_per_hop, cfg.max_hops, asked)
+    test = _questions(rng, entities, "test", "test", cfg.test_per_hop, cfg.max_hops, asked)
+    dev = _questions(rng, entities, "test", "dev", cfg.dev_per_hop, cfg.max_hops, asked)
     return World(entities, corpus, train, test, dev)
 
 
-def _questions(rng, entities, side, split, per_hop, max_hops, taken):
+def _questions(rng, entities, side, split, per_hop, max_hops, asked):
     """per_hop distinct questions for each hop count 1..max_hops, subjects and chains on `side` only, none of them
-    in `taken` (which receives them)."""
+    in `asked` (which receives them)."""
     rows = []
     for hops in range(1, max_hops + 1):
         subjects = [i for i, e in enumerate(entities) if e.side == side and _can_start(e.kind, hops)]
@@ -258,7 +254,7 @@ def _questions(rng, entities, side, split, per_hop, max_hops, taken):
                 rels.append(rng.choice([r for r in here.facts if _can_start(RELATIONS[r].object, left - 1)]))
                 chain.append(here.facts[rels[-1]])
             key = (chain[0], tuple(rels))
-            if key in seen or key in taken or len(set(chain)) < len(chain):
+            if key in seen or key in asked or len(set(chain)) < len(chain):
                 continue  # a chain that revisits an entity would need a repeated query, which the rollout stops
             seen.add(key)
             names = [entities[i].name for i in chain]
@@ -274,7 +270,7 @@ def _questions(rng, entities, side, split, per_hop, max_hops, taken):
         if len(seen) < per_hop:
             raise ValueError(f"only {len(seen)} distinct {hops}-hop {split} questions could be drawn, "
                              f"{per_hop} asked; lower {split}_per_hop or enlarge the world")
-        taken |= seen
+        asked |= seen
     return rows
 
 
