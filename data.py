@@ -95,8 +95,7 @@ class QARow:
     # The gold fields are empty when the source has no chain.
     gold_chain: list = field(default_factory=list)  # entity names from the subject to the answer (hops + 1 names)
     gold_relations: list = field(default_factory=list)  # relation followed at each hop (hops names)
-    gold_queries: list = field(default_factory=list)  # per hop, a perfect agent's query: the name of the entity
-    # whose passage holds the next fact
+    gold_queries: list = field(default_factory=list)  # per hop, the entity name whose passage holds the next fact
     gold_doc_ids: list = field(default_factory=list)  # corpus id of the passage each gold query must find
 
 
@@ -236,8 +235,7 @@ def build_world(cfg):
 
 
 def _questions(rng, entities, side, split, per_hop, max_hops, asked):
-    """per_hop distinct questions for each hop count 1..max_hops, subjects and chains on `side` only, none of them
-    in `asked` (which receives them)."""
+    """per_hop new questions per hop count 1..max_hops, chains on `side` only, none in `asked` (which receives them)."""
     rows = []
     for hops in range(1, max_hops + 1):
         subjects = [i for i, e in enumerate(entities) if e.side == side and _can_start(e.kind, hops)]
@@ -353,8 +351,7 @@ def row_from_record(rec, where, split, index):
 
 
 def load_rows(source, split="train"):
-    """Questions from a .parquet / .jsonl file, a directory holding {split}.parquet or {split}.jsonl,
-    or else a Hugging Face `datasets` name."""
+    """Questions from a .parquet / .jsonl file, a directory holding {split}.parquet or .jsonl, or a `datasets` name."""
     if os.path.isdir(source):
         found = [p for p in (os.path.join(source, f"{split}.{e}") for e in ("parquet", "jsonl")) if os.path.exists(p)]
         if not found:
@@ -377,8 +374,7 @@ def load_rows(source, split="train"):
 
 
 def read_jsonl(path, error=ValueError):
-    """(line number, parsed object) for every non-blank line; a line that is not UTF-8 or not JSON raises `error`
-    naming the file and line."""
+    """(line number, parsed object) per non-blank line; a line not UTF-8 or not JSON raises `error` naming it."""
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, 1):
             try:
