@@ -1,9 +1,8 @@
-"""Command-line flags for every script: dataclasses parsed by HfArgumentParser, each field's docstring as its
-`--help` line (with its default), and flag values checked against a table of rules right after parsing.
+"""Command-line flags for every script: dataclasses parsed by HfArgumentParser, then checked against a table of rules.
 
-Deviation from HfArgumentParser's convention: it reads a field's help only from `metadata["help"]`; the dataclasses
-here document each field with the string under it (STYLE.md rule 3), so `parse` copies that string into the field's
-metadata first (read from the source with `ast`, classes defined under `if __name__ == "__main__":` included).
+Deviation from HfArgumentParser's convention, which reads a field's `--help` only from `metadata["help"]`: `parse`
+first copies the string written under each field (STYLE.md rule 3) into that metadata, read from the source with
+`ast` (classes defined under `if __name__ == "__main__":` included); `--help` also shows each field's default.
 """
 import ast
 import dataclasses
@@ -14,22 +13,16 @@ import types
 from transformers import HfArgumentParser
 
 
-def field_docs(cls) -> dict:
-    """{field name: the string literal written right under it} for a dataclass and its dataclass bases."""
-    docs = {}
-    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
-        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
-        for stmt, after in zip(body, body[1:]):
-            if isinstance(stmt, ast.AnnAssign) and isinstance(after, ast.Expr) and \
-                    isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
-                docs[stmt.target.id] = " ".join(after.value.value.split())
-    return docs
-
-
 def parse(*classes, args=None):
     """Parse the command line (or `args`) into one instance per dataclass; `--help` gives docstrings, defaults."""
     for cls in classes:
-        docs = field_docs(cls)
+        docs = {}  # field name -> the string literal written right under it, in cls and its dataclass bases
+        for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+            for stmt, after in zip(body, body[1:]):
+                if isinstance(stmt, ast.AnnAssign) and isinstance(after, ast.Expr) and \
+                        isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+                    docs[stmt.target.id] = " ".join(after.value.value.split())
         for f in dataclasses.fields(cls):
             if f.name in docs and "help" not in f.metadata:
                 f.metadata = types.MappingProxyType({**f.metadata, "help": docs[f.name].replace("%", "%%")})

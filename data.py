@@ -1,29 +1,23 @@
 """Questions for the search agent: the embedded multi-hop world, real-dataset loaders, and the reject-sampling filter.
 
-The embedded world is a small fictional encyclopedia, generated from a seed in seconds: people, cities, countries,
-companies and books, linked by typed relations (born_in, works_for, founded_by, based_in, located_in, written_by).
-Every entity gets one encyclopedia-style passage; "confusable" distractor entities (one syllable away from a real
-name) get passages too but are never asked about. Questions follow 1 to 4 relations from a subject ("where was the
-founder of the employer of kalo mire born?"); each row carries its accepted answers, the gold chain of entities and
-the gold queries a perfect agent issues (the name of each entity on the chain, which BM25 finds first).
-
-Names are built from SYLLABLES and every other word is one of TEMPLATE_WORDS (DESIGN.md, data.py): a tokenizer
-whose pieces are exactly `vocabulary()` splits every name into pieces a tiny model has trained on, so it can copy
-a name it never saw in a training question from a passage into its next query.
-
-Loaders turn Search-R1 parquet, FlashRAG JSONL, our own JSONL and Hugging Face `datasets` into one `QARow` type.
-`reject_sampling_filter` is the "Cut the Bill" data filter (its section 3, step 3).
+The embedded world is a fictional encyclopedia generated from a seed in seconds: people, cities, countries, companies
+and books linked by typed RELATIONS, one passage each, plus distractors one syllable away from a real name (never
+asked about). A question follows 1 to 4 relations from a subject ("where was the founder of the employer of kalo mire
+born?") and carries its answers, gold chain and gold queries (each searched entity's name, which BM25 finds first).
+Names are made of SYLLABLES and all other words are TEMPLATE_WORDS, so a tokenizer over `vocabulary()` lets a tiny
+model copy a name it never saw in training from a passage into its next query (DESIGN.md, data.py). Loaders turn
+Search-R1 parquet, FlashRAG / our JSONL and Hugging Face `datasets` into `QARow`s; `reject_sampling_filter` is the
+"Cut the Bill" data filter (its section 3, step 3).
 
 Deviations from the papers:
-1. The world's split is by entity, not by question: every entity except countries is drawn to the train or the
-   test side, relations stay inside a side, and a question's subject and intermediate entities all come from its
-   side. So a test question never mentions or needs a fact about an entity that any train question touched; only
-   final answers that are countries are shared (countries are never searched).
+1. The world is split by entity, not by question: every entity but the countries is drawn to the train or test side,
+   relations stay inside a side, and a question's subject and intermediate entities come from its side, so no test
+   question mentions or needs an entity a train question touched. Only country answers are shared (never searched).
 2. Search-R1 parquet rows without a `question` column get theirs from the prompt: the text after the last
    "Question:" in the last user message (Search-R1's own template ends that way), else the whole message.
 3. Cut the Bill drops groups whose rewards are all 0 or all 1 (it uses 8 rollouts, reward F1). We compare with
-   `== 0` and `== 1` exactly, as written; other constant groups (all 0.5) are kept and counted separately, because
-   they carry no GRPO signal either and a user may want to drop them too.
+   `== 0` and `== 1` exactly; other constant groups (all 0.5) carry no GRPO signal either, but are kept and counted
+   (`kept_constant`) so a user can choose to drop them too.
 """
 import functools
 import json
@@ -50,16 +44,11 @@ SPLITS = ("corpus", "train", "test", "dev")  # the world's files, {name}.jsonl
 @dataclass(frozen=True)
 class Relation:
     """A typed, functional relation: every subject of `subject` kind has exactly one object of `object` kind."""
-    subject: str
-    """Kind of the entity the relation starts from."""
-    object: str
-    """Kind of the entity it points to (the answer of a question ending in this relation)."""
-    fact: str
-    """Sentence stating the relation in the subject's passage."""
-    noun: str
-    """Noun phrase naming the object through the subject, used for inner hops of a question."""
-    question: str
-    """Question asking for the object, used for the last hop."""
+    subject: str  # kind of the entity the relation starts from
+    object: str  # kind of the entity it points to (the answer of a question ending in this relation)
+    fact: str  # sentence stating the relation in the subject's passage
+    noun: str  # noun phrase naming the object through the subject, for the inner hops of a question
+    question: str  # question asking for the object, for the last hop
 
 
 RELATIONS = {
@@ -74,15 +63,9 @@ RELATIONS = {
 KIND_SENTENCE = "{s} is a {kind}."
 NAME_SHAPE = {"person": (2, 2), "city": (3,), "country": (2,), "company": (3,), "book": (3,)}  # syllables per word
 ANSWER_SUFFIX = {"company": " company"}  # extra accepted answer: "ravoki" or "ravoki company"
-
-
-def _template_words():
-    texts = [KIND_SENTENCE.format(s="", kind=k) for k in KINDS] + [" ".join(ANSWER_SUFFIX.values())]
-    texts += [t.format(s="", o="") for r in RELATIONS.values() for t in (r.fact, r.noun, r.question)]
-    return tuple(sorted({w for t in texts for w in re.findall(r"[a-z]+", t)}))
-
-
-TEMPLATE_WORDS = _template_words()  # every non-name word the world writes
+_TEMPLATES = [KIND_SENTENCE.format(s="", kind=k) for k in KINDS] + list(ANSWER_SUFFIX.values())
+_TEMPLATES += [t.format(s="", o="") for r in RELATIONS.values() for t in (r.fact, r.noun, r.question)]
+TEMPLATE_WORDS = tuple(sorted({w for t in _TEMPLATES for w in re.findall(r"[a-z]+", t)}))  # every non-name word
 
 
 def vocabulary():
@@ -102,28 +85,18 @@ def syllabify(word):
 @dataclass
 class QARow:
     """One question with its accepted answers, in Search-R1's row layout plus the world's gold chain."""
-    id: str
-    """Unique id within the dataset (e.g. "test_17")."""
-    question: str
-    """The question text, without any prompt template."""
-    golden_answers: list
-    """Every accepted answer string; a prediction is scored against the best-matching one."""
-    data_source: str
-    """Dataset name (Search-R1's `data_source`), e.g. "world", "nq", "hotpotqa"."""
-    split: str
-    """"train" or "test" (or the source's own split name)."""
-    index: int
-    """Position within its split (Search-R1's `extra_info.index`)."""
-    hops: int = 0
-    """Number of relations between subject and answer; 0 when the source does not say."""
-    gold_chain: list = field(default_factory=list)
-    """Entity names from the subject to the answer (hops + 1 names); empty when the source has no chain."""
-    gold_relations: list = field(default_factory=list)
-    """Relation followed at each hop (hops names); empty when the source has no chain."""
-    gold_queries: list = field(default_factory=list)
-    """The query a perfect agent issues at each hop: the name of the entity whose passage holds the next fact."""
-    gold_doc_ids: list = field(default_factory=list)
-    """Corpus id of the passage each gold query must find."""
+    id: str  # unique within the dataset (e.g. "test_17")
+    question: str  # the question text, without any prompt template
+    golden_answers: list  # every accepted answer string; a prediction is scored against the best-matching one
+    data_source: str  # dataset name (Search-R1's `data_source`), e.g. "world", "nq", "hotpotqa"
+    split: str  # "train" or "test" (or the source's own split name)
+    index: int  # position within its split (Search-R1's `extra_info.index`)
+    hops: int = 0  # number of relations between subject and answer; 0 when the source does not say
+    # The gold fields are empty when the source has no chain.
+    gold_chain: list = field(default_factory=list)  # entity names from the subject to the answer (hops + 1 names)
+    gold_relations: list = field(default_factory=list)  # relation followed at each hop (hops names)
+    gold_queries: list = field(default_factory=list)  # per hop, the entity name whose passage holds the next fact
+    gold_doc_ids: list = field(default_factory=list)  # corpus id of the passage each gold query must find
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -153,8 +126,7 @@ class WorldConfig:
     test_per_hop: int = 500
     """Test questions per hop count."""
     dev_per_hop: int = 100
-    """Dev questions per hop count: test-side entities, never a test question (drawn after the test split, which
-    stays as it was); the warm start measures itself on them."""
+    """Dev questions per hop: test-side entities, never a test question, drawn after test; the warm start's check."""
     max_hops: int = 4
     """Largest hop count; questions have 1..max_hops hops."""
 
@@ -162,31 +134,21 @@ class WorldConfig:
 @dataclass
 class Entity:
     """One thing in the world, with its passage's facts."""
-    name: str
-    """Unique name (syllable words joined by spaces)."""
-    kind: str
-    """One of KINDS."""
-    side: str
-    """"train", "test", "shared" (countries) or "distractor"."""
-    facts: dict = field(default_factory=dict)
-    """relation name -> index of the object entity."""
-    doc_id: str = ""
-    """Corpus id of this entity's passage."""
+    name: str  # unique name (syllable words joined by spaces)
+    kind: str  # one of KINDS
+    side: str  # "train", "test", "shared" (countries) or "distractor"
+    facts: dict = field(default_factory=dict)  # relation name -> index of the object entity
+    doc_id: str = ""  # corpus id of this entity's passage
 
 
 @dataclass
 class World:
-    """A generated world: its entities, corpus rows ({"id", "contents"}) and question splits."""
-    entities: list
-    """Every entity, distractors included."""
-    corpus: list
-    """Search-R1 / FlashRAG corpus rows, one per entity, in shuffled order."""
-    train: list
-    """Train QARows."""
-    test: list
-    """Test QARows."""
-    dev: list
-    """Dev QARows (held out from training and from the test split)."""
+    """A generated world: its entities, corpus rows and question splits."""
+    entities: list  # every Entity, distractors included
+    corpus: list  # Search-R1 / FlashRAG corpus rows {"id", "contents"}, one per entity, in shuffled order
+    train: list  # train QARows
+    test: list  # test QARows
+    dev: list  # dev QARows (held out from training and from the test split)
 
 
 def passage(e, entities):
@@ -203,17 +165,15 @@ def _can_start(kind, hops):
 
 def _draw_names(rng, kind, n, owner):
     """n new unique names of `kind`; `owner` maps each name word to the kind that uses it (kept disjoint)."""
-    names, tries = set(), 0
-    while len(names) < n:
-        tries += 1
-        if tries > 50 * n + 1000:
-            raise ValueError(f"could not draw {n} distinct {kind} names from {len(SYLLABLES)} syllables; "
-                             f"lower the {kind} count in WorldConfig")
+    names = set()
+    for _ in range(50 * n + 1001):
+        if len(names) == n:
+            return sorted(names)  # sorted: set order is not deterministic across runs
         words = ["".join(rng.choices(SYLLABLES, k=k)) for k in NAME_SHAPE[kind]]
         if all(owner.get(w, kind) == kind and w not in TEMPLATE_WORDS for w in words):
             names.add(" ".join(words))
             owner.update((w, kind) for w in words)
-    return sorted(names)  # sorted: set order is not deterministic across runs
+    raise ValueError(f"could not draw {n} distinct {kind} names from the syllables; lower the {kind} count")
 
 
 def _confusable(rng, name, kind, owner, taken):
@@ -235,55 +195,48 @@ def _pick(rng, by_side_kind, side, kind):
     """A random object of `kind` on `side` (relations stay inside a side; countries are shared)."""
     pool = by_side_kind.get(("shared" if kind == "country" else side, kind))
     if not pool:
-        raise ValueError(f"no {kind} on the {side} side; raise the {kind} count or move test_fraction "
-                         f"away from 0 and 1")
+        raise ValueError(f"no {kind} on the {side} side; raise the {kind} count or move test_fraction off 0 and 1")
     return rng.choice(pool)
 
 
 def build_world(cfg):
     """Generate the world, its corpus and its train/test questions, deterministically from `cfg.seed`."""
     rng = random.Random(cfg.seed)
-    counts = {"person": cfg.people, "city": cfg.cities, "country": cfg.countries,
-              "company": cfg.companies, "book": cfg.books}
-    owner, entities = {}, []
-    for kind in ("country", "city", "company", "book", "person"):  # fewest first: people reuse the rest
-        for name in _draw_names(rng, kind, counts[kind], owner):
+    owner, entities, by_side_kind = {}, [], {}  # by_side_kind: (side, kind) -> indices of the real entities there
+    for kind, n in (("country", cfg.countries), ("city", cfg.cities), ("company", cfg.companies),
+                    ("book", cfg.books), ("person", cfg.people)):  # fewest first: people reuse the rest
+        for name in _draw_names(rng, kind, n, owner):
             side = "shared" if kind == "country" else ("test" if rng.random() < cfg.test_fraction else "train")
+            by_side_kind.setdefault((side, kind), []).append(len(entities))
             entities.append(Entity(name, kind, side))
-    by_side_kind = {}
-    for i, e in enumerate(entities):
-        by_side_kind.setdefault((e.side, e.kind), []).append(i)
 
     for e in entities:
-        for rel_name, rel in RELATIONS.items():
-            if rel.subject == e.kind:
-                e.facts[rel_name] = _pick(rng, by_side_kind, e.side, rel.object)
+        e.facts = {name: _pick(rng, by_side_kind, e.side, rel.object)
+                   for name, rel in RELATIONS.items() if rel.subject == e.kind}
     taken = {e.name for e in entities}
     for e in list(entities):  # confusable look-alikes: never asked about, facts point into e's side
         if e.kind != "country" and rng.random() < cfg.distractor_fraction:
             name = _confusable(rng, e.name, e.kind, owner, taken)
             if name is not None:
                 taken.add(name)
-                d = Entity(name, e.kind, "distractor")
-                d.facts = {r: _pick(rng, by_side_kind, e.side, RELATIONS[r].object) for r in e.facts}
-                entities.append(d)
+                facts = {r: _pick(rng, by_side_kind, e.side, RELATIONS[r].object) for r in e.facts}
+                entities.append(Entity(name, e.kind, "distractor", facts))
 
     order = list(range(len(entities)))
     rng.shuffle(order)  # ids must not reveal kind, side or distractor-ness
     for doc_id, i in enumerate(order):
         entities[i].doc_id = str(doc_id)
     corpus = [{"id": entities[i].doc_id, "contents": passage(entities[i], entities)} for i in order]
-    taken = set()  # (subject, relations) already asked: dev never repeats a test question
-    train = _questions(rng, entities, "train", cfg.train_per_hop, cfg.max_hops, taken)
-    test = _questions(rng, entities, "test", cfg.test_per_hop, cfg.max_hops, taken)
-    dev = _questions(rng, entities, "test", cfg.dev_per_hop, cfg.max_hops, taken, split="dev")
+    asked = set()  # (subject, relations) already asked: dev never repeats a test question
+    train = _questions(rng, entities, "train", "train", cfg.train_per_hop, cfg.max_hops, asked)
+    test = _questions(rng, entities, "test", "test", cfg.test_per_hop, cfg.max_hops, asked)
+    dev = _questions(rng, entities, "test", "dev", cfg.dev_per_hop, cfg.max_hops, asked)
     return World(entities, corpus, train, test, dev)
 
 
-def _questions(rng, entities, side, per_hop, max_hops, taken, split=None):
-    """per_hop distinct questions for each hop count 1..max_hops, subjects and chains on `side` only, none of them
-    in `taken` (which receives them)."""
-    rows, split = [], split or side
+def _questions(rng, entities, side, split, per_hop, max_hops, asked):
+    """per_hop new questions per hop count 1..max_hops, chains on `side` only, none in `asked` (which receives them)."""
+    rows = []
     for hops in range(1, max_hops + 1):
         subjects = [i for i, e in enumerate(entities) if e.side == side and _can_start(e.kind, hops)]
         if not subjects:
@@ -296,29 +249,26 @@ def _questions(rng, entities, side, per_hop, max_hops, taken, split=None):
             chain, rels = [rng.choice(subjects)], []
             for left in range(hops, 0, -1):  # random relation path that can still run `left` hops
                 here = entities[chain[-1]]
-                options = [r for r in here.facts if _can_start(RELATIONS[r].object, left - 1)]
-                rels.append(rng.choice(options))
+                rels.append(rng.choice([r for r in here.facts if _can_start(RELATIONS[r].object, left - 1)]))
                 chain.append(here.facts[rels[-1]])
             key = (chain[0], tuple(rels))
-            if key in seen or key in taken or len(set(chain)) < len(chain):
+            if key in seen or key in asked or len(set(chain)) < len(chain):
                 continue  # a chain that revisits an entity would need a repeated query, which the rollout stops
             seen.add(key)
-            phrase = entities[chain[0]].name
+            names = [entities[i].name for i in chain]
+            phrase = names[0]
             for r in rels[:-1]:
                 phrase = RELATIONS[r].noun.format(s=phrase)
-            answer = entities[chain[-1]]
-            suffix = ANSWER_SUFFIX.get(answer.kind)
+            suffix = ANSWER_SUFFIX.get(entities[chain[-1]].kind)
             rows.append(QARow(
                 id=f"{split}_{len(rows)}", question=RELATIONS[rels[-1]].question.format(s=phrase),
-                golden_answers=[answer.name, answer.name + suffix] if suffix else [answer.name],
-                data_source="world", split=split, index=len(rows), hops=hops,
-                gold_chain=[entities[i].name for i in chain], gold_relations=rels,
-                gold_queries=[entities[i].name for i in chain[:-1]],
-                gold_doc_ids=[entities[i].doc_id for i in chain[:-1]]))
+                golden_answers=[names[-1], names[-1] + suffix] if suffix else [names[-1]], data_source="world",
+                split=split, index=len(rows), hops=hops, gold_chain=names, gold_relations=rels,
+                gold_queries=names[:-1], gold_doc_ids=[entities[i].doc_id for i in chain[:-1]]))
         if len(seen) < per_hop:
             raise ValueError(f"only {len(seen)} distinct {hops}-hop {split} questions could be drawn, "
                              f"{per_hop} asked; lower {split}_per_hop or enlarge the world")
-        taken |= seen
+        asked |= seen
     return rows
 
 
@@ -356,50 +306,12 @@ class DataError(ValueError):
     """A dataset file or row that cannot be read as questions; the message names the file and row."""
 
 
-def _answers(value, where):
-    if hasattr(value, "tolist"):  # numpy arrays from parquet
-        value = value.tolist()
-    value = [value] if isinstance(value, str) else value
-    if not isinstance(value, list) or not value or not all(isinstance(a, str) for a in value):
-        raise DataError(f"{where}: golden answers must be a non-empty list of strings, got {value!r}")
-    return value
-
-
 def _question_from_prompt(prompt, where):
-    if hasattr(prompt, "tolist"):
-        prompt = prompt.tolist()
     users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"] if isinstance(prompt, list) else []
     if not isinstance(prompt, str) and not users:
         raise DataError(f"{where}: 'prompt' must be a string or chat messages with a user turn, got {prompt!r:.200}")
     text = prompt if isinstance(prompt, str) else users[-1].get("content", "")
     return text.rsplit("Question:", 1)[-1].strip()  # deviation 2
-
-
-def row_from_record(rec, where, split, index):
-    """One QARow from a Search-R1 (prompt + reward_model) or FlashRAG (question + golden_answers) record."""
-    if not isinstance(rec, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-    extra = rec.get("extra_info") or {}
-    if "reward_model" in rec or "prompt" in rec:
-        try:
-            target = rec["reward_model"]["ground_truth"]["target"]
-        except (KeyError, TypeError):
-            raise DataError(f"{where}: Search-R1 row has no reward_model.ground_truth.target "
-                            f"(keys: {sorted(rec)})") from None
-        question = rec.get("question") or _question_from_prompt(rec.get("prompt"), where)
-    elif "question" in rec and "golden_answers" in rec:
-        question, target = rec["question"], rec["golden_answers"]
-    else:
-        raise DataError(f"{where}: not a question row (keys: {sorted(rec)}); expected FlashRAG 'question' + "
-                        f"'golden_answers' or Search-R1 'prompt' + 'reward_model.ground_truth.target'")
-    if not isinstance(question, str) or not question.strip():
-        raise DataError(f"{where}: empty or non-string question {question!r}")
-    gold = {f.name: rec[f.name] for f in fields(QARow) if f.name.startswith("gold_") and f.name in rec}
-    return QARow(id=str(rec.get("id", f"{split}_{index}")), question=question.strip(),
-                 golden_answers=_answers(target, where), data_source=str(rec.get("data_source", "unknown")),
-                 split=str(extra.get("split", rec.get("split", split))),
-                 index=_integer(extra.get("index", index), "extra_info.index", where),
-                 hops=_integer(rec.get("hops", 0), "hops", where), **gold)
 
 
 def _integer(value, name, where):
@@ -408,9 +320,38 @@ def _integer(value, name, where):
     return value
 
 
+def row_from_record(rec, where, split, index):
+    """One QARow from a Search-R1 (prompt + reward_model) or FlashRAG (question + golden_answers) record."""
+    if not isinstance(rec, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    if "reward_model" in rec or "prompt" in rec:
+        try:
+            answers = rec["reward_model"]["ground_truth"]["target"]
+        except (KeyError, TypeError):
+            raise DataError(f"{where}: Search-R1 row has no reward_model.ground_truth.target "
+                            f"(keys: {sorted(rec)})") from None
+        question = rec.get("question") or _question_from_prompt(rec.get("prompt"), where)
+    elif "question" in rec and "golden_answers" in rec:
+        question, answers = rec["question"], rec["golden_answers"]
+    else:
+        raise DataError(f"{where}: not a question row (keys: {sorted(rec)}); expected FlashRAG 'question' + "
+                        f"'golden_answers' or Search-R1 'prompt' + 'reward_model.ground_truth.target'")
+    if not isinstance(question, str) or not question.strip():
+        raise DataError(f"{where}: empty or non-string question {question!r}")
+    answers = [answers] if isinstance(answers, str) else answers
+    if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
+        raise DataError(f"{where}: golden answers must be a non-empty list of strings, got {answers!r}")
+    extra = rec.get("extra_info") or {}
+    gold = {f.name: rec[f.name] for f in fields(QARow) if f.name.startswith("gold_") and f.name in rec}
+    return QARow(id=str(rec.get("id", f"{split}_{index}")), question=question.strip(), golden_answers=answers,
+                 data_source=str(rec.get("data_source", "unknown")),
+                 split=str(extra.get("split", rec.get("split", split))),
+                 index=_integer(extra.get("index", index), "extra_info.index", where),
+                 hops=_integer(rec.get("hops", 0), "hops", where), **gold)
+
+
 def load_rows(source, split="train"):
-    """Questions from a .parquet / .jsonl file, a directory holding {split}.parquet or {split}.jsonl,
-    or else a Hugging Face `datasets` name."""
+    """Questions from a .parquet / .jsonl file, a directory holding {split}.parquet or .jsonl, or a `datasets` name."""
     if os.path.isdir(source):
         found = [p for p in (os.path.join(source, f"{split}.{e}") for e in ("parquet", "jsonl")) if os.path.exists(p)]
         if not found:
@@ -433,8 +374,7 @@ def load_rows(source, split="train"):
 
 
 def read_jsonl(path, error=ValueError):
-    """(line number, parsed object) for every non-blank line; a line that is not UTF-8 or not JSON raises `error`
-    naming the file and line."""
+    """(line number, parsed object) per non-blank line; a line not UTF-8 or not JSON raises `error` naming it."""
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, 1):
             try:
@@ -454,21 +394,15 @@ def read_jsonl(path, error=ValueError):
 @dataclass
 class FilterReport:
     """What `reject_sampling_filter` kept and dropped."""
-    total: int
-    """Questions given."""
-    kept: int
-    """Questions whose group has mixed rewards (they carry a GRPO signal)."""
-    dropped_all_zero: int
-    """Groups with every reward 0: too hard, bad label, or retrieval finds nothing."""
-    dropped_all_one: int
-    """Groups with every reward 1: too easy, no multi-turn search needed."""
-    kept_constant: int
-    """Kept groups whose rewards are all equal but neither 0 nor 1 (deviation 3)."""
+    total: int  # questions given
+    kept: int  # questions whose group has mixed rewards (they carry a GRPO signal)
+    dropped_all_zero: int  # groups with every reward 0: too hard, bad label, or retrieval finds nothing
+    dropped_all_one: int  # groups with every reward 1: too easy, no multi-turn search needed
+    kept_constant: int  # kept groups whose rewards are all equal but neither 0 nor 1 (deviation 3)
 
 
 def reject_sampling_filter(rows, rewards):
     """Drop questions whose rollout group is all-0 or all-1 (Cut the Bill §3: n=8 rollouts per question).
-
     rewards[i] lists the rewards of question rows[i]'s rollouts. Returns (kept rows, FilterReport)."""
     if len(rows) != len(rewards):
         raise ValueError(f"{len(rows)} rows but {len(rewards)} reward groups; pass one group per question")
