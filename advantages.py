@@ -1,32 +1,26 @@
 """Credit assignment: one pure function per paper, from the rollout trees of ONE prompt to per-step advantages.
 
-Each function (grpo, tree_grpo, branpo, carl, treeps; ALGOS pairs each with its options) fills the nodes' `value` /
-`advantage` where its method defines them per node (never `reward`) and returns one `Trajectory` per trained leaf:
-the advantage that multiplies each step's tokens in that trajectory's loss, or None where the step is not trained
-there. No model, optimizer or distributed code here.
+Each function (grpo, tree_grpo, branpo, carl, treeps) fills the nodes' `value` / `advantage` where its method
+defines them per node (never `reward`) and returns one `Trajectory` per trained leaf: the advantage multiplying each
+step's tokens in that trajectory's loss, None where the step is not trained there. No model or optimizer code here.
 
 Deviations from the papers:
 1. A group of one reward gets advantage 0 (its std is undefined); verl returns r itself there.
-2. BranPO Eq. 14 multiplies redundant steps' branch advantage by 0; we leave them out of the loss (None), as its
-   §4.4 text says ("masked and excluded from gradient computation"): a 0-advantage token would still count in the
-   token-mean denominator and the KL term.
+2. BranPO Eq. 14 multiplies redundant steps' branch advantage by 0; we leave them out of the loss (None), as §4.4
+   says ("masked and excluded from gradient computation"), so they count in neither the token mean nor the KL term.
 3. BranPO's Algorithm 1 normalizes branch rewards per (prompt, trajectory), its Eq. 12 per prompt. We follow Eq. 12;
    `branch_norm="prefix"` gives Algorithm 1.
 4. CARL's V(s) averages over the children with a defined value: a child whose every leaf was discarded (retrieval
    failure) is left out rather than counted as 0.
 5. Tree-GRPO's text prints the expected budget E[B] = M*B + L*N*B/2; its Tables 3 and 7 fit M*B + M*L*N*B/2 (N
    expansions in each of the M trees), which `tree_grpo_budget` implements.
-6. CARL App. C.1 leaves the first phase's actions (the N0 chains sampled before any fork) untrained; Eq. 13 (every
-   action with a sibling) and Eq. 15's lower bound N + 1 count them. We follow Eqs. 13/15; `phase1_chains=N0`
-   follows App. C.1.
+6. CARL App. C.1 leaves the N0 first-phase chains (sampled before any fork) untrained; Eq. 13 (every action with
+   a sibling) and Eq. 15's lower bound N + 1 count them. We follow Eqs. 13/15; `phase1_chains=N0`, App. C.1.
 7. A step trained once (CARL's forked action, BranPO's prefix) is trained in the first trajectory through it that
-   is itself trained, skipping `truncated` ones (tree.to_samples drops those): the papers say "once" but have no
-   truncated trajectories, so "the first" alone could lose the step.
+   is not `truncated` (tree.to_samples drops those); the papers, which truncate nothing, just say "once".
 8. TreePS-RAG trains the N paths the rollout drew (leaves marked `sampled`, §2.3), or every leaf of an unmarked tree
    (hand-built, the CLI); V(n) always averages over every leaf of the tree.
 """
-from __future__ import annotations
-
 import json
 import math
 import sys
@@ -139,8 +133,8 @@ def branpo(trees: list[Tree], branch_norm: str = "prompt") -> list[Trajectory]:
     if branch_norm not in ("prompt", "prefix"):
         raise ValueError(f"branpo branch_norm must be 'prompt' (Eq. 12) or 'prefix' (Algorithm 1), got {branch_norm!r}")
     _reset(trees)
-    groups = [(end, scored_leaves(end)) for end in _prefix_ends(trees)]  # (B_n's last node, C_n)
-    groups = [(end, C) for end, C in groups if C]  # an original trajectory lost to retrieval errors is dropped
+    # (B_n's last node, C_n); an original trajectory whose continuations were all discarded (env_error) is dropped
+    groups = [(end, C) for end in _prefix_ends(trees) if (C := scored_leaves(end))]
     for end, C in groups:
         end.value = sum(leaf.reward for leaf in C) / len(C)  # r_base, Eq. 10
     A_base = group_normalize([end.value for end, _ in groups])  # Eq. 11, over the N prefixes
@@ -207,8 +201,6 @@ def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
                 if n.parent is not None:
                     n.advantage = (2 * n.value - t.root.value - n.parent.value) / math.sqrt(len(L))
     return [Trajectory(leaf, [step.advantage for step in path(leaf)]) for leaf in chosen]
-
-
 
 
 # The algorithm registry, credit half: name -> (advantage function, its options from AlgoConfig); rollout.STRATEGIES
