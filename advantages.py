@@ -77,13 +77,13 @@ def _mark_node_advantages(trajectories: list[Trajectory]) -> list[Trajectory]:
 def grpo(trees: list[Tree]) -> list[Trajectory]:
     """GRPO ("Cut the Bill" §5.3, Shao et al. 2024 Eq. 3): A_i = (r_i - mean(r)) / (std(r) + 1e-6) over the G
     trajectories of the prompt, broadcast to every step of trajectory i. Each tree must be a chain."""
-    leaves = _reset(trees)
+    scored = _reset(trees)
     for t in trees:
         if branching := [n.id for n in walk(t.root) if len(n.children) > 1]:
             raise ValueError(f"grpo expects chains, but tree {t.root.id!r} branches at {branching}; "
                              f"use tree_grpo (or treeps with process=False) for trees")
-    A = group_normalize([leaf.reward for leaf in leaves])  # one A_i per trajectory, G = len(leaves)
-    return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(leaves, A)])
+    A = group_normalize([leaf.reward for leaf in scored])  # one A_i per trajectory, G = len(scored)
+    return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(scored, A)])
 
 
 def tree_grpo(trees: list[Tree], mode: str = "both") -> list[Trajectory]:
@@ -93,11 +93,11 @@ def tree_grpo(trees: list[Tree], mode: str = "both") -> list[Trajectory]:
     `mode` = "intra" or "inter" is the Table 4 ablation (inter alone is GRPO over the tree leaves)."""
     if mode not in ("both", "intra", "inter"):
         raise ValueError(f"tree_grpo mode must be 'both', 'intra' or 'inter', got {mode!r}")
-    leaves = _reset(trees)
-    inter = group_normalize([leaf.reward for leaf in leaves])  # G_inter: the leaves of all M trees
+    scored = _reset(trees)
+    inter = group_normalize([leaf.reward for leaf in scored])  # G_inter: the leaves of all M trees
     intra = [a for t in trees for a in group_normalize([leaf.reward for leaf in scored_leaves(t.root)])]  # G_intra(T_i)
     A = {"both": [a + b for a, b in zip(intra, inter)], "intra": intra, "inter": inter}[mode]
-    return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(leaves, A)])
+    return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(scored, A)])
 
 
 def _prefix_ends(trees: list[Tree]) -> list[Node]:
@@ -139,10 +139,8 @@ def branpo(trees: list[Tree], branch_norm: str = "prompt") -> list[Trajectory]:
         end.value = sum(leaf.reward for leaf in C) / len(C)  # r_base, Eq. 10
     A_base = group_normalize([end.value for end, _ in groups])  # Eq. 11, over the N prefixes
     continuations = [leaf for _, C in groups for leaf in C]
-    if branch_norm == "prompt":
-        A_branch = dict(zip(continuations, group_normalize([leaf.reward for leaf in continuations])))  # Eq. 12
-    else:
-        A_branch = {leaf: a for _, C in groups for leaf, a in zip(C, group_normalize([x.reward for x in C]))}
+    branch_groups = [continuations] if branch_norm == "prompt" else [C for _, C in groups]  # Eq. 12 or Algorithm 1
+    A_branch = {leaf: a for G in branch_groups for leaf, a in zip(G, group_normalize([x.reward for x in G]))}
     owner, trajectories = _first_trained(continuations), []
     for (end, C), a_base in zip(groups, A_base):
         for leaf in C:
@@ -187,8 +185,7 @@ def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
         A(n) = (2 V(n) - V(root) - V(parent(n))) / sqrt(|L(n)|)
     i.e. global advantage V(n) - V(root) plus local advantage V(n) - V(parent), damped by sqrt(|L(n)|) because a
     node with many leaves appears in that many trajectories. Only the N trajectories drawn for training (§2.3,
-    deviation 8) are trained, each with A(n) on every step n. `process=False` is the Table 2 ablation: GRPO over them.
-    """
+    deviation 8) are trained, each with A(n) on every step n. `process=False`: the Table 2 ablation, GRPO over them."""
     scored = _reset(trees)
     chosen = [leaf for leaf in scored if leaf.sampled] or scored  # Y = {y_1 .. y_N}
     if not process:
