@@ -1,41 +1,26 @@
-"""Credit assignment: one pure function per paper, from a prompt's rollout trees to per-step advantages.
+"""Credit assignment: one pure function per paper, from the rollout trees of ONE prompt to per-step advantages.
 
-Every function takes the trees of ONE prompt (`list[Tree]`), fills the `value` / `advantage` fields of its nodes
-where the method defines them per node (never `reward`), and returns one `Trajectory` per scored leaf: the
-advantage that multiplies each step's tokens in that trajectory's loss, or None where the step is not trained
-there. tree.to_samples turns those into token-level training rows. No model, optimizer or distributed code here.
-
-    grpo       GRPO (Shao et al. 2024) as the multi-turn baseline of "Cut the Bill" §5.3
-    tree_grpo  Tree-GRPO §4.2.4: intra-tree + inter-tree group-relative advantage
-    branpo     BranPO §4.3 Eqs. 10-12 and §4.4 Eq. 14: base advantage on the prefix, branch advantage on suffixes
-    carl       CARL §5 Eqs. 9-11, 13 (and Eq. 16 for "update all"): A(s->s') = V(s') - V(s) on forked actions
-    treeps     TreePS-RAG §2.3: A(n) = (2 V(n) - V(root) - V(parent)) / sqrt(|L(n)|)
-
-Group convention (as verl and Tree-GRPO's code): (r - mean) / (std + 1e-6) with the unbiased std (torch.std's
-default). Equal rewards give 0.
+Each function (grpo, tree_grpo, branpo, carl, treeps) fills the nodes' `value` / `advantage` where its method
+defines them per node (never `reward`) and returns one `Trajectory` per trained leaf: the advantage multiplying each
+step's tokens in that trajectory's loss, None where the step is not trained there. No model or optimizer code here.
 
 Deviations from the papers:
-1. A group of one reward gets advantage 0 (std is undefined); verl returns r itself there.
-2. BranPO Eq. 14 multiplies redundant steps' branch advantage by 0; we go one step further and leave them out of
-   the loss (None), as its §4.4 text says ("masked and excluded from gradient computation"): a 0-advantage token
-   would still count in the token-mean denominator and the KL term.
-3. BranPO's Algorithm 1 normalizes branch rewards per (prompt g, trajectory i), its Eq. 12 per prompt. We follow
-   Eq. 12 by default; `branch_norm="prefix"` gives Algorithm 1.
-4. CARL's V(s) averages over children with a defined value; a child whose every leaf was discarded (retrieval
+1. A group of one reward gets advantage 0 (its std is undefined); verl returns r itself there.
+2. BranPO Eq. 14 multiplies redundant steps' branch advantage by 0; we leave them out of the loss (None), as §4.4
+   says ("masked and excluded from gradient computation"), so they count in neither the token mean nor the KL term.
+3. BranPO's Algorithm 1 normalizes branch rewards per (prompt, trajectory), its Eq. 12 per prompt. We follow Eq. 12;
+   `branch_norm="prefix"` gives Algorithm 1.
+4. CARL's V(s) averages over the children with a defined value: a child whose every leaf was discarded (retrieval
    failure) is left out rather than counted as 0.
-5. Tree-GRPO's expected budget: the text prints E[B] = M*B + L*N*B/2; its Tables 3 and 7 fit M*B + M*L*N*B/2
-   (N expansions in each of the M trees). `tree_grpo_budget` implements the corrected form.
-6. CARL: App. C.1 says the first phase's actions (the N0 chains sampled before any fork) are not trained; Eq. 13
-   (every action with a sibling) and Eq. 15's lower bound N + 1 count them. We follow Eqs. 13/15;
-   `phase1_chains=N0` follows App. C.1.
-7. A step trained once (CARL's forked action, BranPO's prefix with A_base) is trained in the first trajectory
-   through it that is itself trained, skipping `truncated` ones (tree.to_samples drops those); the papers say
-   "once" but have no truncated trajectories, so "the first" alone could lose the step.
-8. TreePS-RAG trains the N paths the rollout drew (leaves marked `sampled`, §2.3); a tree without marks (hand-built,
-   the CLI) trains every leaf. V(n) always averages over every leaf of the tree.
+5. Tree-GRPO's text prints the expected budget E[B] = M*B + L*N*B/2; its Tables 3 and 7 fit M*B + M*L*N*B/2 (N
+   expansions in each of the M trees), which `tree_grpo_budget` implements.
+6. CARL App. C.1 leaves the N0 first-phase chains (sampled before any fork) untrained; Eq. 13 (every action with
+   a sibling) and Eq. 15's lower bound N + 1 count them. We follow Eqs. 13/15; `phase1_chains=N0`, App. C.1.
+7. A step trained once (CARL's forked action, BranPO's prefix) is trained in the first trajectory through it that
+   is not `truncated` (tree.to_samples drops those); the papers, which truncate nothing, just say "once".
+8. TreePS-RAG trains the N paths the rollout drew (leaves marked `sampled`, §2.3), or every leaf of an unmarked tree
+   (hand-built, the CLI); V(n) always averages over every leaf of the tree.
 """
-from __future__ import annotations
-
 import json
 import math
 import sys
@@ -49,7 +34,7 @@ from tree import Node, Trajectory, Tree, leaves, load_trees, path, scored_leaves
 
 
 def group_normalize(rewards: list[float]) -> list[float]:
-    """(r_i - mean) / (std + 1e-6) over one group, unbiased std; a group of one gets 0 (verl would return r)."""
+    """(r_i - mean) / (std + 1e-6) with the unbiased std, as verl and Tree-GRPO's code; a group of one gets 0."""
     if len(rewards) < 2:
         return [0.0] * len(rewards)
     r = torch.tensor(rewards, dtype=torch.float64)  # (G,)
@@ -65,8 +50,7 @@ def _reset(trees: list[Tree]) -> list[Node]:
 
 
 def _first_trained(ends: list[Node]) -> dict[Node, Node]:
-    """Step -> the trajectory (its leaf) that trains it where a method trains a step once: the first trajectory
-    through it that is trained, i.e. not `truncated` (deviation 7); the first one if all are."""
+    """Step -> the leaf of the trajectory that trains a step trained once (deviation 7): the first not truncated."""
     owner = {}
     for leaf in sorted(ends, key=truncated):  # stable: trained trajectories first, each in tree order
         for step in path(leaf):
@@ -92,46 +76,34 @@ def _mark_node_advantages(trajectories: list[Trajectory]) -> list[Trajectory]:
 
 def grpo(trees: list[Tree]) -> list[Trajectory]:
     """GRPO ("Cut the Bill" §5.3, Shao et al. 2024 Eq. 3): A_i = (r_i - mean(r)) / (std(r) + 1e-6) over the G
-    trajectories of the prompt, broadcast to every step of trajectory i. Each tree is expected to be a chain."""
-    leaves = _reset(trees)
+    trajectories of the prompt, broadcast to every step of trajectory i. Each tree must be a chain."""
+    scored = _reset(trees)
     for t in trees:
-        branching = [n.id for n in walk(t.root) if len(n.children) > 1]
-        if branching:
+        if branching := [n.id for n in walk(t.root) if len(n.children) > 1]:
             raise ValueError(f"grpo expects chains, but tree {t.root.id!r} branches at {branching}; "
                              f"use tree_grpo (or treeps with process=False) for trees")
-    A = group_normalize([leaf.reward for leaf in leaves])  # one A_i per trajectory, G = len(leaves)
-    return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(leaves, A)])
+    A = group_normalize([leaf.reward for leaf in scored])  # one A_i per trajectory, G = len(scored)
+    return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(scored, A)])
 
 
 def tree_grpo(trees: list[Tree], mode: str = "both") -> list[Trajectory]:
-    """Tree-GRPO §4.2.4: A_tree(H_i) = A_intra(H_i) + A_inter(H_i).
-
-    A_intra normalizes R(H_i) over the leaves of H_i's own tree T_i, A_inter over the leaves of all M trees of the
-    prompt. Every root-to-leaf trajectory H_i is trained with its own A_tree(H_i), so a prefix shared by k leaves
-    is trained k times, once with each leaf's advantage, as in the paper's objective. `mode` = "intra" or "inter"
-    gives the Table 4 ablation (intra alone collapsed training there; inter alone is GRPO over the tree leaves).
-    """
+    """Tree-GRPO §4.2.4: A_tree(H_i) = A_intra(H_i) + A_inter(H_i), R(H_i) normalized over the leaves of H_i's own
+    tree T_i (intra) and over the leaves of all M trees of the prompt (inter). Each root-to-leaf trajectory H_i is
+    trained with its own A_tree(H_i): a prefix shared by k leaves is trained k times, as in the paper's objective.
+    `mode` = "intra" or "inter" is the Table 4 ablation (inter alone is GRPO over the tree leaves)."""
     if mode not in ("both", "intra", "inter"):
         raise ValueError(f"tree_grpo mode must be 'both', 'intra' or 'inter', got {mode!r}")
-    leaves = _reset(trees)
-    inter = dict(zip(leaves, group_normalize([leaf.reward for leaf in leaves])))  # G_inter: all M trees
-    trajectories = []
-    for t in trees:
-        own = scored_leaves(t.root)  # G_intra(T_i)
-        for leaf, a_intra in zip(own, group_normalize([leaf.reward for leaf in own])):
-            a = {"both": a_intra + inter[leaf], "intra": a_intra, "inter": inter[leaf]}[mode]
-            trajectories.append(Trajectory(leaf, [a] * leaf.depth))
-    return _mark_node_advantages(trajectories)
+    scored = _reset(trees)
+    inter = group_normalize([leaf.reward for leaf in scored])  # G_inter: the leaves of all M trees
+    intra = [a for t in trees for a in group_normalize([leaf.reward for leaf in scored_leaves(t.root)])]  # G_intra(T_i)
+    A = {"both": [a + b for a, b in zip(intra, inter)], "intra": intra, "inter": inter}[mode]
+    return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(scored, A)])
 
 
 def _prefix_ends(trees: list[Tree]) -> list[Node]:
-    """BranPO's truncation point k of each original trajectory n: the node marked `prefix_end`.
-
-    Two layouts work: one tree per original trajectory, or one tree whose root children start the N original
-    trajectories. A root marked `prefix_end` (k = 0, the whole trajectory resampled) makes its tree one original
-    trajectory; otherwise each root child's subtree is one, with at most one marked node. An unmarked subtree must
-    be a chain: it was never branched, so its prefix is the whole trajectory (the GRPO case, Theorem B.1).
-    """
+    """BranPO's truncation point k of each original trajectory: its node marked `prefix_end`. A tree whose root is
+    marked is one original trajectory (k = 0: all resampled); otherwise each root child's subtree is one, and if
+    unmarked must be a chain, its prefix the whole trajectory (the GRPO case, Theorem B.1)."""
     ends = []
     for t in trees:
         if t.root.prefix_end:
@@ -142,86 +114,66 @@ def _prefix_ends(trees: list[Tree]) -> list[Node]:
             if len(marked) > 1:
                 raise ValueError(f"original trajectory {child.id!r} marks {len(marked)} prefix ends "
                                  f"{[n.id for n in marked]}; BranPO truncates it once, so mark exactly one node")
-            if not marked and len(leaves := [n for n in walk(child) if not n.children]) > 1:
-                raise ValueError(f"original trajectory {child.id!r} branches into {[n.id for n in leaves]} but marks "
+            if not marked and len(tips := leaves(child)) > 1:
+                raise ValueError(f"original trajectory {child.id!r} branches into {[n.id for n in tips]} but marks "
                                  f"no prefix_end; mark the node its continuations share")
-            ends.append(marked[0] if marked else leaves[0])
+            ends.append(marked[0] if marked else tips[0])
     return ends
 
 
 def branpo(trees: list[Tree], branch_norm: str = "prompt") -> list[Trajectory]:
-    """BranPO §4.3 (Eqs. 8-12) with Redundant Step Masking §4.4 (Eq. 14).
-
-    Each original trajectory n of the prompt was grown into a prefix B_n (root .. the `prefix_end` node, Eq. 8)
-    and a continuation set C_n = the leaves under `prefix_end` (the original suffix, child 0, plus the kept
-    contrastive branches, Eq. 9); `_prefix_ends` says how the trees are read.
+    """BranPO §4.3 (Eqs. 8-12) with Redundant Step Masking §4.4 (Eq. 14). Each original trajectory n was grown into
+    a prefix B_n (root .. the `prefix_end` node, Eq. 8) and continuations C_n, the leaves under it (Eq. 9):
         r_base(n)     = mean_{i in C_n} r_branch(n, i)                                      (Eq. 10)
         A_base(n)     = (r_base(n) - mean_j r_base(j)) / std_j r_base(j),  j over the N prefixes  (Eq. 11)
         A_branch(n,i) = (r_branch(n,i) - mean) / std over all continuations of the prompt   (Eq. 12)
-    A_base multiplies the prefix steps, trained once (in the first trained continuation, deviation 7); A_branch
-    multiplies each continuation's own steps; steps marked `redundant` are masked out (Eq. 14; None, see deviation 2).
-    `branch_norm="prefix"` normalizes branches within each C_n instead, as Algorithm 1 writes it.
-    With one continuation per prefix every step gets the GRPO advantage (Theorem B.1).
-    """
+    A_base multiplies the prefix steps, trained once (deviation 7); A_branch each continuation's own steps but the
+    `redundant` ones (Eq. 14, deviation 2). `branch_norm="prefix"`: Algorithm 1 (deviation 3). With one continuation
+    per prefix every step gets the GRPO advantage (Theorem B.1)."""
     if branch_norm not in ("prompt", "prefix"):
         raise ValueError(f"branpo branch_norm must be 'prompt' (Eq. 12) or 'prefix' (Algorithm 1), got {branch_norm!r}")
     _reset(trees)
-    groups = [(end, scored_leaves(end)) for end in _prefix_ends(trees)]  # (B_n's last node, C_n)
-    groups = [(end, C) for end, C in groups if C]  # an original trajectory lost to retrieval errors is dropped
+    # (B_n's last node, C_n); an original trajectory whose continuations were all discarded (env_error) is dropped
+    groups = [(end, C) for end in _prefix_ends(trees) if (C := scored_leaves(end))]
     for end, C in groups:
         end.value = sum(leaf.reward for leaf in C) / len(C)  # r_base, Eq. 10
     A_base = group_normalize([end.value for end, _ in groups])  # Eq. 11, over the N prefixes
-    if branch_norm == "prompt":
-        flat = group_normalize([leaf.reward for _, C in groups for leaf in C])  # Eq. 12
-        A_branch = [flat[sum(len(C) for _, C in groups[:g]):][:len(C)] for g, (_, C) in enumerate(groups)]
-    else:
-        A_branch = [group_normalize([leaf.reward for leaf in C]) for _, C in groups]  # Algorithm 1
-    trajectories, owner = [], _first_trained([leaf for _, C in groups for leaf in C])
-    for (end, C), a_base, a_branches in zip(groups, A_base, A_branch):
-        k = end.depth  # prefix length
-        for leaf, a_branch in zip(C, a_branches):
-            prefix = [a_base if owner[step] is leaf else None for step in path(leaf)[:k]]
-            suffix = [None if step.redundant else a_branch for step in path(leaf)[k:]]  # Eq. 14
+    continuations = [leaf for _, C in groups for leaf in C]
+    branch_groups = [continuations] if branch_norm == "prompt" else [C for _, C in groups]  # Eq. 12 or Algorithm 1
+    A_branch = {leaf: a for G in branch_groups for leaf, a in zip(G, group_normalize([x.reward for x in G]))}
+    owner, trajectories = _first_trained(continuations), []
+    for (end, C), a_base in zip(groups, A_base):
+        for leaf in C:
+            steps = path(leaf)
+            prefix = [a_base if owner[step] is leaf else None for step in steps[:end.depth]]
+            suffix = [None if step.redundant else A_branch[leaf] for step in steps[end.depth:]]  # Eq. 14
             trajectories.append(Trajectory(leaf, prefix + suffix))
     return _mark_node_advantages(trajectories)
 
 
 def carl(trees: list[Tree], update_all: bool = False, phase1_chains: int = 0) -> list[Trajectory]:
-    """CARL §5: V(leaf) = R (Eq. 9); V(s) = mean of its children's V (Eq. 10, not the mean of its descendant
-    leaves); A(s -> s') = V(s') - V(s) (Eq. 11), no group mean or std normalization.
-
-    Selective update (Eq. 13): only actions whose parent state has more than one child are trained, each once
-    (in the first trained trajectory that contains it, deviation 7). `update_all=True` is the §6.3 ablation (Eq. 16):
-    a single-child action inherits the advantage of the edge into its parent (0 below the root, where V(s') = V(s)).
-    `phase1_chains=N0` leaves the N0 chains of the first phase (the root's first N0 children and, below each, the
-    first child all the way down) out of the update, as App. C.1 says (deviation 6).
-    """
+    """CARL §5: V(leaf) = R (Eq. 9), V(s) = mean of its children's V (Eq. 10, not of its descendant leaves),
+    A(s -> s') = V(s') - V(s) (Eq. 11), not group-normalized. Only actions whose parent state has more than one child
+    are trained, each once (Eq. 13; deviation 7). `update_all=True` is the §6.3 ablation (Eq. 16): a single-child
+    action inherits the advantage of the edge into its parent (0 below the root). `phase1_chains=N0` leaves the N0
+    first-phase chains (the root's first N0 children, then first children down) untrained (App. C.1, deviation 6)."""
     scored = _reset(trees)
-
-    def value(n: Node) -> float | None:  # bottom-up pass (App. C.2)
+    nodes = [n for t in trees for n in walk(t.root)]
+    for n in reversed(nodes):  # bottom-up (App. C.2): every child before its parent
         if not n.children:
-            n.value = n.reward if n.scored else None
-        else:
-            vs = [v for v in (value(c) for c in n.children) if v is not None]
-            n.value = sum(vs) / len(vs) if vs else None
-        return n.value
-
-    trained: dict[Node, float] = {}  # action (the node it leads to) -> its advantage; top-down pass
-
-    def collect(s: Node, inherited: float):
+            n.value = n.reward if n.scored else None  # Eq. 9
+        elif vs := [c.value for c in n.children if c.value is not None]:
+            n.value = sum(vs) / len(vs)  # Eq. 10 (deviation 4)
+    edge: dict[Node, float] = {}  # action (the node it leads to) -> its advantage
+    trained: dict[Node, float] = {}  # the actions the update trains
+    for s in nodes:  # top-down: every parent before its children
         valued = [c for c in s.children if c.value is not None]
         for c in valued:
-            a = c.value - s.value  # Eq. 11
+            edge[c] = c.value - s.value  # Eq. 11
             if len(valued) > 1:
-                trained[c] = a
+                trained[c] = edge[c]  # Eq. 13
             elif update_all:
-                a = inherited  # Eq. 16
-                trained[c] = a
-            collect(c, a)
-
-    for t in trees:
-        if value(t.root) is not None:
-            collect(t.root, 0.0)
+                trained[c] = edge[c] = edge.get(s, 0.0)  # Eq. 16: the edge above; 0 below the root
     phase1 = {step for t in trees for c in t.root.children[:phase1_chains] for step in path(leaves(c)[0])}  # App. C.1
     owner = _first_trained(scored)
     return _mark_node_advantages([Trajectory(leaf, [trained.get(s) if owner[s] is leaf and s not in phase1 else None
@@ -232,11 +184,8 @@ def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
     """TreePS-RAG §2.3 (Algorithm 1, lines 28-30): V(n) = mean reward over the descendant leaves L(n), and
         A(n) = (2 V(n) - V(root) - V(parent(n))) / sqrt(|L(n)|)
     i.e. global advantage V(n) - V(root) plus local advantage V(n) - V(parent), damped by sqrt(|L(n)|) because a
-    node with many leaves appears in that many trajectories. V uses every leaf; only the N trajectories drawn for
-    training (§2.3 "randomly sample N trajectories": leaves marked `sampled` by rollout.treeps; every leaf if none
-    is marked, deviation 8) are trained, A(n) multiplying the step's tokens in each of them that contains n.
-    `process=False` is the Table 2 ablation: GRPO over those sampled trajectories.
-    """
+    node with many leaves appears in that many trajectories. Only the N trajectories drawn for training (§2.3,
+    deviation 8) are trained, each with A(n) on every step n. `process=False`: the Table 2 ablation, GRPO over them."""
     scored = _reset(trees)
     chosen = [leaf for leaf in scored if leaf.sampled] or scored  # Y = {y_1 .. y_N}
     if not process:
@@ -244,10 +193,10 @@ def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
         return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(chosen, A)])
     for t in trees:
         for n in walk(t.root):  # depth first: V(root) and V(parent(n)) are set before n is reached
-            L = scored_leaves(n)  # L(n)
-            n.value = sum(leaf.reward for leaf in L) / len(L) if L else None
-            if n.parent is not None and n.value is not None:
-                n.advantage = (2 * n.value - t.root.value - n.parent.value) / math.sqrt(len(L))
+            if L := scored_leaves(n):  # L(n)
+                n.value = sum(leaf.reward for leaf in L) / len(L)
+                if n.parent is not None:
+                    n.advantage = (2 * n.value - t.root.value - n.parent.value) / math.sqrt(len(L))
     return [Trajectory(leaf, [step.advantage for step in path(leaf)]) for leaf in chosen]
 
 
@@ -318,19 +267,11 @@ def credit(cfg: AlgoConfig, trees: list[Tree]) -> list[Trajectory]:
     fn, options = ALGOS[cfg.algo]
     return fn(trees, **options(cfg))
 
-# ---------------------------------------------------------------------------------------------------------------
-# Analytic budgets
-
 
 def tree_grpo_budget(M: int, N: int, L: int) -> tuple[int, float]:
-    """Tree-GRPO §4.2.3: M trees, L rounds of N expansions per tree, each expansion one new leaf.
-
-    Returns (rollouts, expected budget in full-trajectory units B):
-        rollouts = M (L N + 1)
-        E[B_tree] = M B + M L N B / 2    (an expansion starts at a uniform depth, so costs B/2 on average)
-    The paper's text prints M B + L N B / 2, missing the factor M; its Table 3 budgets (2, 4, 8, 16 for
-    (M,N,L) = (1,2,1), (2,2,1), (4,2,1), (8,2,1); ~16 for (6,3,1) and (4,5,1)) only fit the form above.
-    """
+    """Tree-GRPO §4.2.3 (deviation 5): M trees, L rounds of N expansions per tree, each one new leaf starting at a
+    uniform depth (B/2 on average). Returns rollouts = M (L N + 1) and E[B_tree] = M B + M L N B / 2 in units of B,
+    the full trajectory: Table 3's budgets 2, 4, 8, 16 for (M,N,L) = (1,2,1) .. (8,2,1), ~16 for (6,3,1), (4,5,1)."""
     return M * (L * N + 1), M * (1 + L * N / 2)
 
 
@@ -347,9 +288,10 @@ def report(algo: str, trees: list[Tree], trajectories: list[Trajectory]) -> dict
                              for tr in trajectories]}
 
 
-def demo_tree() -> Tree:
-    """A small worked example: one prompt, two original trajectories, a branch, a redundant step."""
-    return Tree.from_dict({"id": "q", "children": [
+def demo() -> str:
+    """Every method's advantages on a worked tree (one prompt, two original trajectories, a branch, a redundant
+    step): the tree, then one row per (trajectory, step) and one column per method."""
+    tree = Tree.from_dict({"id": "q", "children": [
         {"id": "q.0", "action": "search", "query": "who founded Acme", "prefix_end": True, "children": [
             {"id": "q.0.0", "action": "answer", "answer": "Ivo", "reward": 1.0},
             {"id": "q.0.1", "action": "search", "query": "Ivo Ra birthplace", "redundant": True, "children": [
@@ -358,16 +300,14 @@ def demo_tree() -> Tree:
         {"id": "q.1", "action": "search", "query": "Acme founder", "children": [
             {"id": "q.1.0", "action": "answer", "answer": "Oda", "reward": 0.0}]}]})
 
-
-def demo() -> str:
-    """Every method's advantages on `demo_tree`, one row per (trajectory, step), one column per method."""
-    tree = demo_tree()
-    chains = [_chain_copy(tree, leaf) for leaf in scored_leaves(tree.root)]  # GRPO: each path as its own sample
+    chains = [Tree.from_dict(tree.to_dict()) for _ in scored_leaves(tree.root)]  # GRPO: each path its own chain
+    for chain, leaf in zip(chains, scored_leaves(tree.root)):
+        for step in path(chain.find(leaf.id)):
+            step.parent.children = [step]  # prune the copy to the root-to-leaf path
     table = {}
     for name, (fn, _) in ALGOS.items():
         for tr in fn(chains if name == "grpo" else [tree]):
-            for step, a in zip(tr.steps, tr.advantages):
-                table[name, tr.leaf.id.removeprefix("c:"), step.id.removeprefix("c:")] = a
+            table |= {(name, tr.leaf.id, step.id): a for step, a in zip(tr.steps, tr.advantages)}
     treeps([tree])  # leave TreePS-RAG's V and A on the rendered tree
     lines = ["TreePS-RAG values (V) and process advantages (A) on the tree:", tree.render(), "",
              "Advantage multiplying each step's tokens in each trajectory ('-' = not trained there):",
@@ -378,15 +318,6 @@ def demo() -> str:
             lines.append(f"{leaf.id:8} {step.id:8} "
                          + " ".join(f"{'-' if c is None else f'{c:+.3f}':>9}" for c in cells))
     return "\n".join(lines)
-
-
-def _chain_copy(tree: Tree, leaf: Node) -> Tree:
-    """The root-to-`leaf` path of `tree` as a chain of its own (ids prefixed with "c:")."""
-    root = node = Node("c:" + tree.root.id)
-    for step in path(leaf):
-        node = Node("c:" + step.id, parent=node, action=step.action, reward=step.reward, flags=list(step.flags))
-        node.parent.children.append(node)
-    return Tree(root)
 
 
 @dataclass
@@ -409,26 +340,23 @@ def main():
     cli.check(algo, RULES)
     if args.demo:
         print(demo())
-        return
-    if args.budget:
-        if algo.algo != "tree_grpo":
-            raise SystemExit("--budget M,N,L goes with --algo tree_grpo")
+    elif args.budget:
         try:
             M, N, L = (int(x) for x in args.budget.split(","))
         except ValueError:
             raise SystemExit(f"--budget {args.budget!r}: must be three integers M,N,L (trees, expansions, rounds), "
                              f"e.g. 2,2,1") from None
-        if min(M, N, L) < 0 or M < 1:
-            raise SystemExit(f"--budget {args.budget!r}: M must be >= 1 and N, L >= 0")
+        cli.check(algo, [], extra=[(algo.algo != "tree_grpo", f"--budget goes with --algo tree_grpo, not {algo.algo}"),
+                                   (M < 1 or min(N, L) < 0, f"--budget {args.budget!r}: M must be >= 1 and N, L >= 0")])
         rollouts, budget = tree_grpo_budget(M, N, L)
         print(json.dumps({"rollouts": rollouts, "budget": budget}))
-        return
-    if not args.trees:
+    elif args.trees:
+        trees = load_trees(args.trees, args.prompt)
+        print(json.dumps(report(algo.algo, trees, credit(algo, trees)), indent=1))
+        if args.render:
+            print("\n\n".join(t.render() for t in trees), file=sys.stderr)
+    else:
         raise SystemExit("give --trees FILE (and --algo), or --budget, or --demo")
-    trees = load_trees(args.trees, args.prompt)
-    print(json.dumps(report(algo.algo, trees, credit(algo, trees)), indent=1))
-    if args.render:
-        print("\n\n".join(t.render() for t in trees), file=sys.stderr)
 
 
 if __name__ == "__main__":

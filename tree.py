@@ -1,26 +1,19 @@
 """The rollout tree: the one data structure every paper's rollout writes and every advantage function reads.
 
-A `Tree` holds the rollouts of one prompt. Its root `Node` is the prompt (its `tokens` are the prompt's token ids;
-it is not a step and is never trained). Every other node is one agent step: the model's sampled tokens (thought +
-action) with their rollout log-probs, then the observation tokens the environment appended (`<information>...`).
-A chain (GRPO) is a tree whose nodes have one child each; Tree-GRPO, BranPO, CARL and TreePS-RAG differ only in
-where they add children. A root-to-leaf path is one trajectory.
-
-Token-in-token-out (Cut the Bill §5; BranPO App. A.3): the context of a node is the exact concatenation of the
-root's prompt ids and every step's sampled ids and observation ids on its path — never decoded and re-encoded.
-`to_samples` builds training rows from exactly those ids.
+A `Tree` holds one prompt's rollouts: its root `Node` is the prompt, every other node one agent step (sampled
+thought + action, then the environment's observation), every root-to-leaf path one trajectory (GRPO's trees are
+chains; the other methods differ only in where they branch).
+Token-in-token-out (Cut the Bill §5; BranPO App. A.3): a node's context is the exact concatenation of the ids on its
+path, never decoded and re-encoded.
 
 Notes and deviations:
-1. Reward, value and advantage are three fields. `reward` is set on leaves by the rollout; `value` and `advantage`
-   are written by advantages.py where a method defines them per node; the advantage that actually multiplies a
-   step's tokens is per trajectory (`Trajectory.advantages`), because Tree-GRPO trains a shared prefix once per
-   descendant leaf with that leaf's advantage.
-2. A trajectory whose retrieval failed (`env_error`) keeps its node in the tree for inspection but is not
-   *scored*: it is left out of every group statistic and never trained (Cut the Bill §5.4 "discard").
-   A trajectory cut by the token budget (`truncated`) is scored (its reward counts in group statistics) but
-   `to_samples` drops it from the loss.
-3. Per-token arrays in a `Sample` are aligned with `input_ids` (entry t describes token t). A causal LM predicts
-   token t from position t−1, so the trainer shifts by one; see train.py.
+1. Reward, value and advantage are three fields (the rollout sets `reward` on leaves; advantages.py `value` and
+   `advantage`). The advantage multiplying a step's tokens is per trajectory (`Trajectory.advantages`): Tree-GRPO
+   trains a shared prefix once per leaf, with that leaf's advantage.
+2. A trajectory whose retrieval failed (`env_error`) stays in the tree but is not *scored*: left out of every group
+   statistic and never trained (Cut the Bill §5.4 "discard"). One cut by the token budget (`truncated`) is scored
+   but `to_samples` drops it from the loss.
+3. A `Sample`'s per-token arrays are aligned with `input_ids` (entry t describes token t); the trainer shifts by one.
 """
 from __future__ import annotations
 
@@ -37,52 +30,29 @@ FLAGS = ("parse_error", "repeated_query", "too_many_calls", "max_turns", "trunca
 class Node:
     """One agent step (thought + action + observation); the root is the prompt."""
 
-    id: str
-    """Unique within a prompt's trees; children get `parent.id + "." + k`."""
-    parent: Node | None = field(default=None, repr=False)
-    """The node this step continues; None for the root."""
-    children: list[Node] = field(default_factory=list, repr=False)
-    """Continuations sampled from this node's context, in sampling order (child 0 is the original rollout)."""
-    tokens: list[int] = field(default_factory=list, repr=False)
-    """Model-sampled token ids of this step; for the root, the prompt's token ids."""
-    logprobs: list[float] = field(default_factory=list, repr=False)
-    """Rollout engine's log-prob of each of `tokens` (empty for the root)."""
-    obs_tokens: list[int] = field(default_factory=list, repr=False)
-    """Observation token ids the environment appended after this step (never trained)."""
-    text: str = ""
-    """`tokens` decoded, for reading only (never re-encoded)."""
-    obs_text: str = ""
-    """`obs_tokens` decoded, for reading only."""
-    action: str = ""
-    """Parsed action: "search", "answer", "invalid", or "" for the root."""
-    query: str | None = None
-    """The search query of a "search" step."""
-    answer: str | None = None
-    """The answer text of an "answer" step."""
-    doc_ids: list[str] = field(default_factory=list)
-    """Ids of the passages retrieved for `query` (TreePS-RAG's Jaccard pruning compares these)."""
-    reward: float | None = None
-    """Outcome reward R(H) of the trajectory ending here (leaves only); None = not scored."""
-    em: float | None = None
-    """Exact match of `answer` against the golden answers (answer steps; set once, by the agent)."""
-    f1: float | None = None
-    """Token F1 of `answer` against the golden answers (answer steps; set once, by the agent)."""
-    value: float | None = None
-    """V(n) where the method defines a node value (CARL, TreePS-RAG, BranPO's r_base); set by advantages.py."""
-    advantage: float | None = None
-    """The advantage on this step's tokens when every trajectory that trains it agrees; set by advantages.py."""
-    flags: list[str] = field(default_factory=list)
-    """Abnormal outcomes of this step, a subset of FLAGS."""
-    prefix_end: bool = False
-    """BranPO: the last step of the shared prefix B (Eq. 8); its children are the continuations C (Eq. 9)."""
-    redundant: bool = False
-    """BranPO RSM: a step a shorter correct continuation showed to be unnecessary (Eq. 14)."""
-    sampled: bool = False
-    """TreePS-RAG: a leaf whose root-to-leaf path is among the N drawn for training (§2.3); unmarked tree: all."""
-    entropy: float | None = None
-    """CARL: running mean of the length-normalised NLL of actions sampled at this state, H(s) (Eq. 6-8)."""
-    n_sampled: int = 0
-    """Children sampled from this node so far, pruned ones included: CARL's n(s) (Eq. 12); names new children."""
+    id: str  # unique within a prompt's trees; a child's is `parent.id + "." + k`
+    parent: Node | None = field(default=None, repr=False)  # the step this one continues; None for the root
+    children: list[Node] = field(default_factory=list, repr=False)  # in sampling order; child 0 is the original rollout
+    tokens: list[int] = field(default_factory=list, repr=False)  # the step's sampled ids; the root's: the prompt
+    logprobs: list[float] = field(default_factory=list, repr=False)  # rollout log-prob per token (root: empty)
+    obs_tokens: list[int] = field(default_factory=list, repr=False)  # observation ids appended (never trained)
+    text: str = ""  # `tokens` decoded, for reading only (never re-encoded)
+    obs_text: str = ""  # `obs_tokens` decoded, for reading only
+    action: str = ""  # parsed action: "search", "answer", "invalid", or "" for the root
+    query: str | None = None  # the search query of a "search" step
+    answer: str | None = None  # the answer text of an "answer" step
+    doc_ids: list[str] = field(default_factory=list)  # passages retrieved for `query` (TreePS-RAG's Jaccard pruning)
+    reward: float | None = None  # outcome reward R(H) of the trajectory ending here (leaves); None = not scored
+    em: float | None = None  # exact match of `answer` against the golden answers (set once, by the agent)
+    f1: float | None = None  # token F1 of `answer` against the golden answers (set once, by the agent)
+    value: float | None = None  # V(n) where a method has one (CARL, TreePS-RAG, BranPO's r_base), set by advantages.py
+    advantage: float | None = None  # the step's advantage if all trajectories that train it agree; set by advantages.py
+    flags: list[str] = field(default_factory=list)  # abnormal outcomes of this step, a subset of FLAGS
+    prefix_end: bool = False  # BranPO: last step of the shared prefix B (Eq. 8); its children: continuations C (Eq. 9)
+    redundant: bool = False  # BranPO RSM: a step a shorter correct continuation showed unnecessary (Eq. 14)
+    sampled: bool = False  # TreePS-RAG: a leaf whose path is among the N drawn for training (§2.3)
+    entropy: float | None = None  # CARL: running mean of the length-normalised NLL of actions from here, H(s) (Eq. 6-8)
+    n_sampled: int = 0  # children sampled so far, pruned ones included: CARL's n(s) (Eq. 12); names new children
 
     @property
     def depth(self) -> int:
@@ -101,7 +71,7 @@ class Node:
         self.children.append(child)
         return child
 
-    # ---- JSON: {"id": str, "children": [...], <every non-default field>} ----
+    # ---- JSON: {"id": str, <every non-default field>, "children": [...]} ----
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("id", "parent", "children")
@@ -111,13 +81,11 @@ class Node:
     @classmethod
     def from_dict(cls, d: dict, parent: Node | None = None) -> Node:
         known = {f.name for f in fields(cls)} - {"parent"}
-        unknown = set(d) - known
-        if unknown:
+        if unknown := set(d) - known:
             raise ValueError(f"node {d.get('id')!r} has unknown keys {sorted(unknown)}; known keys: {sorted(known)}")
         if "id" not in d:
             raise ValueError(f"a node has no 'id': {json.dumps(d)[:200]}")
-        bad = set(d.get("flags", [])) - set(FLAGS)
-        if bad:
+        if bad := set(d.get("flags", [])) - set(FLAGS):
             raise ValueError(f"node {d['id']!r} has unknown flags {sorted(bad)}; known flags: {FLAGS}")
         node = cls(parent=parent, **{k: v for k, v in d.items() if k != "children"})
         node.children = [cls.from_dict(c, node) for c in d.get("children", [])]
@@ -143,11 +111,7 @@ def scored_leaves(node: Node) -> list[Node]:
 
 def path(node: Node) -> list[Node]:
     """The steps from the root's child down to `node` (the root, being the prompt, is not a step)."""
-    steps = []
-    while node.parent is not None:
-        steps.append(node)
-        node = node.parent
-    return steps[::-1]
+    return [] if node.parent is None else path(node.parent) + [node]
 
 
 def truncated(leaf: Node) -> bool:
@@ -159,21 +123,17 @@ def context_ids(node: Node) -> list[int]:
     """TITO: the exact token ids the model sees after `node`: prompt + (tokens + obs_tokens) of every step."""
     steps = path(node)
     root = steps[0].parent if steps else node
-    return list(root.tokens) + list(root.obs_tokens) + [i for step in steps for i in step.tokens + step.obs_tokens]
+    return [i for n in [root, *steps] for i in n.tokens + n.obs_tokens]
 
 
 @dataclass
 class Tree:
     """The rollouts of one prompt that one method grew from one root."""
 
-    root: Node
-    """The prompt node; its `tokens` are the prompt's token ids."""
-    question: str = ""
-    """The question text, for reading."""
-    golden_answers: list[str] = field(default_factory=list)
-    """Accepted answers the reward compares against."""
-    stats: dict[str, float] = field(default_factory=dict)
-    """Rollout counters: generated_tokens, tool_calls, gen_seconds, retrieval_seconds, ..."""
+    root: Node  # the prompt node; its `tokens` are the prompt's token ids
+    question: str = ""  # the question text, for reading
+    golden_answers: list[str] = field(default_factory=list)  # accepted answers the reward compares against
+    stats: dict[str, float] = field(default_factory=dict)  # rollout counters: generated_tokens, tool_calls, ...
 
     def nodes(self) -> list[Node]:
         return list(walk(self.root))
@@ -182,9 +142,8 @@ class Tree:
         return leaves(self.root)
 
     def find(self, node_id: str) -> Node:
-        for n in walk(self.root):
-            if n.id == node_id:
-                return n
+        if found := [n for n in walk(self.root) if n.id == node_id]:
+            return found[0]
         raise KeyError(f"no node {node_id!r} in tree {self.root.id!r}")
 
     def to_dict(self) -> dict:
@@ -200,26 +159,20 @@ class Tree:
 
     def render(self) -> str:
         """A text picture of the tree with each node's action, reward r, value V and advantage A."""
-        return "\n".join([_label(self.root)] + _draw(self.root.children, ""))
+        return "\n".join(_draw(self.root, "", ""))
 
 
-def _label(n: Node) -> str:
-    """One node's line in `Tree.render`: id, action, query, answer, r / V / A, flags and marks."""
+def _draw(n: Node, first: str, rest: str) -> list[str]:
+    """`Tree.render`'s lines: `n`'s id, action, query, answer, r / V / A, flags (after `first`), then its subtree."""
     what = (n.action or "prompt") + (f" {n.query!r}" if n.query is not None else "") \
         + (f" -> {n.answer!r}" if n.answer is not None else "")
     parts = [f"{n.id}  {what}"] + [f"{k}={v:+.3f}" for k, v in (("r", n.reward), ("V", n.value), ("A", n.advantage))
                                    if v is not None]
     marks = n.flags + [m for m in ("prefix_end", "redundant", "sampled") if getattr(n, m)]
-    return "  ".join(parts + (["[" + ",".join(marks) + "]"] if marks else []))
-
-
-def _draw(children: list[Node], indent: str) -> list[str]:
-    """`Tree.render`'s lines for `children` and their subtrees, each line after `indent` and a branch glyph."""
-    lines = []
-    for i, c in enumerate(children):
-        last = i == len(children) - 1
-        lines.append(indent + ("└─ " if last else "├─ ") + _label(c))
-        lines += _draw(c.children, indent + ("   " if last else "│  "))
+    lines = [first + "  ".join(parts + (["[" + ",".join(marks) + "]"] if marks else []))]
+    for i, c in enumerate(n.children):
+        last = i == len(n.children) - 1
+        lines += _draw(c, rest + ("└─ " if last else "├─ "), rest + ("   " if last else "│  "))
     return lines
 
 
@@ -230,8 +183,7 @@ def save_trees(prompts: list[list[Tree]], path_: str) -> None:
 
 
 def load_trees(path_: str, prompt: int | None = None) -> list[Tree]:
-    """Read the trees of ONE prompt: a JSON list of tree dicts, or entry `prompt` of a rollout dump (a list of
-    such lists, as `save_trees` writes)."""
+    """The trees of ONE prompt: from a JSON list of tree dicts, or entry `prompt` of a `save_trees` rollout dump."""
     with open(path_) as f:
         data = json.load(f)
     if isinstance(data, list) and data and all(isinstance(x, list) for x in data):  # a rollout dump
@@ -253,10 +205,8 @@ def load_trees(path_: str, prompt: int | None = None) -> list[Tree]:
 class Trajectory:
     """One root-to-leaf path and the advantage each of its steps is trained with (None = not trained here)."""
 
-    leaf: Node
-    """The trajectory's last step."""
-    advantages: list[float | None]
-    """One entry per step of `path(leaf)`; multiplies that step's model tokens in this trajectory's loss."""
+    leaf: Node  # the trajectory's last step
+    advantages: list[float | None]  # one per step of `path(leaf)`: multiplies its model tokens in this row's loss
 
     @property
     def steps(self) -> list[Node]:
@@ -267,23 +217,15 @@ class Trajectory:
 class Sample:
     """One training row: a trajectory's exact token ids with per-token loss mask, advantage and rollout log-prob."""
 
-    input_ids: list[int]
-    """Prompt + every step's sampled ids + observation ids, exactly as generated (TITO)."""
-    loss_mask: list[int]
-    """1 on the model tokens of steps trained in this trajectory; 0 on prompt, observation and untrained steps."""
-    advantages: list[float]
-    """Per-token advantage (0 where loss_mask is 0)."""
-    logprobs: list[float]
-    """Rollout engine's log-prob per model token (0 elsewhere); the old policy for PPO / TIS."""
-    leaf_id: str
-    """The trajectory's leaf, for tracing a row back to its tree."""
+    input_ids: list[int]  # prompt + every step's sampled ids + observation ids, exactly as generated (TITO)
+    loss_mask: list[int]  # 1 on model tokens of steps trained in this row; 0 on prompt, observations, untrained steps
+    advantages: list[float]  # per-token advantage (0 where loss_mask is 0)
+    logprobs: list[float]  # rollout log-prob per model token (0 elsewhere): the old policy for PPO / TIS
+    leaf_id: str  # the trajectory's leaf, to trace a row back to its tree
 
 
 def to_samples(trajectories: list[Trajectory]) -> list[Sample]:
-    """Turn advantage-annotated trajectories into training rows.
-
-    Dropped: trajectories cut by the token budget (`truncated` on any step) and those in which no step is trained.
-    """
+    """Training rows of the trajectories, except those cut by the token budget and those with no step trained."""
     samples = []
     for traj in trajectories:
         steps = traj.steps
