@@ -10,7 +10,7 @@ Deviations from Search-R1's retrieval server:
 1. `return_scores: false` answers `[{"document": {...}}, ...]` per query; Search-R1's server crashes on that path
    (it unpacks scores that batch_search did not return).
 2. Concurrent requests are searched in one call (dynamic batching): the same results (exact top-k, cut to each
-   request's topk), but a search that raises fails every request batched with it (each answers 500).
+   request's topk), but a search that raises fails every request batched with it (each answers 500; clients retry).
 3. Standard-library HTTP (ThreadingHTTPServer, urllib) instead of FastAPI + uvicorn: no extra dependency.
 4. A passage whose contents has no newline gets an empty title (Search-R1 takes the whole line as the title).
 
@@ -166,8 +166,7 @@ class BM25Retriever:
             self.bm25.index(self.tokenizer.tokenize(corpus.contents, return_as="tuple", show_progress=PROGRESS),
                             show_progress=PROGRESS)
             if index_dir:
-                os.makedirs(index_dir, exist_ok=True)
-                self.bm25.save(index_dir, show_progress=PROGRESS)
+                self.bm25.save(index_dir, show_progress=PROGRESS)  # makes index_dir
                 self.tokenizer.save_vocab(index_dir)
                 _write_meta(index_dir, meta)
                 how += f", saved to {index_dir}"
@@ -177,8 +176,8 @@ class BM25Retriever:
         if not queries:
             return []
         token_ids = self.tokenizer.tokenize(list(queries), update_vocab=False, return_as="ids", show_progress=False)
-        k = min(k, len(self.corpus.ids))
-        return self.corpus.passages(*self.bm25.retrieve(token_ids, k=k, show_progress=False))  # (Q, k), (Q, k)
+        docs, scores = self.bm25.retrieve(token_ids, k=min(k, len(self.corpus.ids)), show_progress=False)  # (Q, k) each
+        return self.corpus.passages(docs, scores)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -194,7 +193,7 @@ def offline_encoder_dir():
 
 
 class Encoder:
-    """A Hugging Face encoder as a sentence embedder: mean pooling over real tokens, L2-normalised."""
+    """A Hugging Face encoder as a sentence embedder: mean pooling over real tokens, L2-normalised, fp16 on GPU."""
 
     def __init__(self, name_or_dir, max_length=256, device=None):
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -464,17 +463,16 @@ class RemoteRetriever:
 
     def search(self, queries, k):
         n = self.queries_per_request
-        requests = {start: self.pool.submit(self._post, list(queries[start:start + n]), k)
-                    for start in range(0, len(queries), n)}
-        partial, failed, errors = [], [], []
-        for start, future in requests.items():
+        chunks = [list(queries[start:start + n]) for start in range(0, len(queries), n)]
+        futures = [self.pool.submit(self._post, chunk, k) for chunk in chunks]
+        partial, errors = [], []
+        for chunk, future in zip(chunks, futures):
             try:
                 partial += future.result()  # re-raises anything unexpected
             except _RequestFailed as e:
-                size = min(n, len(queries) - start)
-                failed += range(start, start + size)
-                partial += [None] * size
+                partial += [None] * len(chunk)
                 errors.append(str(e))
+        failed = [i for i, passages in enumerate(partial) if passages is None]
         if failed:
             raise RetrievalError(f"retrieval failed for {len(failed)} of {len(queries)} queries at {self.url}: "
                                  f"{errors[0]}; check the server (python retriever.py serve ...) or raise "
