@@ -1,10 +1,9 @@
 """Rollout: the outcome reward, the multi-turn search agent, and every paper's tree-building strategy.
 
-The agent follows Search-R1: it reasons in <think>, searches with <search> query </search>, reads <information>
-... </information> and ends with <answer> ... </answer>. `Agent.step` advances a frontier of nodes, across all
-prompts, by one step (ONE batched engine call, ONE batched retriever call); `Agent.run` steps until every branch
-has ended. A strategy (chain for GRPO, tree_grpo, branpo, carl, treeps) decides which nodes to continue from; a
-chain is the degenerate tree.
+The agent speaks Search-R1's protocol (<think>, <search> query </search>, <information> ... </information>,
+<answer> ... </answer>). `Agent.step` advances a frontier of nodes across all prompts by one step with ONE batched
+engine call and ONE batched retriever call; `Agent.run` steps until every branch has ended. A strategy (chain for
+GRPO, tree_grpo, branpo, carl, treeps) picks the nodes to continue from; a chain is the degenerate tree.
 
 Abnormal outcomes ("Cut the Bill" §5.4), each a flag on the node and a counter: too_many_calls, parse_error,
 repeated_query (5.4.1) and max_turns (5.4.3) stop with reward 0; env_error (retrieval failed or timed out) is
@@ -141,8 +140,7 @@ def is_world_tokenizer(tokenizer) -> bool:
 
 
 def instruction_template(choice: str, tokenizer) -> str:
-    """The prompt template for AgentConfig.instruction ("auto": the short one for the embedded default's tokenizer,
-    Search-R1's for any other)."""
+    """AgentConfig.instruction's template ("auto": short for the embedded default's tokenizer, else Search-R1's)."""
     return INSTRUCTIONS.get(choice) or INSTRUCTIONS["short" if is_world_tokenizer(tokenizer) else "search_r1"]
 
 
@@ -197,9 +195,8 @@ def token_f1(prediction, golden_answers):
 
 
 def parse_action(text: str, think: str, max_calls: int) -> tuple[str, str | None, str | None]:
-    """One generated step as (action, content, abnormal flag): "search" or "answer" for the FIRST complete tag, else
-    "invalid" with too_many_calls (more <search> tags than max_calls) or parse_error (no tag, an unclosed tag, empty
-    content, unbalanced <think>)."""
+    """One step's (action, content, abnormal flag): "search" or "answer" for the FIRST complete tag, else "invalid"
+    with too_many_calls (> max_calls <search> tags) or parse_error (no tag, unclosed tag, empty, unbalanced think)."""
     if text.count("<search>") > max_calls:
         return "invalid", None, "too_many_calls"
     found = [(text.find(f"<{tag}>"), tag) for tag in ("search", "answer") if f"<{tag}>" in text]
@@ -219,8 +216,7 @@ def format_passages(passages) -> str:
 
 
 def user_turn_ids(tokenizer, text: str) -> list[int]:
-    """`text` as a user message through the tokenizer's chat template (generation prompt added) when it has one,
-    else the plain encoding."""
+    """`text` as a user turn: the chat template (generation prompt added) if the tokenizer has one, else plain."""
     if getattr(tokenizer, "chat_template", None):
         return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
                                                   add_generation_prompt=True, return_dict=False))
@@ -330,8 +326,7 @@ class Agent:
         self.counters["abnormal/" + flag] += 1
 
     def _observe(self, searching: list[tuple[Tree, Node, str]]):
-        """Run every query of the wave in one retriever call and append the <information> observations; a query the
-        retriever could not answer discards its trajectory (env_error)."""
+        """One retriever call for the wave's queries; append each <information> observation (failed: env_error)."""
         if not searching:
             return
         queries = [q for _, _, q in searching]
@@ -364,8 +359,7 @@ class Agent:
         return self.obs_open + self.encode(body)[:max(room, 0)] + self.obs_close
 
     def run(self, frontier: list[tuple[Tree, Node]]) -> list[Node]:
-        """Grow one full continuation from every frontier entry, wave by wave (each wave one `step`); return the
-        leaf each continuation ended in, in frontier order."""
+        """Continue every frontier entry to its end, one `step` per wave; return the leaves in frontier order."""
         heads = list(frontier)
         going = list(range(len(heads)))
         while going:
@@ -393,10 +387,9 @@ def chain(agent: Agent, examples, rng: random.Random, G: int = 8) -> list[list[T
 
 def tree_grpo(agent: Agent, examples, rng: random.Random, M: int = 2, N: int = 2, L: int = 1,
               with_replacement: bool = False) -> list[list[Tree]]:
-    """Tree-GRPO §4.2.3: M chains per prompt (the initial M trees); then L rounds in which N nodes per tree,
-    drawn uniformly among the root and the non-leaf nodes, without replacement (with it when the tree has fewer,
-    or with `with_replacement`, as the official code's random.choices; deviation 8), each get one new full
-    continuation. M (L N + 1) leaves per prompt."""
+    """Tree-GRPO §4.2.3: M chains per prompt (the initial trees), then L rounds in which N nodes per tree, drawn
+    uniformly among the root and the non-leaf nodes (without replacement unless the tree has fewer, or with
+    `with_replacement`: deviation 8), each get one new full continuation. M (L N + 1) leaves per prompt."""
     prompts = [[agent.new_tree(ex, f"p{i}.t{m}") for m in range(M)] for i, ex in enumerate(examples)]
     agent.run([(t, t.root) for trees in prompts for t in trees])  # initialization
     for _ in range(L):
@@ -427,16 +420,13 @@ def _recur(r: float, acc: float) -> int:
 
 
 def branpo(agent: Agent, examples, rng: random.Random, N: int = 4, rsm: bool = True) -> list[list[Tree]]:
-    """BranPO §4.2 and App. A.1 (Algorithm 1): N chains per prompt, one tree per original trajectory.
-
-    acc = mean F1 of the prompt's N initial rollouts. For each trajectory (F1 r, T steps): truncate at depth
-    k = T-1, then T-2, ... (Recur(r, acc) points, Eq. 16) and sample Bran(acc) continuations at each (Eq. 15);
-    keep the first whose correctness (F1 >= 0.8) differs from the original, mark its truncation node
-    `prefix_end`, and stop. With `rsm` (§4.4), a correct trajectory longer than the group's mean correct length
-    (when acc > 0.5) is instead truncated before its penultimate step and branched 5 times; the first correct
-    branch with fewer steps is kept and the original's penultimate step is marked `redundant`.
-    Branches that are not kept are removed from the tree (their tokens still count in the stats).
-    """
+    """BranPO §4.2, App. A.1 (Algorithm 1): N chains per prompt, one tree per original trajectory; acc = their mean
+    F1. Each trajectory (F1 r, T steps) is truncated at depth k = T-1, T-2, ... (Recur(r, acc) points, Eq. 16) with
+    Bran(acc) continuations at each (Eq. 15) until one's correctness (F1 >= 0.8) differs from the original's: it is
+    kept and its truncation node marked `prefix_end`. With `rsm` (§4.4), a correct trajectory longer than the
+    group's mean correct length (acc > 0.5) is instead branched 5 times before its penultimate step; the first
+    shorter correct branch is kept and the original's penultimate step marked `redundant`. Unkept branches are
+    removed (their tokens still count in the stats)."""
     prompts = [[agent.new_tree(ex, f"p{i}.n{j}") for j in range(N)] for i, ex in enumerate(examples)]
     agent.run([(t, t.root) for trees in prompts for t in trees])
     jobs = []  # (tree, original leaf, plan: the truncations still to try, [(depth k, n branches, mode), ...])
@@ -484,8 +474,7 @@ def _action_nll(node: Node) -> float:
 
 
 def _states(tree: Tree) -> list[Node]:
-    """CARL's states of `tree`, the root and every intermediate node, each given H(s) (Eq. 6-8): the mean
-    length-normalised NLL of the actions sampled at s so far."""
+    """Set H(s) (CARL Eq. 6-8) on every state of `tree` (the root and each intermediate node); return them."""
     states = [n for n in walk(tree.root) if n.children]
     for s in states:
         s.entropy = sum(_action_nll(c) for c in s.children) / len(s.children)
@@ -493,12 +482,10 @@ def _states(tree: Tree) -> list[Node]:
 
 
 def carl(agent: Agent, examples, rng: random.Random, N0: int = 1, N: int = 16) -> list[list[Tree]]:
-    """CARL App. C.1 (progressive rollout): N0 chains from the root, then N forks, each from the state of
-    lowest action density n(s) / H(s) (Eq. 12), where n(s) counts the actions sampled at s and H(s) is the mean
-    length-normalised NLL of those actions (Eq. 6-8). Each fork rolls out one full trajectory, so the rollout
-    samples N0/N + 1/2 of the actions of GRPO with N chains (Eq. 14: a fork starts halfway down, on average).
-    One tree per prompt.
-    """
+    """CARL App. C.1 (progressive rollout), one tree per prompt: N0 chains from the root, then N forks, each a full
+    trajectory from the state of lowest action density n(s) / H(s) (Eq. 12): n(s) actions sampled at s, H(s) their
+    mean length-normalised NLL (Eq. 6-8). It samples N0/N + 1/2 of the actions of GRPO with N chains (Eq. 14: a
+    fork starts halfway down, on average)."""
     prompts = [[agent.new_tree(ex, f"p{i}")] for i, ex in enumerate(examples)]
     agent.run([(trees[0], trees[0].root) for trees in prompts for _ in range(N0)])
     for _ in range(N):  # lowest n/H = highest H/n
@@ -525,13 +512,12 @@ def jaccard_prune(children: list[Node], k: int) -> list[Node]:
 
 def treeps(agent: Agent, examples, rng: random.Random, N: int = 8, D: int = 0, N_retain: int = 2,
            N_train: int = 0) -> list[list[Tree]]:
-    """TreePS-RAG §2.2 (Algorithm 1, phase 1): layer by layer from M(0) = {root}. At depth d every retained parent
-    gets B_d = ceil(N / |M(d-1)|) children (Eq. 2), all layers' prompts in one engine call; answer (and abnormal)
-    children are leaves; among each parent's search children min(N_retain, count) are kept by Jaccard clustering
-    and become M(d); the rest are pruned. At the depth limit D (0: every step the agent allows, max_turns + 1)
-    search children are pruned the same way and the kept ones end with reward 0 (Alg. 1 l. 24; deviation 4).
-    Then N_train (0: N) root-to-leaf paths per tree are drawn with `rng` and their leaves marked `sampled`: the
-    trajectories advantages.treeps trains (§2.3)."""
+    """TreePS-RAG §2.2 (Algorithm 1, phase 1), layer by layer from M(0) = {root}: at depth d each retained parent gets
+    B_d = ceil(N / |M(d-1)|) children (Eq. 2), every tree's layer in one engine call; answers (and abnormal ends)
+    are leaves; of each parent's search children min(N_retain, count) are kept by Jaccard clustering as M(d), the
+    rest pruned. At the depth limit D (0: max_turns + 1) the kept search children end with reward 0 (Alg. 1 l. 24;
+    deviation 4). Then N_train (0: N) root-to-leaf paths per tree are drawn with `rng` and their leaves marked
+    `sampled`: the trajectories advantages.treeps trains (§2.3)."""
     D = D or agent.cfg.max_turns + 1
     if D > agent.cfg.max_turns + 1:
         raise ValueError(f"treeps depth limit D={D} exceeds the agent's max_turns + 1 = {agent.cfg.max_turns + 1} "
