@@ -86,7 +86,7 @@ class AgentConfig:
     think_tag: str = "think"
     """Reasoning tag name: "think" (Search-R1), "thinking" or "reason" (the Qwen3 runs in the papers)."""
     max_turns: int = 4
-    """Search rounds (Search-R1's max_turns); step max_turns + 1 may only answer (a search there: max_turns, r 0)."""
+    """Search rounds (Search-R1's max_turns); step max_turns + 1 may only answer (a search there: reward 0)."""
     max_step_tokens: int = 64
     """Tokens generated per step."""
     max_traj_tokens: int = 1024
