@@ -429,7 +429,7 @@ def branpo(agent: Agent, examples, rng: random.Random, N: int = 4, rsm: bool = T
     removed (their tokens still count in the stats)."""
     prompts = [[agent.new_tree(ex, f"p{i}.n{j}") for j in range(N)] for i, ex in enumerate(examples)]
     agent.run([(t, t.root) for trees in prompts for t in trees])
-    jobs = []  # (tree, original leaf, plan: the truncations still to try, [(depth k, n branches, mode), ...])
+    jobs = []  # (tree, original leaf, plan: the truncations still to try, each (depth k, n branches, mode))
     for trees in prompts:
         originals = [(t, t.leaves()[0]) for t in trees if t.leaves()[0].scored]
         f1s = [_f1(leaf) for _, leaf in originals]
@@ -448,7 +448,7 @@ def branpo(agent: Agent, examples, rng: random.Random, N: int = 4, rsm: bool = T
     while jobs:  # one wave of truncation points: each job's next one, all jobs in one batch
         starts = [([t.root] + path(leaf))[plan[0][0]] for t, leaf, plan in jobs]  # the truncation nodes
         ends = agent.run([(t, start) for (t, _, plan), start in zip(jobs, starts) for _ in range(plan[0][1])])
-        for (t, leaf, plan), start in zip(jobs, starts):
+        for (_, leaf, plan), start in zip(jobs, starts):
             k, n_branches, mode = plan.pop(0)
             mine, ends = ends[:n_branches], ends[n_branches:]
             correct = _f1(leaf) >= CORRECT_F1
