@@ -1,23 +1,14 @@
-"""Rollout: the multi-turn search agent and every paper's tree-building strategy.
+"""Rollout: the outcome reward, the multi-turn search agent, and every paper's tree-building strategy.
 
-The agent follows Search-R1's conventions: the model reasons in <think>, calls the retriever with
-<search> query </search>, reads <information> ... </information>, and ends with <answer> ... </answer>.
-`Agent.step` advances a whole frontier of nodes, across all prompts, by one step: ONE batched engine call, ONE
-batched retriever call. `Agent.run` repeats steps until every branch has ended. The strategies below decide which
-nodes to continue from; a chain is the degenerate tree.
+The agent speaks Search-R1's protocol (<think>, <search> query </search>, <information> ... </information>,
+<answer> ... </answer>). `Agent.step` advances a frontier of nodes across all prompts by one step with ONE batched
+engine call and ONE batched retriever call; `Agent.run` steps until every branch has ended. A strategy (chain for
+GRPO, tree_grpo, branpo, carl, treeps) picks the nodes to continue from; a chain is the degenerate tree.
 
-    chain      GRPO: G independent trajectories per prompt
-    tree_grpo  Tree-GRPO §4.2.3: M chains, then L rounds of N random non-leaf expansions per tree
-    branpo     BranPO §4.2 + App. A.1: tail truncation with the Bran/Recur schedule, contrastive branches, RSM check
-    carl       CARL §5 + App. C.1: N0 chains, then N forks from the state of lowest action density n(s)/H(s)
-    treeps     TreePS-RAG §2.2: layer-wise, B_d = ceil(N/|M(d-1)|), Jaccard-clustered pruning of search children;
-               §2.3: N root-to-leaf paths drawn for training
-
-Abnormal outcomes ("Cut the Bill" §5.4), each a flag on the node and a counter:
-    too_many_calls, parse_error, repeated_query -> stop, reward 0 (5.4.1)
-    env_error (retrieval failed or timed out)    -> discard: not trained, not in group statistics (5.4.2)
-    max_turns                                     -> stop, reward 0 (5.4.3)
-    truncated (token budget exceeded)             -> stop; reward counts in statistics, tokens not trained (5.4.4)
+Abnormal outcomes ("Cut the Bill" §5.4), each a flag on the node and a counter: too_many_calls, parse_error,
+repeated_query (5.4.1) and max_turns (5.4.3) stop with reward 0; env_error (retrieval failed or timed out) is
+discarded, neither trained nor in group statistics (5.4.2); truncated (token budget exceeded) stops, its reward
+counts in statistics, its tokens are not trained (5.4.4).
 
 Deviations and choices:
 1. BranPO samples the Bran(r, acc) branches of one truncation point together and keeps the first contrastive one
@@ -28,19 +19,18 @@ Deviations and choices:
    answer, the trajectory keeps only its original suffix (GRPO-like, Theorem B.1).
 3. CARL's entropy H(s) uses the rollout engine's log-probs of the sampled action tokens (length-normalised NLL,
    Eq. 8). Forks of different prompts run in one batch, one fork per prompt per wave.
-4. TreePS-RAG keeps, per cluster of search children, the first sampled member as its representative. Search
-   children at the depth limit D = max_turns + 1 were ended by the agent (max_turns, reward 0) without retrieval;
-   they are pruned like any others, but with no documents all their distances tie and the clustering's merge
-   order picks the kept ones (Alg. 1 l. 15 retrieves for them only to choose which reward-0 leaves stay). With
-   D <= max_turns they are retrieved, pruned, then ended. The N training paths (§2.3) are drawn among the scored
-   leaves; a drawn `truncated` one is then not trained (Cut the Bill §5.4.4).
+4. TreePS-RAG keeps, per cluster of search children, the first sampled member. Search children at the depth limit
+   D = max_turns + 1 were ended by the agent (max_turns, reward 0) without retrieval: with no documents their
+   distances all tie and the clustering's merge order picks the kept ones (Alg. 1 l. 15 retrieves for them only to
+   choose which reward-0 leaves stay). With D <= max_turns they are retrieved, pruned, then ended. The N training
+   paths (§2.3) are drawn among the scored leaves; a drawn `truncated` one is then not trained (Cut the Bill §5.4.4).
 5. With the format penalty on (BranPO App. A.3), tag-format breaks and answers given without any search get -0.5
    instead of their reward; repeated queries, max turns and truncation keep reward 0.
 6. Per-prompt wall time: each wave's generation (retrieval) time is shared among prompts in proportion to the
    tokens they generated (queries they issued) in that wave.
 7. BranPO's RSM check runs for r >= 0.8 (§4.4: "correct trajectories", with App. A.1's correctness threshold);
-   App. A.1 writes r = 1. A trajectory of T <= Recur steps is also truncated at k = 0 (resampled from the
-   prompt; its prefix is empty, so A_base trains nothing there); the paper only says "near the tail".
+   App. A.1 writes r = 1. A trajectory of T <= Recur steps is also truncated at k = 0 (resampled from the prompt;
+   its prefix is empty, so A_base trains nothing there); the paper only says "near the tail".
 8. Tree-GRPO draws the N expansion nodes without replacement (the text's "N nodes are randomly selected");
    the official code uses random.choices, with replacement: `with_replacement=True`.
 9. The outcome reward follows SQuAD's official script (normalisation, EM, token F1) and scores the best-matching
@@ -89,22 +79,18 @@ INSTRUCTIONS = {"search_r1": INSTRUCTION, "short": SHORT_INSTRUCTION}
 
 @dataclass
 class AgentConfig:
-    """How one agent step is generated, parsed, executed and scored: the same in training, evaluation, warm start
-    and dumps (train.py, eval.py, warmstart.py and rollout.py parse it)."""
+    """How an agent step is generated, parsed, executed and scored, the same in training, eval, warm start, dumps."""
 
     instruction: str = field(default="auto", metadata={"choices": ["auto", "search_r1", "short"]})
     """Prompt: auto = the short one for the embedded default's tokenizer, else Search-R1's."""
     think_tag: str = "think"
     """Reasoning tag name: "think" (Search-R1), "thinking" or "reason" (the Qwen3 runs in the papers)."""
     max_turns: int = 4
-    """Search rounds per trajectory (Search-R1's max_turns): steps 1..max_turns may search, step max_turns + 1 may
-    only answer; a search there stops the trajectory with reward 0 (max_turns). TreePS-RAG's depth limit D is at
-    most max_turns + 1 (--treeps_D)."""
+    """Search rounds (Search-R1's max_turns); step max_turns + 1 may only answer (a search there: reward 0)."""
     max_step_tokens: int = 64
     """Tokens generated per step."""
     max_traj_tokens: int = 1024
-    """Token budget per trajectory (model + observation tokens, prompt excluded); exceeding it truncates (reward
-    counts, tokens not trained)."""
+    """Token budget per trajectory after the prompt; exceeding it truncates (reward counts, tokens not trained)."""
     max_obs_tokens: int = 160
     """Observation tokens appended per search (the passages are cut, the closing tag kept)."""
     topk: int = 3
@@ -154,8 +140,7 @@ def is_world_tokenizer(tokenizer) -> bool:
 
 
 def instruction_template(choice: str, tokenizer) -> str:
-    """The prompt template for AgentConfig.instruction ("auto": the short one for the embedded default's tokenizer,
-    Search-R1's for any other)."""
+    """AgentConfig.instruction's template ("auto": short for the embedded default's tokenizer, else Search-R1's)."""
     return INSTRUCTIONS.get(choice) or INSTRUCTIONS["short" if is_world_tokenizer(tokenizer) else "search_r1"]
 
 
@@ -196,11 +181,10 @@ def token_f1(prediction, golden_answers):
         if (pred in ("yes", "no", "noanswer") or gold in ("yes", "no", "noanswer")) and pred != gold:
             continue  # HotpotQA: a yes/no answer gets no partial credit
         p, g = pred.split(), gold.split()
+        same = sum((Counter(p) & Counter(g)).values())
         if not p or not g:  # SQuAD v2: empty matches only empty
             best = max(best, float(p == g))
-            continue
-        same = sum((Counter(p) & Counter(g)).values())
-        if same:
+        elif same:
             precision, recall = same / len(p), same / len(g)
             best = max(best, 2 * precision * recall / (precision + recall))
     return best
@@ -211,25 +195,17 @@ def token_f1(prediction, golden_answers):
 
 
 def parse_action(text: str, think: str, max_calls: int) -> tuple[str, str | None, str | None]:
-    """Parse one generated step into (action, content, abnormal flag).
-
-    action is "search" or "answer" for the FIRST complete tag, else "invalid". The flag names what broke:
-    too_many_calls (more <search> tags than max_calls), parse_error (no tag, unclosed tag, empty content,
-    unbalanced <think>).
-    """
+    """One step's (action, content, abnormal flag): "search" or "answer" for the FIRST complete tag, else "invalid"
+    with too_many_calls (> max_calls <search> tags) or parse_error (no tag, unclosed tag, empty, unbalanced think)."""
     if text.count("<search>") > max_calls:
         return "invalid", None, "too_many_calls"
-    if text.count(f"<{think}>") != text.count(f"</{think}>"):
-        return "invalid", None, "parse_error"
     found = [(text.find(f"<{tag}>"), tag) for tag in ("search", "answer") if f"<{tag}>" in text]
-    if not found:
+    if text.count(f"<{think}>") != text.count(f"</{think}>") or not found:
         return "invalid", None, "parse_error"
     start, tag = min(found)
     end = text.find(f"</{tag}>", start)
-    if end < 0:
-        return "invalid", None, "parse_error"
     content = text[start + len(tag) + 2:end].strip()
-    if not content:
+    if end < 0 or not content:
         return "invalid", None, "parse_error"
     return tag, content, None
 
@@ -240,8 +216,7 @@ def format_passages(passages) -> str:
 
 
 def user_turn_ids(tokenizer, text: str) -> list[int]:
-    """`text` as a user message through the tokenizer's chat template (generation prompt added) when it has one,
-    else the plain encoding."""
+    """`text` as a user turn: the chat template (generation prompt added) if the tokenizer has one, else plain."""
     if getattr(tokenizer, "chat_template", None):
         return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
                                                   add_generation_prompt=True, return_dict=False))
@@ -294,9 +269,9 @@ class Agent:
         return user_turn_ids(self.tok, self.template.format(think=self.cfg.think_tag, question=question.strip()))
 
     def new_tree(self, example, tree_id: str) -> Tree:
-        """An empty tree for one prompt: the root holds the prompt's token ids."""
+        """An empty tree for one prompt: the root holds the prompt's token ids; `stats` counts from 0 (a Counter)."""
         return Tree(Node(tree_id, tokens=self.prompt_ids(example.question)), question=example.question,
-                    golden_answers=list(example.golden_answers))
+                    golden_answers=list(example.golden_answers), stats=Counter())
 
     # ---- one step for a frontier --------------------------------------------------------------------------------
 
@@ -310,43 +285,37 @@ class Agent:
         gen_time = time.perf_counter() - t0
         self.counters["rollout/waves"] += 1
         total_tokens = sum(len(o.token_ids) for o in outs) or 1
-        children, searching = [], []  # searching: (tree, child, query or None for a retry)
+        children, searching = [], []  # searching: (tree, child, query)
         for (tree, node), out in zip(frontier, outs):
             child = node.add_child(tokens=list(out.token_ids), logprobs=list(out.logprobs),
                                    text=self.tok.decode(out.token_ids))
             children.append((tree, child))
-            tree.stats["generated_tokens"] = tree.stats.get("generated_tokens", 0) + len(out.token_ids)
-            share = len(out.token_ids) / total_tokens  # of this wave's generation time (deviation 6)
-            tree.stats["gen_seconds"] = tree.stats.get("gen_seconds", 0.0) + gen_time * share
+            tree.stats["generated_tokens"] += len(out.token_ids)
+            tree.stats["gen_seconds"] += gen_time * (len(out.token_ids) / total_tokens)  # its share (deviation 6)
             self.counters["rollout/steps"] += 1
             action, content, flag = parse_action(child.text, cfg.think_tag, cfg.max_calls)
             child.action = action
-            used = len(context_ids(child)) - len(tree.root.tokens)
-            if used > cfg.max_traj_tokens:
+            if len(context_ids(child)) - len(tree.root.tokens) > cfg.max_traj_tokens:
                 self._end(child, "truncated", 0.0)
             elif flag == "parse_error" and cfg.retry_invalid and child.depth <= cfg.max_turns:
-                child.flags.append(flag)
+                child.flags.append(flag)  # flagged, not ended: the retry message is its observation
                 self.counters["abnormal/" + flag] += 1
-                child.obs_tokens = self.encode(RETRY)
-                child.obs_text = RETRY
-                searching.append((tree, child, None))
+                child.obs_tokens, child.obs_text = self.encode(RETRY), RETRY
             elif flag:
                 self._end(child, flag, -0.5 if cfg.format_penalty else 0.0)
             elif action == "answer":
                 child.answer = content
                 child.em, child.f1 = exact_match(content, tree.golden_answers), token_f1(content, tree.golden_answers)
-                no_search = not any(s.action == "search" for s in path(child))
-                penalty = cfg.format_penalty and no_search
+                penalty = cfg.format_penalty and not any(s.action == "search" for s in path(child))
                 child.reward = -0.5 if penalty else child.f1 if cfg.reward == "f1" else child.em
-            elif _key(content) in {_key(s.query) for s in path(node) if s.query}:
-                child.query = content
-                self._end(child, "repeated_query", 0.0)
-            elif child.depth > cfg.max_turns:
-                child.query = content
-                self._end(child, "max_turns", 0.0)
             else:
                 child.query = content
-                searching.append((tree, child, content))
+                if _key(content) in {_key(s.query) for s in path(node) if s.query}:
+                    self._end(child, "repeated_query", 0.0)
+                elif child.depth > cfg.max_turns:
+                    self._end(child, "max_turns", 0.0)
+                else:
+                    searching.append((tree, child, content))
         self._observe(searching)
         return children
 
@@ -356,23 +325,26 @@ class Agent:
         child.reward = reward
         self.counters["abnormal/" + flag] += 1
 
-    def _observe(self, searching: list[tuple[Tree, Node, str | None]]):
-        """Run every query of the wave in one retriever call and append the <information> observations."""
-        searching = [(tree, child, q) for tree, child, q in searching if q is not None]  # retries: obs attached
+    def _observe(self, searching: list[tuple[Tree, Node, str]]):
+        """One retriever call for the wave's queries; append each <information> observation (failed: env_error)."""
         if not searching:
             return
         queries = [q for _, _, q in searching]
         t0 = time.perf_counter()
-        results = self._search(queries)
+        try:
+            results = self.retriever.search(queries, self.cfg.topk)
+        except RetrievalError as e:  # carries the passages of the queries that did succeed, None for the others
+            self.counters["rollout/retrieval_failed_queries"] += len(e.failed)
+            results = e.partial
         bodies = [None if r is None else format_passages(r) for r in results]
         if self.refiner is not None:  # Cut the Bill §6: only the frozen model's summary reaches the agent
             bodies = self.refiner.summarize(queries, results)
         retrieval_time = time.perf_counter() - t0
         for (tree, child, _), passages, body in zip(searching, results, bodies):
-            tree.stats["tool_calls"] = tree.stats.get("tool_calls", 0) + 1
-            tree.stats["retrieval_seconds"] = tree.stats.get("retrieval_seconds", 0.0) + retrieval_time / len(queries)
+            tree.stats["tool_calls"] += 1
+            tree.stats["retrieval_seconds"] += retrieval_time / len(queries)
             if passages is None:
-                tree.stats["failed_queries"] = tree.stats.get("failed_queries", 0) + 1
+                tree.stats["failed_queries"] += 1
                 self._end(child, "env_error", None)
                 continue
             child.doc_ids = [p.id for p in passages]
@@ -386,19 +358,8 @@ class Agent:
         room = self.cfg.max_obs_tokens - len(self.obs_open) - len(self.obs_close)
         return self.obs_open + self.encode(body)[:max(room, 0)] + self.obs_close
 
-    def _search(self, queries: list[str]) -> list[list | None]:
-        """Batched retrieval; None for each query the retriever could not answer (its trajectory is discarded)."""
-        if not queries:
-            return []
-        try:
-            return self.retriever.search(queries, self.cfg.topk)
-        except RetrievalError as e:  # carries the passages of the queries that did succeed
-            self.counters["rollout/retrieval_failed_queries"] += len(e.failed)
-            return e.partial
-
     def run(self, frontier: list[tuple[Tree, Node]]) -> list[Node]:
-        """Grow one full continuation from every frontier entry, wave by wave (each wave one `step`); return the
-        leaf each continuation ended in, in frontier order."""
+        """Continue every frontier entry to its end, one `step` per wave; return the leaves in frontier order."""
         heads = list(frontier)
         going = list(range(len(heads)))
         while going:
@@ -426,10 +387,9 @@ def chain(agent: Agent, examples, rng: random.Random, G: int = 8) -> list[list[T
 
 def tree_grpo(agent: Agent, examples, rng: random.Random, M: int = 2, N: int = 2, L: int = 1,
               with_replacement: bool = False) -> list[list[Tree]]:
-    """Tree-GRPO §4.2.3: M chains per prompt (the initial M trees); then L rounds in which N nodes per tree,
-    drawn uniformly among the root and the non-leaf nodes, without replacement (with it when the tree has fewer,
-    or with `with_replacement`, as the official code's random.choices; deviation 8), each get one new full
-    continuation. M (L N + 1) leaves per prompt."""
+    """Tree-GRPO §4.2.3: M chains per prompt (the initial trees), then L rounds in which N nodes per tree, drawn
+    uniformly among the root and the non-leaf nodes (without replacement unless the tree has fewer, or with
+    `with_replacement`: deviation 8), each get one new full continuation. M (L N + 1) leaves per prompt."""
     prompts = [[agent.new_tree(ex, f"p{i}.t{m}") for m in range(M)] for i, ex in enumerate(examples)]
     agent.run([(t, t.root) for trees in prompts for t in trees])  # initialization
     for _ in range(L):
@@ -460,19 +420,16 @@ def _recur(r: float, acc: float) -> int:
 
 
 def branpo(agent: Agent, examples, rng: random.Random, N: int = 4, rsm: bool = True) -> list[list[Tree]]:
-    """BranPO §4.2 and App. A.1 (Algorithm 1): N chains per prompt, one tree per original trajectory.
-
-    acc = mean F1 of the prompt's N initial rollouts. For each trajectory (F1 r, T steps): truncate at depth
-    k = T-1, then T-2, ... (Recur(r, acc) points, Eq. 16) and sample Bran(acc) continuations at each (Eq. 15);
-    keep the first whose correctness (F1 >= 0.8) differs from the original, mark its truncation node
-    `prefix_end`, and stop. With `rsm` (§4.4), a correct trajectory longer than the group's mean correct length
-    (when acc > 0.5) is instead truncated before its penultimate step and branched 5 times; the first correct
-    branch with fewer steps is kept and the original's penultimate step is marked `redundant`.
-    Branches that are not kept are removed from the tree (their tokens still count in the stats).
-    """
+    """BranPO §4.2, App. A.1 (Algorithm 1): N chains per prompt, one tree per original trajectory; acc = their mean
+    F1. Each trajectory (F1 r, T steps) is truncated at depth k = T-1, T-2, ... (Recur(r, acc) points, Eq. 16) with
+    Bran(acc) continuations at each (Eq. 15) until one's correctness (F1 >= 0.8) differs from the original's: it is
+    kept and its truncation node marked `prefix_end`. With `rsm` (§4.4), a correct trajectory longer than the
+    group's mean correct length (acc > 0.5) is instead branched 5 times before its penultimate step; the first
+    shorter correct branch is kept and the original's penultimate step marked `redundant`. Unkept branches are
+    removed (their tokens still count in the stats)."""
     prompts = [[agent.new_tree(ex, f"p{i}.n{j}") for j in range(N)] for i, ex in enumerate(examples)]
     agent.run([(t, t.root) for trees in prompts for t in trees])
-    jobs = []  # [tree, original leaf, original correct?, [(truncation depth k, n branches, mode)]]
+    jobs = []  # (tree, original leaf, plan: the truncations still to try, each (depth k, n branches, mode))
     for trees in prompts:
         originals = [(t, t.leaves()[0]) for t in trees if t.leaves()[0].scored]
         f1s = [_f1(leaf) for _, leaf in originals]
@@ -487,33 +444,27 @@ def branpo(agent: Agent, examples, rng: random.Random, N: int = 4, rsm: bool = T
                 plan = [(T - 2, 5, "shorter")]
             else:
                 plan = [(T - d, _bran(acc), "contrast") for d in range(1, _recur(r, acc) + 1) if T - d >= 0]
-            jobs.append([t, leaf, r >= CORRECT_F1, plan])
-    while jobs:
-        frontier, owners = [], []
-        for job in jobs:
-            t, leaf, _, plan = job
-            k, n_branches, _ = plan[0]
-            frontier += [(t, ([t.root] + path(leaf))[k])] * n_branches
-            owners += [job] * n_branches
-        ends = agent.run(frontier)
-        for job in jobs:
-            t, leaf, correct, plan = job
-            k, _, mode = plan.pop(0)
-            mine = [e for e, o in zip(ends, owners) if o is job]
+            jobs.append((t, leaf, plan))
+    while jobs:  # one wave of truncation points: each job's next one, all jobs in one batch
+        starts = [([t.root] + path(leaf))[plan[0][0]] for t, leaf, plan in jobs]  # the truncation nodes
+        ends = agent.run([(t, start) for (t, _, plan), start in zip(jobs, starts) for _ in range(plan[0][1])])
+        for (_, leaf, plan), start in zip(jobs, starts):
+            k, n_branches, mode = plan.pop(0)
+            mine, ends = ends[:n_branches], ends[n_branches:]
+            correct = _f1(leaf) >= CORRECT_F1
             keep = next((e for e in mine if e.scored and (
                 (_f1(e) >= CORRECT_F1) != correct if mode == "contrast"
                 else _f1(e) >= CORRECT_F1 and e.depth < leaf.depth)), None)
             for e in mine:  # prune the branches that are not kept
                 if e is not keep:
-                    branch = path(e)[k]
-                    branch.parent.children.remove(branch)
+                    start.children.remove(path(e)[k])
             if keep is not None:
-                ([t.root] + path(leaf))[k].prefix_end = True
+                start.prefix_end = True
                 if mode == "shorter":
                     path(leaf)[k].redundant = True  # the original's extra step (its penultimate one)
                 agent.counters["rollout/branpo_" + mode] += 1
                 plan.clear()
-        jobs = [job for job in jobs if job[3]]
+        jobs = [(t, leaf, plan) for t, leaf, plan in jobs if plan]
     return prompts
 
 
@@ -522,27 +473,25 @@ def _action_nll(node: Node) -> float:
     return -sum(node.logprobs) / len(node.logprobs) if node.logprobs else 0.0
 
 
+def _states(tree: Tree) -> list[Node]:
+    """Set H(s) (CARL Eq. 6-8) on every state of `tree` (the root and each intermediate node); return them."""
+    states = [n for n in walk(tree.root) if n.children]
+    for s in states:
+        s.entropy = sum(_action_nll(c) for c in s.children) / len(s.children)
+    return states
+
+
 def carl(agent: Agent, examples, rng: random.Random, N0: int = 1, N: int = 16) -> list[list[Tree]]:
-    """CARL App. C.1 (progressive rollout): N0 chains from the root, then N forks, each from the state of
-    lowest action density n(s) / H(s) (Eq. 12), where n(s) counts the actions sampled at s and H(s) is the mean
-    length-normalised NLL of those actions (Eq. 6-8). Each fork rolls out one full trajectory, so the rollout
-    samples N0/N + 1/2 of the actions of GRPO with N chains (Eq. 14: a fork starts halfway down, on average).
-    One tree per prompt.
-    """
+    """CARL App. C.1 (progressive rollout), one tree per prompt: N0 chains from the root, then N forks, each a full
+    trajectory from the state of lowest action density n(s) / H(s) (Eq. 12): n(s) actions sampled at s, H(s) their
+    mean length-normalised NLL (Eq. 6-8). It samples N0/N + 1/2 of the actions of GRPO with N chains (Eq. 14: a
+    fork starts halfway down, on average)."""
     prompts = [[agent.new_tree(ex, f"p{i}")] for i, ex in enumerate(examples)]
     agent.run([(trees[0], trees[0].root) for trees in prompts for _ in range(N0)])
-    for _ in range(N):
-        frontier = []
-        for [t] in prompts:
-            states = [n for n in walk(t.root) if n.children]  # the root and every intermediate state
-            for s in states:  # H(s): running mean over the actions sampled at s
-                s.entropy = sum(_action_nll(c) for c in s.children) / len(s.children)
-            frontier.append((t, max(states, key=lambda s: s.entropy / len(s.children))))  # lowest n/H
-        agent.run(frontier)
+    for _ in range(N):  # lowest n/H = highest H/n
+        agent.run([(t, max(_states(t), key=lambda s: s.entropy / len(s.children))) for [t] in prompts])
     for [t] in prompts:
-        for s in walk(t.root):
-            if s.children:
-                s.entropy = sum(_action_nll(c) for c in s.children) / len(s.children)
+        _states(t)  # the final H(s), kept on the tree
     return prompts
 
 
@@ -563,40 +512,39 @@ def jaccard_prune(children: list[Node], k: int) -> list[Node]:
 
 def treeps(agent: Agent, examples, rng: random.Random, N: int = 8, D: int = 0, N_retain: int = 2,
            N_train: int = 0) -> list[list[Tree]]:
-    """TreePS-RAG §2.2 (Algorithm 1, phase 1): layer by layer from M(0) = {root}. At depth d every retained parent
-    gets B_d = ceil(N / |M(d-1)|) children (Eq. 2), all layers' prompts in one engine call; answer (and abnormal)
-    children are leaves; among each parent's search children min(N_retain, count) are kept by Jaccard clustering
-    and become M(d); the rest are pruned. At the depth limit D (0: every step the agent allows, max_turns + 1)
-    search children are pruned the same way and the kept ones end with reward 0 (Alg. 1 l. 24; deviation 4).
-    Then N_train (0: N) root-to-leaf paths per tree are drawn with `rng` and their leaves marked `sampled`: the
-    trajectories advantages.treeps trains (§2.3)."""
+    """TreePS-RAG §2.2 (Algorithm 1, phase 1), layer by layer from M(0) = {root}: at depth d each retained parent gets
+    B_d = ceil(N / |M(d-1)|) children (Eq. 2), every tree's layer in one engine call; answers (and abnormal ends)
+    are leaves; of each parent's search children min(N_retain, count) are kept by Jaccard clustering as M(d), the
+    rest pruned. At the depth limit D (0: max_turns + 1) the kept search children end with reward 0 (Alg. 1 l. 24;
+    deviation 4). Then N_train (0: N) root-to-leaf paths per tree are drawn with `rng` and their leaves marked
+    `sampled`: the trajectories advantages.treeps trains (§2.3)."""
     D = D or agent.cfg.max_turns + 1
     if D > agent.cfg.max_turns + 1:
         raise ValueError(f"treeps depth limit D={D} exceeds the agent's max_turns + 1 = {agent.cfg.max_turns + 1} "
                          f"steps; lower D or raise max_turns to {D - 1}")
-    prompts = [[agent.new_tree(ex, f"p{i}")] for i, ex in enumerate(examples)]
-    retained = {id(trees[0]): [trees[0].root] for trees in prompts}  # M(d-1) per tree
+    trees = [agent.new_tree(ex, f"p{i}") for i, ex in enumerate(examples)]
+    retained = [[t.root] for t in trees]  # M(d-1) per tree
     for d in range(1, D + 1):
-        frontier = [(t, p) for [t] in prompts for p in retained[id(t)]
-                    for _ in range(math.ceil(N / len(retained[id(t)])) if retained[id(t)] else 0)]
+        frontier = [(t, p) for t, parents in zip(trees, retained) for p in parents
+                    for _ in range(math.ceil(N / len(parents)))]
         if not frontier:
             break
         agent.step(frontier)
-        for [t] in prompts:
+        for i, parents in enumerate(retained):
             kept = []
-            for p in retained[id(t)]:
+            for p in parents:
                 search = [c for c in p.children if not ended(c) or c.flags == ["max_turns"]]  # those the limit ended
                 keep = jaccard_prune(search, N_retain)
                 p.children = [c for c in p.children if c not in search or c in keep]
                 kept += keep
             for c in [c for c in kept if d == D and not ended(c)]:  # Alg. 1 l. 24: leaves at D, reward 0
                 agent._end(c, "max_turns", 0.0)
-            retained[id(t)] = kept
-    for [t] in prompts:
+            retained[i] = kept
+    for t in trees:
         pool = scored_leaves(t.root)
         for leaf in rng.sample(pool, min(N_train or N, len(pool))):  # §2.3: "randomly sample N trajectories"
             leaf.sampled = True
-    return prompts
+    return [[t] for t in trees]
 
 
 # The algorithm registry, rollout half: name -> (strategy, its hyperparameters from advantages.AlgoConfig);
@@ -626,7 +574,6 @@ def metrics(prompts: list[list[Tree]]) -> dict[str, float]:
     scored = [leaf for leaf in leaves if leaf.scored]
     em = [x.em or 0.0 for x in scored]  # a missing answer scores 0
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
-    median = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0.0  # noqa: E731
     stat = lambda key: sum(t.stats.get(key, 0) for trees in prompts for t in trees) / n  # noqa: E731
     groups = [[x.reward for t in trees for x in t.leaves() if x.scored] for trees in prompts]
     m = {"rollout/reward": mean([x.reward for x in scored]), "rollout/em": mean(em),
@@ -634,10 +581,10 @@ def metrics(prompts: list[list[Tree]]) -> dict[str, float]:
          "rollout/effective_groups": mean([float(len(set(g)) > 1) for g in groups])}
     for name, values in (("turns", [float(x.depth) for x in scored]),
                          ("searches", [float(sum(s.action == "search" for s in path(x))) for x in scored])):
-        for subset, keep in (("", lambda i: True), ("_correct", lambda i: em[i] == 1)):
-            picked = [v for i, v in enumerate(values) if keep(i)]
-            m[f"rollout/{name}_median{subset}"] = median(picked)
-            m[f"rollout/{name}_max{subset}"] = max(picked, default=0.0)
+        correct = [v for v, e in zip(values, em) if e == 1]
+        for suffix, picked in (("", values), ("_correct", correct)):
+            m[f"rollout/{name}_median{suffix}"] = sorted(picked)[len(picked) // 2] if picked else 0.0  # upper median
+            m[f"rollout/{name}_max{suffix}"] = max(picked, default=0.0)
     m.update({"rollout/tokens_per_prompt": stat("generated_tokens"),
               "rollout/tool_calls_per_prompt": stat("tool_calls"), "tree/leaves_per_prompt": len(leaves) / n,
               "rollout/gen_seconds_per_prompt": stat("gen_seconds"),
