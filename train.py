@@ -495,19 +495,18 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
         seconds["warm start"] = time.perf_counter() - t0
     model, tok = engines.load_policy(model_path, args.gguf_file or None)
     ref_model, _ = engines.load_policy(model_path, args.gguf_file or None)  # frozen: the KL anchor
-    ref_model.requires_grad_(False).eval()
+    ref_model.requires_grad_(False).eval().to(accelerator.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scheduler = get_constant_schedule_with_warmup(optimizer, args.warmup_steps)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    ref_model = ref_model.to(accelerator.device)
     agent = eval_agent = None
     if main_proc:
         engine = engines.make_engine(args.engine, accelerator.unwrap_model(model), tok, model_path,
                                      dtype=args.vllm_dtype, gpu_memory_utilization=args.vllm_gpu_memory_utilization)
         agent = rollout.Agent(engine, search, tok, agent_cfg)
         eval_agent = rollout.Agent(engine, search, tok, rollout.for_eval(agent_cfg))
-    exact_logprobs = [agent.engine.exact_logprobs if main_proc else None]  # the engine's log-probs are pi_old
-    broadcast_object_list(exact_logprobs)
+    # does the engine return log pi_old itself (deviation 2)? rank 0 knows; every rank's micro_batches needs it
+    exact_logprobs = broadcast_object_list([agent.engine.exact_logprobs if main_proc else None])[0]
     rng = random.Random(agent_cfg.seed)  # strategies' random choices
     order = list(range(len(train_rows)))
     random.Random(agent_cfg.seed).shuffle(order)
@@ -533,11 +532,10 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
     bar = tqdm(range(start, args.steps), desc=algo.algo, disable=not main_proc, initial=start, total=args.steps)
     for step in bar:
         t0 = time.perf_counter()
-        payload = [rollout_step(step, args, algo, agent, train_rows, order, rng) if main_proc else None]
-        broadcast_object_list(payload)
-        samples, metrics = payload[0]
+        rolled_out = rollout_step(step, args, algo, agent, train_rows, order, rng) if main_proc else None
+        samples, metrics = broadcast_object_list([rolled_out])[0]  # rank 0's, on every rank
         t1 = time.perf_counter()
-        micro = micro_batches(samples, accelerator, model, ref_model, args, tok.pad_token_id, exact_logprobs[0])
+        micro = micro_batches(samples, accelerator, model, ref_model, args, tok.pad_token_id, exact_logprobs)
         t2 = time.perf_counter()
         stats, grad_norms, losses, n_skipped = update(micro, accelerator, model, optimizer, scheduler, args)
         skipped += n_skipped
