@@ -10,11 +10,10 @@ Deviations and choices:
    default; "seq-mean-token-mean" optional), k3 KL to the frozen initial policy on the trained tokens as a loss
    term (GRPO style), not a reward penalty.
 2. TIS ("Cut the Bill" §5.5.2): weight min(pi_old / pi_rollout, tis_cap) per token on the policy-gradient term;
-   pi_old is the trainer's before the update, pi_rollout the engine's (engines.py note 1). The HF engine samples
-   from the trainer's own weights, so its log-probs ARE pi_old (`exact_logprobs`, checked by tests/test_train.py):
-   the trainer skips its pi_old pass and the weight is exactly 1; with vLLM's kernels the pass runs and TIS
-   corrects. BranPO Table 5's "rollout IS batch normalize" (mean-1 weights per batch) is not applied: Cut the
-   Bill's TIS has none.
+   pi_rollout is the engine's log-prob (engines.py note 1). The HF engine samples from the trainer's own weights,
+   so its log-probs ARE pi_old (`exact_logprobs`, checked by tests/test_train.py) and the trainer skips its pi_old
+   pass (weight exactly 1); with vLLM the trainer recomputes pi_old and TIS corrects the kernels' differences.
+   BranPO Table 5's "rollout IS batch normalize" (mean-1 weights per batch) is not applied: Cut the Bill has none.
 3. Rank 0 owns the rollout engine, the retriever and logging; it broadcasts the training samples and each rank
    updates on its shard, padded with zero-weight rows to the same number of micro-batches (DDP's collectives).
 4. A step whose loss or gradient norm is not finite is skipped (counted in train/skipped_steps), never applied.
@@ -208,8 +207,7 @@ def collate(samples, pad_id: int) -> dict[str, torch.Tensor]:
 
 
 def rollout_step(step: int, args: Args, algo: AlgoConfig, agent: rollout.Agent, train_rows, order, rng):
-    """This step's prompts grown into trees (the paper's strategy), credited (its advantage function) and turned
-    into training samples; and the batch's metrics."""
+    """This step's prompts grown into trees, credited and turned into training samples; and the batch's metrics."""
     at = step * args.prompts_per_step
     batch = [train_rows[order[(at + i) % len(order)]] for i in range(args.prompts_per_step)]
     with torch.no_grad():
@@ -242,7 +240,7 @@ def update(micro, accelerator, model, optimizer, scheduler, args: Args):
     """PPO epochs x mini-batches of micro-batches. Returns per-micro-batch stats, the gradient norms and losses of
     the applied optimizer steps, and how many were skipped for a non-finite loss or norm (deviation 4)."""
     model.train()
-    stats, grad_norms, losses, skipped = [], [], [], 0
+    stats, grad_norms, losses = [], [], []
     n_mini = max(1, min(args.ppo_mini_batches, len(micro)))
     for _ in range(args.ppo_epochs):
         for mb in [micro[j::n_mini] for j in range(n_mini)]:
@@ -259,15 +257,13 @@ def update(micro, accelerator, model, optimizer, scheduler, args: Args):
                 loss_sum += loss.item()
                 stats.append(s)
             norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
-            if not (math.isfinite(loss_sum) and torch.isfinite(torch.as_tensor(norm)).all()):
-                skipped += 1  # NaN/inf: drop this mini-batch's gradients, never apply them
-            else:
+            if math.isfinite(loss_sum) and torch.isfinite(torch.as_tensor(norm)).all():  # else NaN/inf: skipped
                 optimizer.step()
                 scheduler.step()
                 grad_norms.append(float(norm))
                 losses.append(loss_sum)
-            optimizer.zero_grad()
-    return stats, grad_norms, losses, skipped
+            optimizer.zero_grad()  # a skipped mini-batch's gradients are dropped, never applied
+    return stats, grad_norms, losses, args.ppo_epochs * n_mini - len(grad_norms)
 
 
 def train_metrics(stats, grad_norms, losses, args: Args) -> dict[str, float]:
@@ -364,16 +360,14 @@ def check_env_errors(history: list[dict], args: Args, where: str):
 
 
 def claim_run_dir(run_dir: str, args: Args):
-    """Create and lock run_dir, then refuse it if it holds a run (metrics, checkpoints, final/) unless --resume or
-    --overwrite (which deletes all but the lock) says what to do with it. Returns the open run.lock ("PID HOST"),
-    locked with flock until it is closed or the process ends, however it ends: a dead run leaves no stale lock."""
+    """Lock run_dir and refuse a run already there unless --resume or --overwrite (deletes all but the lock) says what
+    to do. Returns the open run.lock ("PID HOST"); flock frees it when the process ends, however it ends."""
     os.makedirs(run_dir, exist_ok=True)
     lock = open(os.path.join(run_dir, "run.lock"), "a+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "?"
+        holder = Path(lock.name).read_text().strip() or "?"
         lock.close()
         raise SystemExit(f"{run_dir} is in use by process {holder} ({lock.name}): wait for it to end or stop it "
                          f"(kill {holder.split()[0]})") from None
