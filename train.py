@@ -2,31 +2,22 @@
 
     accelerate launch train.py --algo tree_grpo        # grpo | tree_grpo | branpo | carl | treeps
 
-Reads top to bottom: config -> init (accelerator, data, retriever, policy, engine, agent) -> loop:
-rollout (rollout.py grows a Tree per prompt) -> advantages (advantages.py) -> samples (tree.to_samples) ->
-old and reference log-probs -> PPO mini-batch updates -> push weights into the rollout engine -> log -> eval /
-checkpoint. With no --model, the embedded default runs: the generated world (data.py), BM25, and a tiny Llama
-warm-started on gold trajectories (warmstart.py) — CPU only, no downloads.
+With no --model it runs the embedded default: the generated world (data.py), BM25 and a tiny Llama warm-started on
+gold trajectories (warmstart.py); CPU only, no downloads.
 
 Deviations and choices:
 1. Loss: PPO clipped surrogate per token with the per-token advantage, token-mean over the mini-batch (verl's
-   default; "seq-mean-token-mean" optional), k3 KL to the frozen initial policy on the trained tokens. The KL is
-   a loss term (GRPO style), not a reward penalty.
-2. TIS ("Cut the Bill" §5.5.2): weight min(pi_old / pi_rollout, tis_cap) per token on the policy-gradient term,
-   where pi_old is recomputed by the trainer before the update and pi_rollout is the engine's log-prob
-   (engines.py note 1). The HF engine samples from the trainer's own weights, so its log-probs ARE pi_old
-   (`exact_logprobs`; tests/test_train.py checks they agree): the trainer then skips its pi_old pass and the
-   weight is exactly 1. vLLM's kernels differ from the trainer's, so with vLLM the pass runs and TIS corrects.
-   BranPO Table 5 also lists "rollout IS batch normalize" (weights rescaled to mean 1 per batch); it is not
-   applied: Cut the Bill's TIS has none, and with the HF engine every weight is 1 already (README, Paper -> code).
+   default; "seq-mean-token-mean" optional), k3 KL to the frozen initial policy on the trained tokens as a loss
+   term (GRPO style), not a reward penalty.
+2. TIS ("Cut the Bill" §5.5.2): weight min(pi_old / pi_rollout, tis_cap) per token on the policy-gradient term;
+   pi_rollout is the engine's log-prob (engines.py note 1). The HF engine samples from the trainer's own weights,
+   so its log-probs ARE pi_old (`exact_logprobs`, checked by tests/test_train.py) and the trainer skips its pi_old
+   pass (weight exactly 1); with vLLM the trainer recomputes pi_old and TIS corrects the kernels' differences.
+   BranPO Table 5's "rollout IS batch normalize" (mean-1 weights per batch) is not applied: Cut the Bill has none.
 3. Rank 0 owns the rollout engine, the retriever and logging; it broadcasts the training samples and each rank
-   updates on its shard (ranks are padded to the same number of micro-batches with zero-weight rows, so DDP's
-   collective calls line up).
-4. A step whose loss or gradient norm is not finite is skipped (gradients dropped, counted in
-   train/skipped_steps), never applied.
+   updates on its shard, padded with zero-weight rows to the same number of micro-batches (DDP's collectives).
+4. A step whose loss or gradient norm is not finite is skipped (counted in train/skipped_steps), never applied.
 """
-from __future__ import annotations
-
 import fcntl
 import json
 import math
@@ -36,6 +27,7 @@ import shutil
 import socket
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -62,9 +54,7 @@ from warmstart import WarmConfig
 
 @dataclass
 class Args:
-    """The run: what to train on, how to optimise, where to write; with AlgoConfig (the paper and its knobs),
-    AgentConfig (the agent's budgets, prompt, sampling and --seed), RetrieverConfig and WarmConfig it makes every
-    flag of `python train.py --help`."""
+    """The run; with AlgoConfig, AgentConfig, RetrieverConfig and WarmConfig, every flag of `train.py --help`."""
 
     model: str = ""
     """Policy: HF hub name or local directory; empty = the embedded default (warm-started tiny Llama)."""
@@ -73,13 +63,11 @@ class Args:
     data: str = ""
     """Train questions: .parquet / .jsonl / a directory with train.* / a datasets name; empty = the embedded world."""
     test_data: str = ""
-    """Test questions for periodic eval (same forms); empty = the test split of --data's directory or dataset
-    (a single --data file has none: pass this), else the embedded world's test split."""
+    """Test questions (same forms); empty = --data's test split (a single --data file has none), else the world's."""
     corpus: str = ""
     """Retrieval corpus JSONL ({"id", "contents"}); empty = the embedded world's corpus."""
     max_env_error_rate: float = 0.5
-    """Stop the run when the share of trajectories lost to retrieval errors (abnormal/env_error) stays above this
-    for --env_error_patience steps in a row."""
+    """Stop when the share of trajectories lost to retrieval errors (abnormal/env_error) stays above this."""
     env_error_patience: int = 3
     """Steps in a row above --max_env_error_rate before the run stops."""
     engine: str = field(default="auto", metadata={"choices": ["auto", "hf", "vllm"]})
@@ -87,15 +75,14 @@ class Args:
     vllm_gpu_memory_utilization: float = 0.3
     """Share of rank 0's GPU memory vLLM may take (the trainer's replica shares that GPU)."""
     vllm_dtype: str = field(default="", metadata={"choices": ["", "float32", "bfloat16", "float16"]})
-    """Weights and activations dtype of the vLLM engine; empty = the policy's (float32 here), so the engine's
-    log-probs match the trainer's and TIS corrects only kernel differences, not rounding to a narrower type."""
+    """vLLM's dtype; empty = the policy's, so TIS corrects kernel differences, not rounding to a narrower type."""
     out_dir: str = "out"
     """Where the world, warm start, runs (metrics.jsonl, curve.png, checkpoints) go."""
     run_name: str = ""
     """Subdirectory of out_dir/runs for this run; empty = ALGO-seedSEED (e.g. tree_grpo-seed0)."""
 
     steps: int = 15
-    """RL steps (each: one rollout batch, then PPO updates); the embedded default's gain is in by step ~15."""
+    """RL steps (each: one rollout batch, then PPO updates)."""
     prompts_per_step: int = 8
     """Questions rolled out per step (Search-R1 / Tree-GRPO use 512 / 64 on GPUs)."""
     lr: float = 5e-5
@@ -122,8 +109,7 @@ class Args:
     """Gradient-norm clip."""
 
     eval_every: int = 15
-    """Evaluate on test questions every this many steps (and at the start and end); 0 = never. The embedded
-    default evaluates at its start and end only: 1,000 greedy questions take ~45 s on 2 cores."""
+    """Evaluate on test questions every this many steps (and at the start and end); 0 = never."""
     eval_n: int = 1000
     """Test questions per evaluation, spread evenly over the split (the world's: 250 per hop count)."""
     checkpoint_every: int = 10
@@ -134,7 +120,6 @@ class Args:
     """Delete what the run directory holds and start fresh (without --resume or this, a run there is refused)."""
     log_with: str = ""
     """Extra accelerate trackers: tensorboard, wandb, ... (metrics.jsonl and the console always)."""
-
 
 
 RULES = [  # (flags, what is allowed, test): checked right after parsing, before any file or model is read
@@ -152,14 +137,11 @@ RULES = [  # (flags, what is allowed, test): checked right after parsing, before
 
 
 def validate(args: Args, *configs):
-    """Every flag of every config against its module's RULES, and the rules that tie flags together; one message
-    lists all that break."""
+    """Every flag against its module's RULES, and the rules that tie flags together; one message lists all broken."""
+    algo, agent, warm = (next(c for c in configs if isinstance(c, t)) for t in (AlgoConfig, AgentConfig, WarmConfig))
     one_file = args.data.endswith((".parquet", ".jsonl", ".json"))
-    warm = next(c for c in configs if isinstance(c, WarmConfig))
-    algo = next(c for c in configs if isinstance(c, advantages.AlgoConfig))
-    agent = next(c for c in configs if isinstance(c, rollout.AgentConfig))
-    cli.check((args, *configs), RULES + advantages.RULES + rollout.RULES + retriever.RULES + engines.RULES +
-              warmstart.RULES, [
+    rules = RULES + advantages.RULES + rollout.RULES + retriever.RULES + engines.RULES + warmstart.RULES
+    cli.check((args, *configs), rules, [
         (args.eval_every and one_file and not args.test_data, f"--data {args.data!r} is one file and --test_data is "
          f"empty: evaluation would score the training questions; pass --test_data FILE, or --eval_every 0"),
         (one_file and os.path.realpath(args.test_data) == os.path.realpath(args.data), f"--test_data "
@@ -190,8 +172,7 @@ def ppo_loss(logp, old_logp, ref_logp, rollout_logp, adv, mask, args: Args, deno
     All inputs (B, T). ratio = exp(logp - old_logp); surrogate = max(-A ratio, -A clip(ratio, 1-eps_l, 1+eps_h));
     TIS weight w = min(exp(old_logp - rollout_logp), C), no gradient; k3 = exp(ref - logp) - (ref - logp) - 1.
     `denom` is the mini-batch's token count (token-mean) or row count (seq-mean-token-mean; rows are then first
-    averaged over their own tokens), so micro-batches add up to the mini-batch mean.
-    """
+    averaged over their own tokens), so micro-batches add up to the mini-batch mean."""
     ratio = torch.exp(logp - old_logp)  # (B, T)
     unclipped, clipped = -adv * ratio, -adv * ratio.clamp(1 - args.clip_low, 1 + args.clip_high)  # (B, T)
     surrogate = torch.max(unclipped, clipped)  # (B, T)
@@ -226,8 +207,7 @@ def collate(samples, pad_id: int) -> dict[str, torch.Tensor]:
 
 
 def rollout_step(step: int, args: Args, algo: AlgoConfig, agent: rollout.Agent, train_rows, order, rng):
-    """This step's prompts grown into trees (the paper's strategy), credited (its advantage function) and turned
-    into training samples; and the batch's metrics."""
+    """This step's prompts grown into trees, credited and turned into training samples; and the batch's metrics."""
     at = step * args.prompts_per_step
     batch = [train_rows[order[(at + i) % len(order)]] for i in range(args.prompts_per_step)]
     with torch.no_grad():
@@ -238,19 +218,18 @@ def rollout_step(step: int, args: Args, algo: AlgoConfig, agent: rollout.Agent, 
 
 
 def micro_batches(samples, accelerator, model, ref_model, args: Args, pad_id: int, exact_logprobs: bool):
-    """This rank's shard of the samples in micro-batches, with pi_old (the trainer's, before this step's updates;
-    the engine's when they are exact) and pi_ref log-probs. Ranks are padded to the same number of rows with
-    zero-weight copies (deviation 3)."""
+    """This rank's shard of the samples in micro-batches, with pi_old (the trainer's before this step's updates, or
+    the engine's when exact) and pi_ref log-probs; ranks padded to equal rows with zero-weight copies (deviation 3)."""
     shard = samples[accelerator.process_index::accelerator.num_processes]
     per_rank = math.ceil(len(samples) / accelerator.num_processes)
     weights = [1.0] * len(shard) + [0.0] * (per_rank - len(shard))  # padding rows carry zero loss
     shard += samples[:1] * (per_rank - len(shard))
     micro = []
+    model.eval()
     for i in range(0, per_rank, args.micro_batch_size):
         b = {k: v.to(accelerator.device) for k, v in collate(shard[i:i + args.micro_batch_size], pad_id).items()}
         b["mask"] = b["mask"] * torch.tensor(weights[i:i + args.micro_batch_size], device=b["mask"].device)[:, None]
         with torch.no_grad():
-            model.eval()
             b["old_logp"] = b["rollout_logp"] if exact_logprobs else token_logprobs(model, b["ids"], b["attn"])[0]
             b["ref_logp"], _ = token_logprobs(ref_model, b["ids"], b["attn"])
         micro.append(b)
@@ -261,7 +240,7 @@ def update(micro, accelerator, model, optimizer, scheduler, args: Args):
     """PPO epochs x mini-batches of micro-batches. Returns per-micro-batch stats, the gradient norms and losses of
     the applied optimizer steps, and how many were skipped for a non-finite loss or norm (deviation 4)."""
     model.train()
-    stats, grad_norms, losses, skipped = [], [], [], 0
+    stats, grad_norms, losses = [], [], []
     n_mini = max(1, min(args.ppo_mini_batches, len(micro)))
     for _ in range(args.ppo_epochs):
         for mb in [micro[j::n_mini] for j in range(n_mini)]:
@@ -278,15 +257,13 @@ def update(micro, accelerator, model, optimizer, scheduler, args: Args):
                 loss_sum += loss.item()
                 stats.append(s)
             norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
-            if not (math.isfinite(loss_sum) and torch.isfinite(torch.as_tensor(norm)).all()):
-                skipped += 1  # NaN/inf: drop this mini-batch's gradients, never apply them
-            else:
+            if math.isfinite(loss_sum) and torch.isfinite(torch.as_tensor(norm)).all():  # else NaN/inf: skipped
                 optimizer.step()
                 scheduler.step()
                 grad_norms.append(float(norm))
                 losses.append(loss_sum)
-            optimizer.zero_grad()
-    return stats, grad_norms, losses, skipped
+            optimizer.zero_grad()  # a skipped mini-batch's gradients are dropped, never applied
+    return stats, grad_norms, losses, args.ppo_epochs * n_mini - len(grad_norms)
 
 
 def train_metrics(stats, grad_norms, losses, args: Args) -> dict[str, float]:
@@ -299,6 +276,13 @@ def train_metrics(stats, grad_norms, losses, args: Args) -> dict[str, float]:
             "train/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
             **quantiles("train/ratio", cat("ratio")), **quantiles("train/tis_ratio", cat("tis")),
             **({"train/tis_ratio_max_dev": (cat("tis") - 1).abs().max().item()} if stats else {})}
+
+
+def quantiles(name: str, x: torch.Tensor) -> dict[str, float]:
+    if x.numel() == 0:
+        return {}
+    q = torch.quantile(x.float(), torch.tensor([0.05, 0.5, 0.95]))
+    return {f"{name}_p5": q[0].item(), f"{name}_p50": q[1].item(), f"{name}_p95": q[2].item()}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -326,13 +310,6 @@ def run_eval(step: int, eval_agent: rollout.Agent, test_rows) -> dict:
     return {"step": step, **{f"eval/{k}": v for k, v in m.items() if isinstance(v, (int, float))}}
 
 
-def quantiles(name: str, x: torch.Tensor) -> dict[str, float]:
-    if x.numel() == 0:
-        return {}
-    q = torch.quantile(x.float(), torch.tensor([0.05, 0.5, 0.95]))
-    return {f"{name}_p5": q[0].item(), f"{name}_p50": q[1].item(), f"{name}_p95": q[2].item()}
-
-
 def summary(history: list[dict], seconds: dict[str, float], wall: float, run_dir: str) -> str:
     """The run's last word: test EM before -> after RL (per hop), the wall time per stage, where the outputs are."""
     evals = [h for h in history if "eval/em" in h]
@@ -352,8 +329,7 @@ def summary(history: list[dict], seconds: dict[str, float], wall: float, run_dir
 
 
 def plot_curves(runs: dict[str, list[dict]], path: str, keys=("rollout/reward", "rollout/em", "eval/em")):
-    """Learning curves against the step, one colour per run ({label: metrics rows}): rollout reward (line), rollout
-    EM (dotted), eval EM (dots)."""
+    """Learning curves, one colour per run ({label: metrics rows}): rollout reward (line) and EM (dotted), eval EM."""
     fig = Figure(figsize=(6 + (len(runs) > 1), 3.5))
     ax = fig.subplots()
     styles = {"rollout/reward": "-", "rollout/em": ":", "eval/em": "o--"}
@@ -383,44 +359,34 @@ def check_env_errors(history: list[dict], args: Args, where: str):
 # The run directory: one writer (run.lock), never overwritten by accident, resumable after a kill
 
 
-def lock_run_dir(run_dir: str):
-    """Create run_dir and take an exclusive lock on run_dir/run.lock ("PID HOST" inside), so that no second process
-    writes the same run; returns the open file, which holds the lock until it is closed. The OS releases the lock
-    when the process ends, however it ends (SIGKILL included), so a dead run never leaves a stale lock."""
-    os.makedirs(run_dir, exist_ok=True)
-    path = os.path.join(run_dir, "run.lock")
-    f = open(path, "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "?"
-        f.close()
-        raise SystemExit(f"{run_dir} is in use by process {holder} ({path}): wait for it to end or stop it "
-                         f"(kill {holder.split()[0]})") from None
-    f.truncate(0)
-    f.write(f"{os.getpid()} {socket.gethostname()}\n")
-    f.flush()
-    return f
-
-
 def claim_run_dir(run_dir: str, args: Args):
-    """Refuse a directory that holds a run (metrics, checkpoints, final/) unless --resume or --overwrite says what
-    to do with it; --overwrite deletes what it holds (the lock excepted)."""
+    """Lock run_dir and refuse a run already there unless --resume or --overwrite (deletes all but the lock) says what
+    to do. Returns the open run.lock ("PID HOST"); flock frees it when the process ends, however it ends."""
+    os.makedirs(run_dir, exist_ok=True)
+    lock = open(os.path.join(run_dir, "run.lock"), "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = Path(lock.name).read_text().strip() or "?"
+        lock.close()
+        raise SystemExit(f"{run_dir} is in use by process {holder} ({lock.name}): wait for it to end or stop it "
+                         f"(kill {holder.split()[0]})") from None
+    lock.truncate(0)
+    print(os.getpid(), socket.gethostname(), file=lock, flush=True)
     held = sorted(n for n in os.listdir(run_dir) if n in ("latest", "final") or n.startswith("checkpoint-")
                   or (n == "metrics.jsonl" and os.path.getsize(os.path.join(run_dir, n))))
     if held and not (args.resume or args.overwrite):
         raise SystemExit(f"{run_dir} already holds a run ({', '.join(held)}); pass --resume to continue it, "
                          f"--overwrite to delete it and start fresh, or --run_name NAME for a new run")
     if args.overwrite:
-        for name in os.listdir(run_dir):
-            target = os.path.join(run_dir, name)
-            if os.path.isdir(target):
-                shutil.rmtree(target)
-            elif name != "run.lock":
-                os.remove(target)
+        for path in [os.path.join(run_dir, n) for n in os.listdir(run_dir) if n != "run.lock"]:
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
     elif args.resume and held and "latest" not in held:
         print(f"resume: no checkpoint in {run_dir} yet; starting from step 0 (the metrics logged so far are dropped)")
+    return lock
 
 
 def read_metrics(path: str) -> list[dict]:
@@ -429,8 +395,7 @@ def read_metrics(path: str) -> list[dict]:
     if not os.path.exists(path):
         print(f"resume: {path} is missing; the checkpoint is intact, the metrics before it are lost")
         return []
-    with open(path) as f:
-        lines = [line for line in f.read().splitlines() if line.strip()]
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
     rows = []
     for i, line in enumerate(lines, 1):
         try:
@@ -445,33 +410,26 @@ def read_metrics(path: str) -> list[dict]:
 
 def save_checkpoint(accelerator, run_dir: str, step: int, state: dict, main_proc: bool):
     """Save checkpoint-STEP (accelerate state + trainer_state.json), point `latest` at it, delete older ones.
-
-    A new directory per checkpoint; `latest` moves to it only once it is complete (os.replace is atomic), so a run
-    killed or out of disk space while saving resumes from the previous checkpoint, never a torn one. (Accelerate's
-    ProjectConfiguration(total_limit=...) is not used: it deletes the oldest checkpoint before writing the new
-    one, so a failed save could leave none.)"""
-    name, latest = f"checkpoint-{step}", os.path.join(run_dir, "latest")
+    `latest` moves only once the new checkpoint is complete (os.replace is atomic), so a run killed or out of disk
+    space while saving resumes from the previous checkpoint, never a torn one."""
+    name, latest = f"checkpoint-{step}", Path(run_dir, "latest")
     accelerator.wait_for_everyone()
     try:
         accelerator.save_state(os.path.join(run_dir, name))
         if main_proc:
-            with open(os.path.join(run_dir, name, "trainer_state.json"), "w") as f:
-                json.dump(state, f)
-            with open(latest + ".tmp", "w") as f:
-                f.write(name)
-            os.replace(latest + ".tmp", latest)
+            Path(run_dir, name, "trainer_state.json").write_text(json.dumps(state))
+            Path(run_dir, "latest.tmp").write_text(name)
+            os.replace(Path(run_dir, "latest.tmp"), latest)
     except (OSError, RuntimeError) as e:  # torch reports a full disk as RuntimeError("... file write failed")
         shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)  # the torn checkpoint: only frees space
-        previous = "step 0 (no checkpoint yet)"
-        if os.path.exists(latest):
-            with open(latest) as f:
-                previous = f.read().strip()
+        previous = latest.read_text().strip() if latest.exists() else "step 0 (no checkpoint yet)"
         free_mib = shutil.disk_usage(run_dir).free / 2 ** 20
         raise OSError(f"writing {name} failed ({type(e).__name__}: {e}); {free_mib:.0f} MiB free on the disk holding "
                       f"{run_dir}: if it is full, free space, then --resume continues from {previous} (`latest` is "
                       f"unchanged)") from e
-    if main_proc:
-        for old in os.listdir(run_dir):  # keep only the newest checkpoint
+    if main_proc:  # only now delete the older ones (Accelerate's ProjectConfiguration(total_limit=...) is not used:
+        # it deletes the oldest checkpoint before writing the new one, so a failed save could leave none)
+        for old in os.listdir(run_dir):
             if old.startswith("checkpoint-") and old != name:
                 shutil.rmtree(os.path.join(run_dir, old))
 
@@ -479,14 +437,12 @@ def save_checkpoint(accelerator, run_dir: str, step: int, state: dict, main_proc
 def load_checkpoint(accelerator, run_dir: str) -> dict | None:
     """Restore the accelerate state (model, optimizer, scheduler, RNGs) of the checkpoint `latest` names and return
     its trainer_state.json; None when the run has no checkpoint yet."""
-    latest = os.path.join(run_dir, "latest")
-    if not os.path.exists(latest):
+    latest = Path(run_dir, "latest")
+    if not latest.exists():
         return None
-    with open(latest) as f:
-        ckpt_dir = os.path.join(run_dir, f.read().strip())
+    ckpt_dir = os.path.join(run_dir, latest.read_text().strip())
     accelerator.load_state(ckpt_dir)
-    with open(os.path.join(ckpt_dir, "trainer_state.json")) as f:
-        state = json.load(f)
+    state = json.loads(Path(ckpt_dir, "trainer_state.json").read_text())
     print(f"resumed from {ckpt_dir} at step {state['step']}")
     return state
 
@@ -500,6 +456,7 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
     validate(args, algo, agent_cfg, retriever_cfg, warm)
     run_dir = os.path.join(args.out_dir, "runs", args.run_name or f"{algo.algo}-seed{agent_cfg.seed}")
     world = os.path.join(args.out_dir, "world") if not (args.data and args.corpus) else ""
+    model_path = args.model or os.path.join(args.out_dir, "warmstart")  # the embedded default's warm start
     config = {**asdict(args), **asdict(algo), **asdict(agent_cfg), **asdict(retriever_cfg)}
     accelerator = Accelerator(log_with=args.log_with or None, project_dir=run_dir)
     main_proc = accelerator.is_main_process
@@ -508,8 +465,7 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
         # process may use every core it is allowed (taskset / cpuset)
     set_seed(agent_cfg.seed)
     if main_proc:
-        run_lock = lock_run_dir(run_dir)  # noqa: F841 (open, so locked, while main runs)
-        claim_run_dir(run_dir, args)
+        run_lock = claim_run_dir(run_dir, args)  # noqa: F841 (open, so locked, while main runs)
         print(json.dumps({**config, **(asdict(warm) if not args.model else {})}, indent=1))
         if args.log_with:
             accelerator.init_trackers("train", config=config)
@@ -525,28 +481,26 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
     search, where = None, ""
     if main_proc:  # files first: a bad corpus or a dead server stops the run before any model loads
         search, where = retriever.connect(retriever_cfg, args.corpus or os.path.join(world, "corpus.jsonl"))
-    model_path = args.model
     if not args.model:  # the embedded default: warm-start once, in this run's agent format, and cache it
-        model_path, t0 = os.path.join(args.out_dir, "warmstart"), time.perf_counter()
+        t0 = time.perf_counter()
         if main_proc:
             warmstart.ensure(model_path, world, warm, agent_cfg)
         accelerator.wait_for_everyone()
         seconds["warm start"] = time.perf_counter() - t0
     model, tok = engines.load_policy(model_path, args.gguf_file or None)
     ref_model, _ = engines.load_policy(model_path, args.gguf_file or None)  # frozen: the KL anchor
-    ref_model.requires_grad_(False).eval()
+    ref_model.requires_grad_(False).eval().to(accelerator.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scheduler = get_constant_schedule_with_warmup(optimizer, args.warmup_steps)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    ref_model = ref_model.to(accelerator.device)
     agent = eval_agent = None
     if main_proc:
         engine = engines.make_engine(args.engine, accelerator.unwrap_model(model), tok, model_path,
                                      dtype=args.vllm_dtype, gpu_memory_utilization=args.vllm_gpu_memory_utilization)
         agent = rollout.Agent(engine, search, tok, agent_cfg)
         eval_agent = rollout.Agent(engine, search, tok, rollout.for_eval(agent_cfg))
-    exact_logprobs = [agent.engine.exact_logprobs if main_proc else None]  # the engine's log-probs are pi_old
-    broadcast_object_list(exact_logprobs)
+    # does the engine return log pi_old itself (deviation 2)? rank 0 knows; every rank's micro_batches needs it
+    exact_logprobs = broadcast_object_list([agent.engine.exact_logprobs if main_proc else None])[0]
     rng = random.Random(agent_cfg.seed)  # strategies' random choices
     order = list(range(len(train_rows)))
     random.Random(agent_cfg.seed).shuffle(order)
@@ -562,8 +516,7 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
             agent.engine.load_weights(accelerator.unwrap_model(model))
         history = [row for row in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if row["step"] <= start]
     if main_proc:  # drop what an interrupted run logged after its checkpoint
-        with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
-            f.writelines(json.dumps(row) + "\n" for row in history)
+        Path(run_dir, "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in history))
     if start == 0 and args.eval_every and main_proc:
         t0 = time.perf_counter()
         log(run_eval(0, eval_agent, test_rows), history, run_dir, accelerator, args)
@@ -573,14 +526,10 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
     bar = tqdm(range(start, args.steps), desc=algo.algo, disable=not main_proc, initial=start, total=args.steps)
     for step in bar:
         t0 = time.perf_counter()
-        payload = [None]
-        if main_proc:
-            model.eval()
-            payload = [rollout_step(step, args, algo, agent, train_rows, order, rng)]
-        broadcast_object_list(payload)
-        samples, metrics = payload[0]
+        rolled_out = rollout_step(step, args, algo, agent, train_rows, order, rng) if main_proc else None
+        samples, metrics = broadcast_object_list([rolled_out])[0]  # rank 0's, on every rank
         t1 = time.perf_counter()
-        micro = micro_batches(samples, accelerator, model, ref_model, args, tok.pad_token_id, exact_logprobs[0])
+        micro = micro_batches(samples, accelerator, model, ref_model, args, tok.pad_token_id, exact_logprobs)
         t2 = time.perf_counter()
         stats, grad_norms, losses, n_skipped = update(micro, accelerator, model, optimizer, scheduler, args)
         skipped += n_skipped
