@@ -116,8 +116,8 @@ def judge(engine, tokenizer, items):
     """LLM-as-judge (BranPO Table 7) with a local model: 1.0 where its judgement says "Correct". `items` are
     (question, golden answers, prediction); a missing prediction is judged incorrect without asking."""
     asks = [i for i, (_, _, p) in enumerate(items) if p]
-    prompts = [user_turn_ids(tokenizer, JUDGE_PROMPT.format(question=items[i][0], answers="; ".join(items[i][1]),
-                                                           prediction=items[i][2])) for i in asks]
+    prompts = [user_turn_ids(tokenizer, JUDGE_PROMPT.format(question=q, answers="; ".join(golds), prediction=p))
+               for q, golds, p in items if p]
     outs = engine.generate(prompts, engines.Sampling(temperature=0.0, max_tokens=256)) if prompts else []
     scores = [0.0] * len(items)
     for i, out in zip(asks, outs):
