@@ -1,20 +1,13 @@
 """Evaluation: roll out test questions with the agent and score them (`evaluate`, per-dataset table, pass@k,
-optional LLM judge), and the metrics beyond the reward: cover EM, answer extraction, the response format check.
+optional LLM judge), with the metrics beyond rollout.py's EM/F1 reward: cover EM, answer extraction, the format check.
 
     python eval.py --model out/runs/tree_grpo-seed0/final --n 400
-
-The script parses the same AgentConfig and RetrieverConfig as train.py, so a policy is scored under the budgets it
-was trained with; it decodes at --eval_temperature / --eval_top_p (greedy by default; the seeds' protocol is
-T = 0.7, top-p 0.8). EM and F1 are rollout.py's (the reward), recorded on each leaf once; a prediction of None (no
-answer given) scores 0.
 
 Deviations from the papers' code:
 1. Cover EM matches whole tokens: gold "art" is in "modern art" but not in "party" (Search-R1 tests substrings).
 2. `extract_answer` takes the last <answer> of the response; Search-R1's returns None when there is at most one
    match, because its text still contains the prompt's example answer. Pass only the response here.
-3. The format check does not require <think> blocks (a tiny model may act without them); it checks that tags are
-   balanced and not nested, no text sits outside tags, every search is answered by an observation, and the
-   response ends with exactly one non-empty answer.
+3. The format check (FORMAT_RULES) does not require <think> blocks: a tiny model may act without them.
 """
 import json
 import os
@@ -22,31 +15,17 @@ import random
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import cli
 import data
-from engines import RULES as ENGINE_RULES
-from engines import Sampling, load_policy, make_engine
-from retriever import RULES as RETRIEVER_RULES
-from retriever import RetrieverConfig, connect
-from rollout import RULES as AGENT_RULES
+import engines
+import retriever
+import rollout
 from rollout import Agent, AgentConfig, chain, for_eval, normalize_answer, normalized_golds, path, user_turn_ids
 
 # ----------------------------------------------------------------------------------------------------------------
-# Answer metrics beyond the reward (rollout.py scores EM and F1)
-
-
-def cover_exact_match(prediction, golden_answers):
-    """1.0 if any non-empty golden answer appears, as whole tokens, inside the normalised prediction."""
-    golds = normalized_golds(golden_answers)
-    if prediction is None:
-        return 0.0
-    padded = f" {normalize_answer(prediction)} "
-    return float(any(g and f" {g} " in padded for g in golds))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The response: final answer and format
+# The response: final answer and format, and cover EM (beyond the reward's EM and F1)
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 TAG_RE = re.compile(r"<(/?)(think|search|information|answer)>")
@@ -62,6 +41,15 @@ FORMAT_RULES = {
 }
 
 
+def cover_exact_match(prediction, golden_answers):
+    """1.0 if any non-empty golden answer appears, as whole tokens, inside the normalised prediction."""
+    golds = normalized_golds(golden_answers)
+    if prediction is None:
+        return 0.0
+    padded = f" {normalize_answer(prediction)} "
+    return float(any(g and f" {g} " in padded for g in golds))
+
+
 def extract_answer(response):
     """Text of the last <answer>...</answer> in the response (stripped), or None if there is none."""
     matches = ANSWER_RE.findall(response)
@@ -71,12 +59,9 @@ def extract_answer(response):
 @dataclass
 class FormatCheck:
     """Result of `check_format`."""
-    ok: bool
-    """True when every rule in FORMAT_RULES holds."""
-    rule: str
-    """Name of the first rule that failed (a key of FORMAT_RULES); empty when ok."""
-    detail: str
-    """Where and how it failed, for logs; empty when ok."""
+    ok: bool  # every rule in FORMAT_RULES holds
+    rule: str  # the first rule that failed (a key of FORMAT_RULES); empty when ok
+    detail: str  # where and how it failed, for logs; empty when ok
 
 
 def check_format(response):
@@ -131,9 +116,9 @@ def judge(engine, tokenizer, items):
     """LLM-as-judge (BranPO Table 7) with a local model: 1.0 where its judgement says "Correct". `items` are
     (question, golden answers, prediction); a missing prediction is judged incorrect without asking."""
     asks = [i for i, (_, _, p) in enumerate(items) if p]
-    prompts = [user_turn_ids(tokenizer, JUDGE_PROMPT.format(question=items[i][0], answers="; ".join(items[i][1]),
-                                                           prediction=items[i][2])) for i in asks]
-    outs = engine.generate(prompts, Sampling(temperature=0.0, max_tokens=256)) if prompts else []
+    prompts = [user_turn_ids(tokenizer, JUDGE_PROMPT.format(question=q, answers="; ".join(golds), prediction=p))
+               for q, golds, p in items if p]
+    outs = engine.generate(prompts, engines.Sampling(temperature=0.0, max_tokens=256)) if prompts else []
     scores = [0.0] * len(items)
     for i, out in zip(asks, outs):
         verdict = re.search(r'"judgement"\s*:\s*"(\w+)"', tokenizer.decode(out.token_ids, skip_special_tokens=True))
@@ -141,48 +126,48 @@ def judge(engine, tokenizer, items):
     return scores
 
 
-def evaluate(agent, rows, k=1, seed=0, judge_fn=None):
-    """Roll out every question k times (independent chains) and score them.
+def means(metrics, keys, lost):
+    """n, env_errors and the mean of each of `keys` over `metrics` (one dict per scored question; 0.0 if none)."""
+    return {"n": len(metrics), "env_errors": lost,
+            **{key: sum(m[key] for m in metrics) / len(metrics) if metrics else 0.0 for key in keys}}
 
-    Returns the overall metrics and, under "by_source", one dict per data_source: n, em, f1, cover_em (of the
-    first sample), pass@k (any of the k samples has EM 1), format (share of first samples passing check_format),
-    turns and searches (means over first samples), and judge (if `judge_fn` is given); em_hop{h}: EM of the rows
-    with h hops, where rows know their hop count (the embedded world). Samples whose retrieval failed (env_error)
-    are the environment's fault, not the model's: they are left out, and a question left with none is counted in
-    env_errors instead of n; if every question is lost, it raises.
-    """
+
+def evaluate(agent, rows, k=1, seed=0, judge_fn=None):
+    """Roll out every question k times (independent chains) and score the first sample: em and f1 (the reward's;
+    no answer scores 0), cover_em, format (passes check_format), turns, searches, judge (with `judge_fn`); and
+    pass@k (any of the k samples has EM 1). Means over all questions, per data_source ("by_source"), and EM per hop
+    count where rows know it (em_hop{h}: the embedded world). A sample whose retrieval failed (env_error) is the
+    environment's fault: left out; a question left with none counts in env_errors, not n; losing all raises."""
     prompts = chain(agent, rows, random.Random(seed), G=k)
-    per_row, lost = [], Counter()
+    scored, lost = [], Counter()  # scored: (row, its first sample's answer, its metrics)
     for row, trees in zip(rows, prompts):
         samples = [t.leaves()[0] for t in trees if t.leaves()[0].scored]
         if not samples:
             lost[row.data_source] += 1
             continue
         first, steps = samples[0], path(samples[0])
-        per_row.append({
-            "source": row.data_source, "hops": row.hops, "question": row.question, "golden": row.golden_answers,
-            "prediction": first.answer, "em": first.em or 0.0, "f1": first.f1 or 0.0,
+        scored.append((row, first.answer, {
+            "em": first.em or 0.0, "f1": first.f1 or 0.0,
             "cover_em": cover_exact_match(first.answer, row.golden_answers),
             f"pass@{k}": max(s.em or 0.0 for s in samples),
             "format": float(check_format("".join(s.text + s.obs_text for s in steps)).ok),
-            "turns": float(len(steps)), "searches": float(sum(s.action == "search" for s in steps))})
-    if not per_row:
+            "turns": float(len(steps)), "searches": float(sum(s.action == "search" for s in steps))}))
+    if not scored:
         raise RuntimeError(f"all {len(rows)} evaluation questions were lost to retrieval errors (env_error); "
                            f"the retriever is down or overloaded: check it, then evaluate again")
     if judge_fn is not None:
-        for r, score in zip(per_row, judge_fn([(r["question"], r["golden"], r["prediction"]) for r in per_row])):
-            r["judge"] = score
-    keys = [key for key in per_row[0] if key not in ("source", "hops", "question", "golden", "prediction")]
-    mean = lambda rs, lost: {"n": len(rs), "env_errors": lost,  # noqa: E731
-                             **{key: sum(r[key] for r in rs) / len(rs) if rs else 0.0 for key in keys}}
+        verdicts = judge_fn([(row.question, row.golden_answers, answer) for row, answer, _ in scored])
+        for (_, _, metrics), verdict in zip(scored, verdicts):
+            metrics["judge"] = verdict
     by_source, by_hops = {src: [] for src in lost}, {}
-    for r in per_row:
-        by_source.setdefault(r["source"], []).append(r)
-        if r["hops"]:  # the embedded world's rows know their hop count
-            by_hops.setdefault(r["hops"], []).append(r["em"])
-    hops = {f"em_hop{h}": sum(v) / len(v) for h, v in sorted(by_hops.items())}
-    return {**mean(per_row, sum(lost.values())), **hops,
-            "by_source": {src: mean(rs, lost[src]) for src, rs in sorted(by_source.items())}}
+    for row, _, metrics in scored:
+        by_source.setdefault(row.data_source, []).append(metrics)
+        if row.hops:  # the embedded world's rows know their hop count
+            by_hops.setdefault(row.hops, []).append(metrics["em"])
+    keys = list(scored[0][2])
+    return {**means([metrics for _, _, metrics in scored], keys, sum(lost.values())),
+            **{f"em_hop{h}": sum(ems) / len(ems) for h, ems in sorted(by_hops.items())},
+            "by_source": {src: means(ms, keys, lost[src]) for src, ms in sorted(by_source.items())}}
 
 
 def table(report):
@@ -198,8 +183,7 @@ def table(report):
 
 @dataclass
 class EvalArgs:
-    """`python eval.py --model DIR --data NAME|PATH`: multi-turn evaluation of a policy, under the agent settings
-    (budgets, prompt, eval_temperature / eval_top_p) and retriever that train.py uses."""
+    """`python eval.py --model DIR --data NAME|PATH`: a policy under train.py's agent settings and retriever."""
     model: str = "out/warmstart"
     """Policy: a checkpoint directory (e.g. out/runs/tree_grpo-seed0/final) or a hub name."""
     gguf_file: str = ""
@@ -223,21 +207,20 @@ class EvalArgs:
 
 
 def main():
-    a, agent_cfg, retriever_cfg = cli.parse(EvalArgs, AgentConfig, RetrieverConfig)
-    greedy_k = a.k > 1 and agent_cfg.eval_temperature == 0
-    cli.check((a, agent_cfg, retriever_cfg), AGENT_RULES + RETRIEVER_RULES + ENGINE_RULES + [
+    a, agent_cfg, retriever_cfg = cli.parse(EvalArgs, AgentConfig, retriever.RetrieverConfig)
+    cli.check((a, agent_cfg, retriever_cfg), rollout.RULES + retriever.RULES + engines.RULES + [
         ("n k", "an integer >= 1", lambda v: v >= 1)],
-        [(greedy_k, f"--k {a.k} needs --eval_temperature > 0: greedy samples are all equal")])
+        [(a.k > 1 and agent_cfg.eval_temperature == 0, f"--k {a.k} needs --eval_temperature > 0: greedy samples "
+                                                       f"are all equal")])
     world = data.ensure_world("out/world") if not (a.data and a.corpus) else ""
     rows = data.spread(data.load_rows(a.data or world, a.split), a.n)
-    search, _ = connect(retriever_cfg, a.corpus or os.path.join(world, "corpus.jsonl"))
-    model, tok = load_policy(a.model, a.gguf_file or None)
-    engine = make_engine(a.engine, model, tok, a.model)
+    search, _ = retriever.connect(retriever_cfg, a.corpus or os.path.join(world, "corpus.jsonl"))
+    model, tok = engines.load_policy(a.model, a.gguf_file or None)
+    engine = engines.make_engine(a.engine, model, tok, a.model)
     judge_fn = None
     if a.judge_model:
-        judge_model, judge_tok = load_policy(a.judge_model)
-        judge_engine = make_engine(a.engine, judge_model, judge_tok, a.judge_model)
-        judge_fn = lambda items: judge(judge_engine, judge_tok, items)  # noqa: E731
+        judge_model, judge_tok = engines.load_policy(a.judge_model)
+        judge_fn = partial(judge, engines.make_engine(a.engine, judge_model, judge_tok, a.judge_model), judge_tok)
     report = evaluate(Agent(engine, search, tok, for_eval(agent_cfg)), rows, k=a.k, judge_fn=judge_fn)
     print(table(report))
     out = a.out or os.path.join(a.model if os.path.isdir(a.model) else ".", f"eval_{a.split}.json")

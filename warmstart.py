@@ -2,31 +2,14 @@
 
     python warmstart.py --out out/warmstart --world out/world    # the agent format: train.py's flags (AgentConfig)
 
-Two stages, a few minutes on 2 CPU cores:
-1. copy: random pieces (name syllables and the world's words), a gap, the same pieces twice more, loss on both
-   repeats. It grows the induction heads (find the earlier occurrence of the current token, copy what followed)
-   that a real base model arrives with and that every later step needs: copying a name from the question or a
-   passage, and the question's wording into a thought (README, "The embedded default", for what failed without
-   it). They form suddenly, after a seed-dependent number of steps, so the stage runs until its loss shows them.
-2. trajectories: the world's gold chains in the agent's exact token format: the prompt ids (`Agent.prompt_ids`),
-   steps "<think> fact. open question </think><search> entity </search>" with the observation ids the agent
-   would append (`Agent.observation_ids` over the real retriever's passages), and a final
-   "<think> fact. the answer is X </think><answer> X </answer>". Each thought quotes the fact it just read and
-   restates the question still open, so every generated token is a local copy. The loss covers the model's tokens
-   only (never the prompt or an observation). A share of trajectories carries one realistic mistake, so the
-   warm-started policy is good but imperfect and RL has something to fix:
-       early     answer after too few hops (a skipped hop), with the entity found so far (wrong)
-       wrong     search an unrelated entity, then the right one (a wasted search)
-       repeat    search the previous query again (the rollout stops it: Cut the Bill's "repeated query")
-   And the demonstrator has a habit: it stops searching at a budget of 3 searches in 70% of its demonstrations
-   of 4-hop questions, answering with the entity reached (wrong). The warm-started policy inherits it: greedy, it
-   answers most 4-hop questions one hop early (test EM 0.06-0.26 on them, seeds 0-4). That is the error RL is to
-   fix, and does: the premature answer of an under-searching agent, whose search calls RL raises (README, "The
-   embedded default").
-
-The model is a 3-layer, d = 128 Llama; its tokenizer's pieces are the world's syllables, syllable pairs and words
-plus the agent's own words, with the agent tags as single tokens, so every entity name splits into pieces the
-model has seen and it can copy a name it never saw in a training question from a passage into its next query.
+The model is a 3-layer, d = 128 Llama; its tokenizer's pieces are the world's syllables, syllable pairs and words,
+so it can copy a name it never saw in a training question from a passage into its next query. Two stages:
+1. copy: random pieces, a gap, the same pieces twice more, loss on the repeats, until the loss shows the induction
+   heads (find the earlier occurrence of the current token, copy what followed) that a real base model arrives
+   with and that every later step needs: copying a name, or the question's wording into a thought.
+2. trajectories: the world's gold chains in the agent's exact token format (`trajectory`), loss on the model's
+   tokens only. A share carries one mistake (MISTAKES), and the demonstrator answers most questions of more than
+   --search_budget hops after that many searches, so the warm-started policy answers early: the error RL is to fix.
 
 Deviations:
 1. BranPO's cold start keeps correct trajectories of a zero-RL run of the model itself; a model trained from
@@ -34,8 +17,6 @@ Deviations:
 2. The tokenizer lowercases (the world is lowercase) and splits on whitespace and punctuation; decoding joins
    words with single spaces. Decoded text is for parsing tags and reading only: the rollout never re-encodes it.
 """
-from __future__ import annotations
-
 import json
 import math
 import os
@@ -43,6 +24,7 @@ import random
 import re
 import time
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
@@ -63,9 +45,8 @@ SPECIAL = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
 
 
 def world_tokenizer() -> PreTrainedTokenizerFast:
-    """A WordPiece tokenizer over the world's syllables and syllable pairs (word-initial and '##' continuation
-    pieces), its words, the agent's words, digits, punctuation and single letters (so no lowercase word is ever
-    [UNK]); the agent tags are single tokens (why pairs: README, "The embedded default")."""
+    """WordPiece over the world's syllables and syllable pairs (word-initial and '##' pieces; why pairs: README, "The
+    embedded default"), its words, the agent's words, digits, punctuation, single letters; agent tags whole."""
     agent_text = " ".join([rollout.INSTRUCTION, rollout.SHORT_INSTRUCTION, rollout.RETRY, "Doc 1(Title: x) 0123456789"])
     words = set(data.TEMPLATE_WORDS) | {w.lower() for w in re.findall(r"[A-Za-z]+", agent_text)}
     symbols = set(data.PUNCTUATION) | set(re.findall(r"[^\sA-Za-z]", agent_text)) - set("<>/")
@@ -84,8 +65,7 @@ def world_tokenizer() -> PreTrainedTokenizerFast:
                                    eos_token="[EOS]")
 
 
-def tiny_llama(tokenizer, hidden: int = 128, layers: int = 3, heads: int = 4, max_len: int = 2048,
-               seed: int = 0) -> LlamaForCausalLM:
+def tiny_llama(tokenizer, hidden=128, layers=3, heads=4, max_len=2048, seed=0) -> LlamaForCausalLM:
     """A freshly initialised small Llama for the embedded default (DESIGN.md: 3 layers, d = 128)."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=3 * hidden,
@@ -98,21 +78,16 @@ def tiny_llama(tokenizer, hidden: int = 128, layers: int = 3, heads: int = 4, ma
 @dataclass
 class WarmConfig:
     """The warm start's stages and optimisation (the trajectories' format is the RL run's rollout.AgentConfig)."""
-
     copy_steps: int = 2000
     """Cap on the copy task's steps (stage 1; 0 = none); it ends sooner, once its loss is below copy_loss."""
     copy_loss: float = 0.5
-    """The copy task ends when its loss (mean of the last 50 steps) is below this: the induction heads have formed
-    (the loss falls from ~5 to below 1 within ~200 steps when they do; README, "The embedded default")."""
+    """The copy task ends when its loss (mean of the last 50 steps) is below this: the induction heads formed."""
     copy_length: int = 16
     """Most pieces per copy sequence (each sequence: 4..copy_length pieces, a gap, the same pieces twice more)."""
     sft_steps: int = 400
-    """Optimizer steps on trajectories (stage 2) before the first validation (why not 300: README, "The embedded
-    default")."""
+    """Optimizer steps on trajectories (stage 2) before the first validation, and per further round."""
     sft_max_steps: int = 1200
-    """Cap on trajectory steps: while the dev EM is below target_em, train sft_steps more (a fresh cosine cycle at
-    half the learning rate) up to this many; still below it, the warm start stops with an error (never hands a
-    broken policy to RL)."""
+    """Cap on trajectory steps: below target_em, train sft_steps more at half the lr up to this, then fail."""
     target_em: float = 0.6
     """Greedy EM on val_n dev questions the warm start must reach (0 = no validation)."""
     val_n: int = 200
@@ -120,13 +95,11 @@ class WarmConfig:
     warm_batch_size: int = 16
     """Sequences per step, every stage."""
     warm_lr: float = 1e-3
-    """AdamW peak learning rate of both stages (constant for copy, cosine decay to 10% for trajectories); at 2e-3
-    or more the copy stage's induction heads did not form."""
+    """AdamW peak learning rate of both stages (constant for copy, cosine decay to 10% for trajectories)."""
     mistake_rate: float = 0.3
     """Share of trajectories that carry one mistake (early, wrong or repeat, at a random hop)."""
     search_budget: int = 3
-    """The demonstrator's habit: on a question of more hops than this, it answers after this many searches (with
-    the entity reached, wrong) in budget_rate of its demonstrations (0 = never; README, "The embedded default")."""
+    """The demonstrator's habit: on longer questions, it answers after this many searches (wrong; 0 = never)."""
     budget_rate: float = 0.7
     """Share of the demonstrations of questions longer than search_budget hops that stop at the budget."""
 
@@ -153,69 +126,78 @@ def fact(row, hop: int) -> str:
     return data.RELATIONS[row.gold_relations[hop]].fact.format(s=row.gold_chain[hop], o=row.gold_chain[hop + 1])
 
 
-def trajectory(agent: rollout.Agent, row, rng: random.Random, mistake: str | None, others: list[str],
-               observations: dict[str, list[int]], where: int | None = None):
-    """(input ids, loss mask) of one supervised trajectory for `row`, with at most one mistake, made at hop
-    `where` (random when None; `observations` holds the observation ids per query; a query missing there is
-    searched and added).
-
-    Each thought quotes the fact just read and restates the question still open, so every generated token is a
-    local copy (the fact from the passage, the question from the previous thought, the next query from the
-    question): "<think> kalo mire works for ravoki. where is ravoki based? </think><search> ravoki </search>"."""
-    think = agent.cfg.think_tag
-    ids = agent.prompt_ids(row.question)
-    mask = [0] * len(ids)
-
-    def act(thought: str, tag: str, content: str):
-        nonlocal ids, mask
-        t = agent.encode(f"<{think}> {thought} </{think}><{tag}> {content} </{tag}>")
-        ids, mask = ids + t, mask + [1] * len(t)
-
-    def search(thought: str, query: str):
-        nonlocal ids, mask
-        act(thought, "search", query)
-        if query not in observations:
-            passages = agent.retriever.search([query], agent.cfg.topk)[0]
-            observations[query] = agent.observation_ids(rollout.format_passages(passages))
-        ids, mask = ids + observations[query], mask + [0] * len(observations[query])
-
+def trajectory(agent, row, rng, mistake, others, observations, where=None):
+    """(input ids, loss mask) of a demonstration of `row`, with `mistake` (a MISTAKES name or None) at hop `where`
+    (random when None; a wrong search queries one of `others`). Each thought quotes the fact just read and restates
+    the open question, so every generated token is a local copy of the passage, the previous thought or the
+    question: "<think> kalo mire works for ravoki. where is ravoki based? </think><search> ravoki </search>"."""
     hops = len(row.gold_queries)
     first = 1 if mistake == "early" else 0  # answering early needs at least one hop done
     if where is None:
         where = rng.randrange(first, hops) if mistake and hops > first else -1
-    read = ""  # the fact read in the last observation, quoted by the next thought
+    steps, read = [], ""  # steps: (thought, tag, content); read: the fact in the last observation, quoted next
     for i, query in enumerate(row.gold_queries):
         if i == where and mistake == "early":  # a skipped hop: answer with the entity reached so far
-            act(f"{read} the answer is {row.gold_chain[i]}", "answer", row.gold_chain[i])
-            return ids, mask
+            steps.append((f"{read} the answer is {row.gold_chain[i]}", "answer", row.gold_chain[i]))
+            return trajectory_ids(agent, row.question, steps, observations)
         if i == where and mistake == "wrong":  # an unrelated search; its passages hold no fact to quote
-            search(f"{read} {open_question(row, i)}".strip(), rng.choice(others))
+            steps.append((f"{read} {open_question(row, i)}".strip(), "search", rng.choice(others)))
             read = ""
-        search(f"{read} {open_question(row, i)}".strip(), query)
+        steps.append((f"{read} {open_question(row, i)}".strip(), "search", query))
         if i == where and mistake == "repeat":  # the same query again (the rollout stops it: repeated_query)
-            search(open_question(row, i), query)
+            steps.append((open_question(row, i), "search", query))
         read = fact(row, i)
-    act(f"{read} the answer is {row.golden_answers[0]}", "answer", row.golden_answers[0])
+    steps.append((f"{read} the answer is {row.golden_answers[0]}", "answer", row.golden_answers[0]))
+    return trajectory_ids(agent, row.question, steps, observations)
+
+
+def trajectory_ids(agent, question, steps, observations):
+    """(input ids, loss mask): the prompt, then per step "<think> thought </think><tag> content </tag>" (trained)
+    and after a search the observation ids the agent would append (not trained; cached per query in `observations`)."""
+    think = agent.cfg.think_tag
+    ids = agent.prompt_ids(question)
+    mask = [0] * len(ids)
+    for thought, tag, content in steps:
+        action = agent.encode(f"<{think}> {thought} </{think}><{tag}> {content} </{tag}>")
+        ids, mask = ids + action, mask + [1] * len(action)
+        if tag == "search":
+            if content not in observations:
+                passages = agent.retriever.search([content], agent.cfg.topk)[0]
+                observations[content] = agent.observation_ids(rollout.format_passages(passages))
+            ids, mask = ids + observations[content], mask + [0] * len(observations[content])
     return ids, mask
 
 
-def demonstration(agent: rollout.Agent, row, rng: random.Random, cfg: WarmConfig, others: list[str],
-                  observations: dict[str, list[int]]):
-    """One demonstration of `row` (`trajectory`'s ids and mask) with at most one mistake: on a question of more
-    than cfg.search_budget hops, the demonstrator stops at its budget (answers after that many searches) in
-    cfg.budget_rate of them; otherwise a random mistake in cfg.mistake_rate of them."""
+def demonstration(agent, row, rng, cfg: WarmConfig, others, observations):
+    """`trajectory` of `row`: on a question of more than cfg.search_budget hops, the demonstrator answers at its
+    budget in cfg.budget_rate of them; otherwise it makes a random mistake in cfg.mistake_rate of them."""
     if cfg.search_budget and row.hops > cfg.search_budget and rng.random() < cfg.budget_rate:
         return trajectory(agent, row, rng, "early", others, observations, where=cfg.search_budget)
     mistake = rng.choice(MISTAKES) if rng.random() < cfg.mistake_rate else None
     return trajectory(agent, row, rng, mistake, others, observations)
 
 
-def fit(model, make_batch, steps: int, lr: float, pad_id: int, desc: str, floor: float = 0.1,
-        until: float = 0.0) -> tuple[float, int]:
-    """AdamW on next-token loss over the positions `make_batch()`'s masks select (50 warmup steps, then cosine
-    down to floor x lr), for `steps` steps or until the mean loss of the last 50 is below `until`; returns the
-    last loss and the steps taken. `model` is a LlamaForCausalLM (`tiny_llama`): its body and head are called
-    apart, so the vocabulary projection runs only at the positions the loss covers."""
+def copy_batch(rng, pieces, cfg: WarmConfig, bos_id):
+    """Stage 1's batch: K pieces, other pieces, the same K pieces twice more (loss on the repeats): predictable only
+    by finding an earlier occurrence (an induction head); varied gaps rule out an offset."""
+    batch = []
+    for _ in range(cfg.warm_batch_size):
+        K, gap = rng.randint(4, cfg.copy_length), rng.randint(0, cfg.copy_length // 2)
+        seq, other = [rng.choice(pieces) for _ in range(K)], [rng.choice(pieces) for _ in range(gap)]
+        batch.append(([bos_id] + seq + other + seq + seq, [0] * (1 + K + gap) + [1] * 2 * K))
+    return batch
+
+
+def trajectory_batch(agent, rng, by_hops, cfg: WarmConfig, names, observations):
+    """Stage 2's batch: demonstrations of questions of one hop count (`by_hops`: similar lengths, little padding)."""
+    pool = by_hops[rng.choice(sorted(by_hops))]
+    return [demonstration(agent, rng.choice(pool), rng, cfg, names, observations) for _ in range(cfg.warm_batch_size)]
+
+
+def fit(model, make_batch, steps, lr, pad_id, desc, floor=0.1, until=0.0) -> tuple[float, int]:
+    """AdamW on next-token loss where `make_batch()`'s masks say (50 warmup steps, then cosine down to floor x lr),
+    for `steps` steps or until the mean loss of the last 50 is below `until`; returns the last loss and the steps
+    taken. `model` is a `tiny_llama`, its body and head called apart: the head runs only where the loss looks."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * (
         floor + (1 - floor) * (1 + math.cos(math.pi * s / steps)) / 2))
@@ -245,59 +227,38 @@ def fit(model, make_batch, steps: int, lr: float, pad_id: int, desc: str, floor:
     return (losses[-1] if losses else float("nan")), len(losses)
 
 
-def validate(model, agent: rollout.Agent, rows) -> dict:
-    """Greedy evaluation of `model` on `rows` with the agent's retriever and budgets (eval.evaluate's metrics)."""
-    greedy = rollout.Agent(HFEngine(model, agent.tok), agent.retriever, agent.tok, replace(agent.cfg, temperature=0))
-    return evaluate(greedy, rows)
-
-
 def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.AgentConfig) -> str:
-    """Warm-start a fresh tiny Llama on the world and save it (model + tokenizer) to out_dir: the copy task, then
-    supervised trajectories (the module docstring's two stages) in the prompt and observation format of
-    `agent_cfg`; its seed seeds the weights and the data."""
+    """Warm-start a fresh tiny Llama on the world (the two stages, in the prompt and observation format of
+    `agent_cfg`, whose seed seeds the weights and the data) and save it with its tokenizer to out_dir."""
     tok = world_tokenizer()
     model = tiny_llama(tok, seed=agent_cfg.seed)
     rows = [r for r in data.load_rows(world_dir, "train") if r.gold_queries]
     if not rows:
         raise ValueError(f"{world_dir}/train.jsonl has no rows with gold_queries; the warm start needs the "
                          f"embedded world (python data.py --out DIR)")
-    corpus = load_corpus(os.path.join(world_dir, "corpus.jsonl"))
-    agent = rollout.Agent(None, BM25Retriever(corpus), tok, agent_cfg)
+    agent = rollout.Agent(None, BM25Retriever(load_corpus(os.path.join(world_dir, "corpus.jsonl"))), tok, agent_cfg)
     rng = random.Random(agent_cfg.seed)
-
     words = set(data.TEMPLATE_WORDS)  # copy names AND wording: a thought restates the question's relations
     pieces = sorted(i for p, i in tok.get_vocab().items() if data.syllabify(p.removeprefix("##")) or p in words)
-
-    def copy_batch():  # pieces, other pieces, the same pieces twice more (loss on the repeats): predictable only
-        batch = []     # by finding an earlier occurrence (an induction head); varied gaps rule out an offset
-        for _ in range(cfg.warm_batch_size):
-            K, gap = rng.randint(4, cfg.copy_length), rng.randint(0, cfg.copy_length // 2)
-            seq, other = [rng.choice(pieces) for _ in range(K)], [rng.choice(pieces) for _ in range(gap)]
-            batch.append(([tok.bos_token_id] + seq + other + seq + seq, [0] * (1 + K + gap) + [1] * 2 * K))
-        return batch
-
     names, by_hops = sorted({n for r in rows for n in r.gold_queries}), {}
     for r in rows:
         by_hops.setdefault(r.hops, []).append(r)
     passages = agent.retriever.search(names, agent.cfg.topk)  # every query a trajectory makes, in one call
     observations = {q: agent.observation_ids(rollout.format_passages(p)) for q, p in zip(names, passages)}
-
-    def trajectory_batch():  # one hop count per batch: similar lengths, little padding
-        pool = by_hops[rng.choice(sorted(by_hops))]
-        return [demonstration(agent, rng.choice(pool), rng, cfg, names, observations)
-                for _ in range(cfg.warm_batch_size)]
+    trajectories = partial(trajectory_batch, agent, rng, by_hops, cfg, names, observations)
 
     copy_steps = 0
     if cfg.copy_steps:  # the induction heads form after a seed-dependent number of steps: run until they have
-        copy_loss, copy_steps = fit(model, copy_batch, cfg.copy_steps, cfg.warm_lr, tok.pad_token_id,
-                                    "warm start: copy", floor=1.0, until=cfg.copy_loss)
+        copy_loss, copy_steps = fit(model, partial(copy_batch, rng, pieces, cfg, tok.bos_token_id), cfg.copy_steps,
+                                    cfg.warm_lr, tok.pad_token_id, "warm start: copy", floor=1.0, until=cfg.copy_loss)
         print(f"warm start: copy loss {copy_loss:.3f} after {copy_steps} steps" + (
             f" (above --copy_loss {cfg.copy_loss}: the induction heads may not have formed; the trajectory "
             f"stage will take longer)" if copy_steps == cfg.copy_steps else ""), flush=True)
-    loss, _ = fit(model, trajectory_batch, cfg.sft_steps, cfg.warm_lr, tok.pad_token_id, "warm start: trajectories")
+    loss, _ = fit(model, trajectories, cfg.sft_steps, cfg.warm_lr, tok.pad_token_id, "warm start: trajectories")
     steps, dev = cfg.sft_steps, data.spread(data.load_rows(world_dir, "dev"), cfg.val_n)
-    while cfg.target_em:
-        m = validate(model, agent, dev)
+    while cfg.target_em:  # greedy dev EM with the agent's retriever and budgets
+        greedy = rollout.Agent(HFEngine(model, tok), agent.retriever, tok, replace(agent_cfg, temperature=0))
+        m = evaluate(greedy, dev)
         hops = ", ".join(f"{k[6:]}-hop {v:.2f}" for k, v in m.items() if k.startswith("em_hop"))
         print(f"warm start: greedy dev EM {m['em']:.3f} after {steps} trajectory steps ({hops}); "
               f"target {cfg.target_em}", flush=True)
@@ -308,15 +269,14 @@ def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Agen
                 f"warm start failed: greedy dev EM {m['em']:.3f} < target_em {cfg.target_em} after {steps} "
                 f"trajectory steps (sft_max_steps {cfg.sft_max_steps}); nothing was saved to {out_dir}. Raise "
                 f"--sft_max_steps, try another --seed, or lower --target_em (0 = no check) at your own risk")
-        loss, _ = fit(model, trajectory_batch, cfg.sft_steps, cfg.warm_lr / 2, tok.pad_token_id, "warm start: more")
+        loss, _ = fit(model, trajectories, cfg.sft_steps, cfg.warm_lr / 2, tok.pad_token_id, "warm start: more")
         steps += cfg.sft_steps
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     with open(os.path.join(out_dir, "warmstart.json"), "w") as f:
         json.dump({**settings(cfg, agent_cfg), "world": world_dir, "final_loss": loss, "copy_steps_done": copy_steps,
-                   "sft_steps_done": steps,
-                   **({"dev_em": m["em"]} if cfg.target_em else {})}, f, indent=1)
+                   "sft_steps_done": steps, **({"dev_em": m["em"]} if cfg.target_em else {})}, f, indent=1)
     return out_dir
 
 
