@@ -12,7 +12,7 @@ from rollout import exact_match, normalize_answer, token_f1
     ("an apple, a day", "apple day"),
     ("Theatre of the Absurd", "theatre of absurd"),   # "the" only as a whole word
     ("don't", "dont"),                                # SQuAD deletes punctuation, it does not split on it
-    ("«Paris» — city", "paris city"),                 # Unicode punctuation (deviation 1)
+    ("«Paris» — city", "paris city"),                 # Unicode punctuation (rollout.py deviation 9)
     ("¡Hola, SEÑOR!", "hola señor"),                  # Unicode lowercase, accents kept
     ("   ", ""),
 ])
@@ -61,7 +61,7 @@ def test_token_f1_yes_no_and_empty():
 
 def test_cover_exact_match_whole_tokens():
     assert cover_exact_match("It is in modern art.", ["Art"]) == 1.0
-    assert cover_exact_match("a great party", ["art"]) == 0.0         # substring but not a token (deviation 2)
+    assert cover_exact_match("a great party", ["art"]) == 0.0         # substring but not a token (eval.py deviation 1)
     assert cover_exact_match("born in vosa republic", ["mosa", "vosa"]) == 1.0
     assert cover_exact_match("anything", ["", "the"]) == 0.0         # empty golds never match everything
     assert cover_exact_match(None, ["x"]) == 0.0
