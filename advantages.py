@@ -300,8 +300,9 @@ def demo() -> str:
         {"id": "q.1", "action": "search", "query": "Acme founder", "children": [
             {"id": "q.1.0", "action": "answer", "answer": "Oda", "reward": 0.0}]}]})
 
-    chains = [Tree.from_dict(tree.to_dict()) for _ in scored_leaves(tree.root)]  # GRPO: each path its own chain
-    for chain, leaf in zip(chains, scored_leaves(tree.root)):
+    ends = scored_leaves(tree.root)
+    chains = [Tree.from_dict(tree.to_dict()) for _ in ends]  # GRPO: each path its own chain
+    for chain, leaf in zip(chains, ends):
         for step in path(chain.find(leaf.id)):
             step.parent.children = [step]  # prune the copy to the root-to-leaf path
     table = {}
@@ -312,7 +313,7 @@ def demo() -> str:
     lines = ["TreePS-RAG values (V) and process advantages (A) on the tree:", tree.render(), "",
              "Advantage multiplying each step's tokens in each trajectory ('-' = not trained there):",
              f"{'leaf':8} {'step':8} " + " ".join(f"{k:>9}" for k in ALGOS)]
-    for leaf in scored_leaves(tree.root):
+    for leaf in ends:
         for step in path(leaf):
             cells = [table.get((k, leaf.id, step.id)) for k in ALGOS]
             lines.append(f"{leaf.id:8} {step.id:8} "
