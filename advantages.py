@@ -20,6 +20,14 @@ Deviations from the papers:
    is not `truncated` (tree.to_samples drops those); the papers, which truncate nothing, just say "once".
 8. TreePS-RAG trains the N paths the rollout drew (leaves marked `sampled`, §2.3), or every leaf of an unmarked tree
    (hand-built, the CLI); V(n) always averages over every leaf of the tree.
+- empty-prefix-stats: BranPO's Eq. 11 normalizes r_base over the N prefixes of the prompt, an empty
+  one (k = 0, the whole trajectory resampled) included, and so do we; its official code leaves empty
+  prefixes out of those statistics (their base mask is empty): `skip_empty_base=True`.
+- preference-mask: BranPO's official code replaces Eq. 14 by a preference mask: the losing
+  continuation of a pair (the original of a redundancy pair; the lower reward of a contrastive one)
+  takes min(A_branch, 0) on every suffix step, all kept in the loss; we follow Eq. 14 (deviation 2):
+  `clip_losers=True`. With both switches BranPO's advantages are its official code's, apart from
+  deviations 1 and 7.
 """
 import json
 import math
@@ -101,9 +109,13 @@ def tree_grpo(trees: list[Tree], mode: str = "both") -> list[Trajectory]:
 
 
 def _prefix_ends(trees: list[Tree]) -> list[Node]:
-    """BranPO's truncation point k of each original trajectory: its node marked `prefix_end`. A tree whose root is
-    marked is one original trajectory (k = 0: all resampled); otherwise each root child's subtree is one, and if
-    unmarked must be a chain, its prefix the whole trajectory (the GRPO case, Theorem B.1)."""
+    """BranPO's truncation point k of each original trajectory: its node marked `prefix_end`. A tree
+    whose root is marked is one original trajectory (k = 0: all resampled); otherwise each root
+    child's subtree is one. rollout.branpo marks every original it truncated; one whose branching
+    kept nothing stays split at the last point it tried (Algorithm 1: B = τ≤k_d, C = {(τ>k_d, R)}),
+    a mark with a single child. An unmarked original (hand-built trees) must be a chain and was
+    never truncated: k = T, all its steps are prefix (A_base), its reward still counts in Eq. 12's
+    group. A forest of unmarked chains is GRPO (Theorem B.1); in a mixed group, mark every split."""
     ends = []
     for t in trees:
         if t.root.prefix_end:
@@ -121,7 +133,16 @@ def _prefix_ends(trees: list[Tree]) -> list[Node]:
     return ends
 
 
-def branpo(trees: list[Tree], branch_norm: str = "prompt") -> list[Trajectory]:
+def _losers(end: Node, C: list[Node]) -> list[Node]:
+    """The official code's preference -1 among the continuations C of `end` (preference-mask): those
+    through a `redundant` step, else those below the best reward of C (none if all are equal)."""
+    redundant = [leaf for leaf in C if any(step.redundant for step in path(leaf)[end.depth:])]
+    best = max(leaf.reward for leaf in C)
+    return redundant or [leaf for leaf in C if leaf.reward < best]
+
+
+def branpo(trees: list[Tree], branch_norm: str = "prompt", skip_empty_base: bool = False,
+           clip_losers: bool = False) -> list[Trajectory]:
     """BranPO §4.3 (Eqs. 8-12) with Redundant Step Masking §4.4 (Eq. 14). Each original trajectory n was grown into
     a prefix B_n (root .. the `prefix_end` node, Eq. 8) and continuations C_n, the leaves under it (Eq. 9):
         r_base(n)     = mean_{i in C_n} r_branch(n, i)                                      (Eq. 10)
@@ -129,7 +150,8 @@ def branpo(trees: list[Tree], branch_norm: str = "prompt") -> list[Trajectory]:
         A_branch(n,i) = (r_branch(n,i) - mean) / std over all continuations of the prompt   (Eq. 12)
     A_base multiplies the prefix steps, trained once (deviation 7); A_branch each continuation's own steps but the
     `redundant` ones (Eq. 14, deviation 2). `branch_norm="prefix"`: Algorithm 1 (deviation 3). With one continuation
-    per prefix every step gets the GRPO advantage (Theorem B.1)."""
+    for every prefix, every step gets the GRPO advantage (Theorem B.1). The official code's two
+    differences: `skip_empty_base` (empty-prefix-stats), `clip_losers` (preference-mask)."""
     if branch_norm not in ("prompt", "prefix"):
         raise ValueError(f"branpo branch_norm must be 'prompt' (Eq. 12) or 'prefix' (Algorithm 1), got {branch_norm!r}")
     _reset(trees)
@@ -137,16 +159,21 @@ def branpo(trees: list[Tree], branch_norm: str = "prompt") -> list[Trajectory]:
     groups = [(end, C) for end in _prefix_ends(trees) if (C := scored_leaves(end))]
     for end, C in groups:
         end.value = sum(leaf.reward for leaf in C) / len(C)  # r_base, Eq. 10
-    A_base = group_normalize([end.value for end, _ in groups])  # Eq. 11, over the N prefixes
+    based = [end for end, _ in groups if end.depth or not skip_empty_base]  # empty-prefix-stats
+    A_base = dict(zip(based, group_normalize([end.value for end in based])))  # Eq. 11, N prefixes
     continuations = [leaf for _, C in groups for leaf in C]
     branch_groups = [continuations] if branch_norm == "prompt" else [C for _, C in groups]  # Eq. 12 or Algorithm 1
     A_branch = {leaf: a for G in branch_groups for leaf, a in zip(G, group_normalize([x.reward for x in G]))}
+    losers = {leaf for end, C in groups for leaf in _losers(end, C)} if clip_losers else set()
     owner, trajectories = _first_trained(continuations), []
-    for (end, C), a_base in zip(groups, A_base):
+    for end, C in groups:
         for leaf in C:
             steps = path(leaf)
-            prefix = [a_base if owner[step] is leaf else None for step in steps[:end.depth]]
-            suffix = [None if step.redundant else A_branch[leaf] for step in steps[end.depth:]]  # Eq. 14
+            prefix = [A_base[end] if owner[step] is leaf else None for step in steps[:end.depth]]
+            if leaf in losers:  # preference-mask: every suffix step in the loss, A_branch <= 0
+                suffix = [min(A_branch[leaf], 0.0)] * (len(steps) - end.depth)
+            else:  # Eq. 14
+                suffix = [None if step.redundant else A_branch[leaf] for step in steps[end.depth:]]
             trajectories.append(Trajectory(leaf, prefix + suffix))
     return _mark_node_advantages(trajectories)
 
@@ -205,7 +232,9 @@ def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
 ALGOS = {
     "grpo": (grpo, lambda c: {}),
     "tree_grpo": (tree_grpo, lambda c: {"mode": c.tree_mode}),
-    "branpo": (branpo, lambda c: {"branch_norm": c.branpo_norm}),
+    "branpo": (branpo, lambda c: {"branch_norm": c.branpo_norm,
+                                  "skip_empty_base": c.branpo_skip_empty_base,
+                                  "clip_losers": c.branpo_clip_losers}),
     "carl": (carl, lambda c: {"update_all": c.carl_update_all,
                               "phase1_chains": 0 if c.carl_train_phase1 else c.carl_N0}),
     "treeps": (treeps, lambda c: {"process": c.treeps_process}),
@@ -236,6 +265,10 @@ class AlgoConfig:
     """BranPO: redundant step masking (§4.4)."""
     branpo_norm: str = field(default="prompt", metadata={"choices": ["prompt", "prefix"]})
     """BranPO: branch advantage normalized per prompt (Eq. 12) or per prefix (Algorithm 1)."""
+    branpo_skip_empty_base: bool = False
+    """BranPO: leave empty prefixes (k = 0) out of Eq. 11's statistics, as its official code."""
+    branpo_clip_losers: bool = False
+    """BranPO: its official code's preference mask (a pair's loser: min(A_branch, 0)), no Eq. 14."""
     carl_N0: int = 1
     """CARL: initial chains (1 = CARL-Lite, 8 = CARL)."""
     carl_N: int = 16
@@ -289,15 +322,16 @@ def report(algo: str, trees: list[Tree], trajectories: list[Trajectory]) -> dict
 
 
 def demo() -> str:
-    """Every method's advantages on a worked tree (one prompt, two original trajectories, a branch, a redundant
-    step): the tree, then one row per (trajectory, step) and one column per method."""
+    """Every method's advantages on a worked tree (one prompt, two original trajectories: one with
+    branches and a redundant step, one split at its last step with no branch kept): the tree, then
+    one row per (trajectory, step) and one column per method."""
     tree = Tree.from_dict({"id": "q", "children": [
         {"id": "q.0", "action": "search", "query": "who founded Acme", "prefix_end": True, "children": [
             {"id": "q.0.0", "action": "answer", "answer": "Ivo", "reward": 1.0},
             {"id": "q.0.1", "action": "search", "query": "Ivo Ra birthplace", "redundant": True, "children": [
                 {"id": "q.0.1.0", "action": "answer", "answer": "Ivo", "reward": 1.0}]},
             {"id": "q.0.2", "action": "answer", "answer": "Oda", "reward": 0.0}]},
-        {"id": "q.1", "action": "search", "query": "Acme founder", "children": [
+        {"id": "q.1", "action": "search", "query": "Acme founder", "prefix_end": True, "children": [
             {"id": "q.1.0", "action": "answer", "answer": "Oda", "reward": 0.0}]}]})
 
     ends = scored_leaves(tree.root)

@@ -16,14 +16,18 @@ Deviations and choices:
    but sometimes one more branch is generated and dropped.
 2. BranPO's redundancy check runs instead of the default branching for correct trajectories longer than the
    group's mean correct length when acc > 0.5 (App. A.1); if none of its up-to-5 branches is a shorter correct
-   answer, the trajectory keeps only its original suffix (GRPO-like, Theorem B.1).
+   answer, the trajectory keeps only its original suffix, split at k = T - 2 like any original
+   whose branching found nothing (Algorithm 1: B = τ≤k_d, C = {(τ>k_d, R)}, k_d the last tried).
 3. CARL's entropy H(s) uses the rollout engine's log-probs of the sampled action tokens (length-normalised NLL,
    Eq. 8). Forks of different prompts run in one batch, one fork per prompt per wave.
 4. TreePS-RAG keeps, per cluster of search children, the first sampled member. Search children at the depth limit
    D = max_turns + 1 were ended by the agent (max_turns, reward 0) without retrieval: with no documents their
    distances all tie and the clustering's merge order picks the kept ones (Alg. 1 l. 15 retrieves for them only to
-   choose which reward-0 leaves stay). With D <= max_turns they are retrieved, pruned, then ended. The N training
-   paths (§2.3) are drawn among the scored leaves; a drawn `truncated` one is then not trained (Cut the Bill §5.4.4).
+   choose which reward-0 leaves stay). With D <= max_turns they are retrieved, pruned, then ended.
+   With --retry_invalid a step that broke the format is retried, not ended: neither search nor
+   answer, it is not pruned (Alg. 1 l. 11 clusters search children only) and continues in the next
+   layer. The N training paths (§2.3) are drawn among the scored leaves; a drawn `truncated` one is
+   then not trained (Cut the Bill §5.4.4).
 5. With the format penalty on (BranPO App. A.3), tag-format breaks and answers given without any search get -0.5
    instead of their reward; repeated queries, max turns and truncation keep reward 0.
 6. Per-prompt wall time: each wave's generation (retrieval) time is shared among prompts in proportion to the
@@ -426,7 +430,9 @@ def branpo(agent: Agent, examples, rng: random.Random, N: int = 4, rsm: bool = T
     kept and its truncation node marked `prefix_end`. With `rsm` (§4.4), a correct trajectory longer than the
     group's mean correct length (acc > 0.5) is instead branched 5 times before its penultimate step; the first
     shorter correct branch is kept and the original's penultimate step marked `redundant`. Unkept branches are
-    removed (their tokens still count in the stats)."""
+    removed (their tokens still count in the stats). An original with no branch kept stays split at
+    the last truncation point tried (Algorithm 1): marked `prefix_end`, its one continuation the
+    original suffix."""
     prompts = [[agent.new_tree(ex, f"p{i}.n{j}") for j in range(N)] for i, ex in enumerate(examples)]
     agent.run([(t, t.root) for trees in prompts for t in trees])
     jobs = []  # (tree, original leaf, plan: the truncations still to try, each (depth k, n branches, mode))
@@ -459,11 +465,12 @@ def branpo(agent: Agent, examples, rng: random.Random, N: int = 4, rsm: bool = T
                 if e is not keep:
                     start.children.remove(path(e)[k])
             if keep is not None:
-                start.prefix_end = True
                 if mode == "shorter":
                     path(leaf)[k].redundant = True  # the original's extra step (its penultimate one)
                 agent.counters["rollout/branpo_" + mode] += 1
                 plan.clear()
+            if not plan:  # kept one, or the last truncation point tried: B = τ≤k (Algorithm 1)
+                start.prefix_end = True
         jobs = [(t, leaf, plan) for t, leaf, plan in jobs if plan]
     return prompts
 
@@ -515,9 +522,10 @@ def treeps(agent: Agent, examples, rng: random.Random, N: int = 8, D: int = 0, N
     """TreePS-RAG §2.2 (Algorithm 1, phase 1), layer by layer from M(0) = {root}: at depth d each retained parent gets
     B_d = ceil(N / |M(d-1)|) children (Eq. 2), every tree's layer in one engine call; answers (and abnormal ends)
     are leaves; of each parent's search children min(N_retain, count) are kept by Jaccard clustering as M(d), the
-    rest pruned. At the depth limit D (0: max_turns + 1) the kept search children end with reward 0 (Alg. 1 l. 24;
-    deviation 4). Then N_train (0: N) root-to-leaf paths per tree are drawn with `rng` and their leaves marked
-    `sampled`: the trajectories advantages.treeps trains (§2.3)."""
+    rest pruned (a retried invalid step joins M(d) unpruned). At the depth limit D (0: max_turns +
+    1) the kept search children end with reward 0 (Alg. 1 l. 24; deviation 4). Then N_train (0: N)
+    root-to-leaf paths per tree are drawn with `rng` and their leaves marked `sampled`: the
+    trajectories advantages.treeps trains (§2.3)."""
     D = D or agent.cfg.max_turns + 1
     if D > agent.cfg.max_turns + 1:
         raise ValueError(f"treeps depth limit D={D} exceeds the agent's max_turns + 1 = {agent.cfg.max_turns + 1} "
@@ -533,10 +541,11 @@ def treeps(agent: Agent, examples, rng: random.Random, N: int = 8, D: int = 0, N
         for i, parents in enumerate(retained):
             kept = []
             for p in parents:
-                search = [c for c in p.children if not ended(c) or c.flags == ["max_turns"]]  # those the limit ended
+                search = [c for c in p.children if c.action == "search"  # Alg. 1 l. 11
+                          and (not ended(c) or c.flags == ["max_turns"])]  # the limit ended too
                 keep = jaccard_prune(search, N_retain)
                 p.children = [c for c in p.children if c not in search or c in keep]
-                kept += keep
+                kept += [c for c in p.children if c in keep or not ended(c)]  # + retried invalid
             for c in [c for c in kept if d == D and not ended(c)]:  # Alg. 1 l. 24: leaves at D, reward 0
                 agent._end(c, "max_turns", 0.0)
             retained[i] = kept

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from pytest import approx
 
+import advantages
 from advantages import ALGOS, branpo, carl, group_normalize, grpo, tree_grpo, tree_grpo_budget, treeps
 from tree import Node, Tree, to_samples, walk
 
@@ -137,7 +138,7 @@ def branpo_trees():
 
     n=1: x.0 (prefix_end) -> {x.0.0 r=1 (original suffix), x.0.1 r=0 (contrastive branch)}
     n=2: y.0 -> y.0.0 (prefix_end) -> {y.0.0.0 -> y.0.0.0.0 r=1 (original; y.0.0.0 redundant), y.0.0.1 r=1}
-    n=3: z.0 -> z.0.0 r=-0.5 (format penalty; never branched: an unmarked chain)
+    n=3: z.0 -> z.0.0 r=-0.5 (format penalty; an unmarked chain: never truncated, all prefix)
     """
     x = n("x", n("x.0", leaf("x.0.0", 1.0), leaf("x.0.1", 0.0), prefix_end=True))
     y = n("y", n("y.0", n("y.0.0", n("y.0.0.0", leaf("y.0.0.0.0", 1.0), redundant=True), leaf("y.0.0.1", 1.0),
@@ -161,7 +162,7 @@ def test_branpo_base_and_branch_advantages():
         "x.0.1": [None, c0],  # same prefix, not trained again
         "y.0.0.0.0": [by, by, None, c1],  # y.0.0.0 is redundant: masked (Eq. 14)
         "y.0.0.1": [None, None, c1],
-        "z.0.0": [bz, bz],  # unbranched chain: its whole trajectory is the prefix
+        "z.0.0": [bz, bz],  # unmarked chain: its whole trajectory is the prefix
     })
     assert trees[0].find("x.0").value == 0.5 and trees[1].find("y.0.0").value == 1.0  # r_base on the prefix end
     # Algorithm 1's variant: branches normalized within each C_n: x: [1,0] -> +-0.7071; y: [1,1] -> 0; z: [-0.5] -> 0
@@ -185,6 +186,78 @@ def test_branpo_one_tree_layout_and_full_resample():
           {"w.0.0": [1 / S3, 1 / S3], "w.1": [-2 / S3], "v.0.0": [1 / math.sqrt(2)] * 2})
 
 
+def test_branpo_unbranched_original_keeps_its_split_algorithm_1():
+    # a: a.0 (prefix_end) -> {a.0.0 r=1, a.0.1 r=0};  b: its branching kept nothing, so it stays
+    # split at the last truncation point tried (Algorithm 1: B = τ≤k, C = {(τ>k, R)}):
+    # b.0 (prefix_end) -> b.0.0 r=1, its only continuation
+    # Eq. 10: r_base = (1+0)/2 = 0.5, 1.  Eq. 11 over [0.5, 1]: mean 0.75, dev -+0.25,
+    # var = 2 * 0.0625 / 1 = 0.125, std 0.353553 -> -0.7071 (a.0), +0.7071 (b.0)
+    # Eq. 12 over the three branches [1, 0, 1]: mean 2/3, dev 1/3, -2/3, 1/3,
+    # var = (1/9 + 4/9 + 1/9)/2 = 1/3, std 0.57735 -> +0.5774, -1.1547, +0.5774
+    # so b's last step gets A_branch = 0.5774
+    h = 1 / math.sqrt(2)
+    a = n("a", n("a.0", leaf("a.0.0", 1.0), leaf("a.0.1", 0.0), prefix_end=True))
+    b = n("b", n("b.0", leaf("b.0.0", 1.0), prefix_end=True))
+    branches = {"a.0.0": [-h, 1 / S3], "a.0.1": [None, -2 / S3]}
+    close(by_leaf(branpo(T(a, b))), branches | {"b.0.0": [h, 1 / S3]})
+    assert 1 / S3 == approx(0.5774, abs=1e-4)
+    # b unmarked (hand-built): never truncated, k = T: both its steps are prefix, A_base = +0.7071
+    # (what the rollout used to produce); its reward still counts in Eq. 12's group: a's unchanged
+    del b["children"][0]["prefix_end"]
+    close(by_leaf(branpo(T(a, b))), branches | {"b.0.0": [h, h]})
+
+
+def test_branpo_empty_prefix_stats_official_code():
+    # a: empty prefix (root marked, k = 0), C = {a.0 r=1, a.1 r=0}; b: b.0 -> {1, 0}; c: c.0 -> {1}
+    # Eq. 10: r_base = 0.5, 0.5, 1
+    # Eq. 11 over [0.5, 0.5, 1]: mean 2/3, dev -1/6, -1/6, 1/3, var = (1/36 + 1/36 + 4/36)/2 = 1/12,
+    # std 0.288675 -> A_base(b) = -1/6 / 0.288675 = -0.5774, A_base(c) = +1.1547 (a: no steps)
+    # official code (skip_empty_base): over [0.5, 1] (b, c) only: -0.7071, +0.7071
+    # Eq. 12 either way over [1, 0, 1, 0, 1]: mean 0.6, dev 0.4 / -0.6,
+    # var = (3 * 0.16 + 2 * 0.36)/4 = 0.3, std 0.547723 -> +0.7303 / -1.0954
+    def trees():
+        return T(n("a", leaf("a.0", 1.0), leaf("a.1", 0.0), prefix_end=True),
+                 n("b", n("b.0", leaf("b.0.0", 1.0), leaf("b.0.1", 0.0), prefix_end=True)),
+                 n("c", n("c.0", leaf("c.0.0", 1.0), prefix_end=True)))
+    h, p, m = 1 / math.sqrt(2), 0.4 / math.sqrt(0.3), -0.6 / math.sqrt(0.3)
+    branch = {"a.0": [p], "a.1": [m], "b.0.1": [None, m]}
+    close(by_leaf(branpo(trees())), branch | {"b.0.0": [-1 / S3, p], "c.0.0": [2 / S3, p]})
+    official = branch | {"b.0.0": [-h, p], "c.0.0": [h, p]}
+    close(by_leaf(branpo(trees(), skip_empty_base=True)), official)
+    cfg = advantages.AlgoConfig(algo="branpo", branpo_skip_empty_base=True)
+    close(by_leaf(advantages.credit(cfg, trees())), official)
+
+
+def test_branpo_preference_mask_official_code():
+    # x: x.0 (prefix_end) -> {x.0.0 r=1 (the original), x.0.1 r=0.6 (its contrastive branch:
+    # F1 < 0.8, the losing side)}; y, z, w: originals of reward 0, each split at its first step
+    # Eq. 11 over r_base [0.8, 0, 0, 0]: mean 0.2, dev 0.6, -0.2 x3,
+    # var = (0.36 + 3 * 0.04)/3 = 0.16, std 0.4 -> +1.5, -0.5
+    # Eq. 12 over [1, 0.6, 0, 0, 0]: mean 0.32, dev 0.68, 0.28, -0.32 x3,
+    # var = (0.4624 + 0.0784 + 3 * 0.1024)/4 = 0.212, std 0.460435 -> +1.47686, +0.60812, -0.69500
+    # the losing branch: +0.608 by Eq. 14 (no redundant step here); official: min(0.608, 0) = 0
+    def trees():
+        return T(n("x", n("x.0", leaf("x.0.0", 1.0), leaf("x.0.1", 0.6), prefix_end=True)),
+                 *(n(i, n(f"{i}.0", leaf(f"{i}.0.0", 0.0), prefix_end=True)) for i in "yzw"))
+    s = math.sqrt(0.212)
+    others = {f"{i}.0.0": [-0.5, -0.32 / s] for i in "yzw"}
+    close(by_leaf(branpo(trees())), others | {"x.0.0": [1.5, 0.68 / s], "x.0.1": [None, 0.28 / s]})
+    assert 0.28 / s == approx(0.608, abs=1e-3)
+    official = others | {"x.0.0": [1.5, 0.68 / s], "x.0.1": [None, 0.0]}
+    close(by_leaf(branpo(trees(), clip_losers=True)), official)
+    cfg = advantages.AlgoConfig(algo="branpo", branpo_clip_losers=True)
+    close(by_leaf(advantages.credit(cfg, trees())), official)
+    # a redundancy pair (branpo_trees' y): the original, through the redundant step y.0.0.0, loses:
+    # its suffix takes min(A_branch, 0) = min(0.7071, 0) = 0 on both steps, the redundant one
+    # trained (0), not masked (Eq. 14). The contrastive pair x: x.0.1 (r=0 < 1) loses,
+    # min(-0.7071, 0) = -0.7071 unchanged. Numbers as in test_branpo_base_and_branch_advantages.
+    sb, sc = math.sqrt(7 / 12), math.sqrt(0.5)
+    bx, by, bz = (1 / 6) / sb, (2 / 3) / sb, (-5 / 6) / sb
+    got = by_leaf(branpo(branpo_trees(), clip_losers=True))
+    close(got, {"x.0.0": [bx, 0.5 / sc], "x.0.1": [None, -0.5 / sc], "y.0.0.0.0": [by, by, 0, 0],
+                "y.0.0.1": [None, None, 0.5 / sc], "z.0.0": [bz, bz]})
+
+
 def test_branpo_reduces_to_grpo_theorem_b1():
     # one continuation per prefix: r_base = R, A_base = A_branch = GRPO's A, wherever the prefix ends
     rng = random.Random(1)
@@ -199,8 +272,9 @@ def test_branpo_reduces_to_grpo_theorem_b1():
                 node = node["children"][0]
             node["prefix_end"] = True
         want = by_leaf(grpo(T(*chains)))
-        for trees in (T(*chains), T(*marked)):
-            got = by_leaf(branpo(trees))
+        for trees, official in ((T(*chains), False), (T(*marked), False), (T(*marked), True)):
+            # no prefix is empty, no continuation loses: the official code's switches change nothing
+            got = by_leaf(branpo(trees, skip_empty_base=official, clip_losers=official))
             assert got.keys() == want.keys()
             for k in want:
                 assert got[k] == approx(want[k], abs=1e-9)

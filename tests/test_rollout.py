@@ -291,6 +291,24 @@ def test_branpo_keeps_first_contrastive_branch():
     assert out["p0.n0.0.0"] == [0.0, pytest.approx(0.866, abs=1e-3)] and out["p0.n0.0.2"][0] is None
 
 
+def test_branpo_unbranched_original_stays_split_at_the_last_truncation_point():
+    S, A, W = "<search>q</search>", "<answer>Ivo</answer>", "<answer>Oda</answer>"
+    # initial: a = S W (wrong), b = S A (correct): acc 0.5 -> Bran 2, Recur 2 (k = 1, then k = 0)
+    # k = 1: a's branches [A, W] keep A (contrast); b's [A, A] none
+    # k = 0 (b only): [S, S] then [A, A]: none
+    agent, eng = agent_with(queue_policy([S, S, W, A] + [A, W, A, A] + [S, S, A, A]))
+    a, b = STRATEGIES["branpo"][0](agent, [EX], random.Random(0), N=2)[0]
+    assert eng.calls == [2, 2, 4, 2, 2]
+    assert a.find("p0.n0.0").prefix_end and [x.reward for x in a.leaves()] == [0.0, 1.0]
+    # Algorithm 1: b keeps its last split, B = τ≤0 (the prompt), C = {(τ>0, R)}: root marked
+    assert b.root.prefix_end and len(b.root.children) == 1 and len(b.leaves()) == 1
+    assert agent.counters["rollout/branpo_contrast"] == 1
+    out = {t.leaf.id: t.advantages for t in advantages.branpo([a, b])}
+    # r_base = 0.5 (a), 1 (b, empty prefix: trains nothing); Eq. 12 over [0, 1, 1]: mean 2/3,
+    # std 0.57735 -> -1.1547, +0.5774, +0.5774: b's two steps take A_branch (unmarked: +0.7071)
+    assert out["p0.n1.0.0"] == [pytest.approx(0.5774, abs=1e-4)] * 2
+
+
 def test_branpo_redundant_step_check():
     S1, S2, A, W = "<search>q1</search>", "<search>q2</search>", "<answer>Ivo</answer>", "<answer>Oda</answer>"
     # initial: A: S1 S2 A (3 steps, correct); B: S1 A (2, correct); C: S1 W (wrong) -> acc 2/3, mean correct len 2.5
@@ -388,6 +406,25 @@ def test_treeps_prunes_at_the_depth_limit_and_samples_n_paths():
     assert all(x.flags == ["max_turns"] and x.reward == 0.0 for x in tree.leaves())
     with pytest.raises(ValueError, match="depth limit D=5 exceeds the agent's max_turns \\+ 1 = 4"):
         STRATEGIES["treeps"][0](agent, [EX], random.Random(0), D=5)
+
+
+def test_treeps_retried_invalid_step_is_not_pruned_as_a_search_child():
+    # --retry_invalid: a parse error is flagged and retried, not ended. Depth 1 (N = 4):
+    # [oops, qa, qb, oops]; C_search = {qa, qb} (Alg. 1 l. 11), N_retain = 1 keeps one (qa, the
+    # first of its cluster; p0.2 pruned). Before, the two invalid steps joined the clustering with
+    # no documents and the single cluster kept the first of all four: an invalid one, no search.
+    script = iter(["oops", "<search>qa 1</search>", "<search>qb 2</search>", "oops"])
+    retriever = MemoryRetriever()
+    agent, eng = agent_with(lambda c: next(script, "<answer>Ivo</answer>"), retriever, max_turns=1,
+                            retry_invalid=True)
+    [tree], = STRATEGIES["treeps"][0](agent, [EX], random.Random(0), N=4, N_retain=1)
+    assert [(c.id, c.action, c.flags) for c in tree.root.children] == [
+        ("p0.0", "invalid", ["parse_error"]), ("p0.1", "search", []),
+        ("p0.3", "invalid", ["parse_error"])]
+    assert retriever.calls == [["qa 1", "qb 2"]]
+    # M(1) = {p0.0, p0.1, p0.3}: B_2 = ceil(4 / 3) = 2 answers each (depth 2 = D = max_turns + 1)
+    assert eng.calls == [4, 6] and [len(c.children) for c in tree.root.children] == [2, 2, 2]
+    assert all(x.reward == 1.0 and x.depth == 2 for x in tree.leaves())
 
 
 def test_jaccard_prune():
