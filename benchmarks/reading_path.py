@@ -1,0 +1,311 @@
+"""The one-step reading path: what a reader walks to follow one training step of one --algo.
+
+    python benchmarks/reading_path.py            # per algo: definitions, code lines, files
+    python benchmarks/reading_path.py --verbose  # and each path's definitions, where it stops
+
+Static: it parses the repository's code with `ast` and imports none of it. What it counts:
+- A code line is a line that is neither blank nor a comment; docstrings count.
+- The loop is the first `for` statement in train.py's `main` whose loop variable is `step`, searched
+  in all of `main` (nested blocks included), so it is found wherever the loop moves inside `main`.
+  Its lines count as one definition, "main (the loop)". A `main` without such a loop is an error.
+- The path is the loop, the definitions (functions, classes, methods) it refers to, the ones those
+  refer to, and so on, inside the top-level modules of the repository. It stops at PACKAGE, the
+  infrastructure (engines, data and world, warm start, flags, run directory), and at installed code.
+- Names resolve through their module's imports (`import rollout`, `from tree import path`).
+  Annotations count: `args: Args` puts the dataclass Args on the path. A module-level variable is
+  followed into its value and not counted. An algorithm registry (a module-level dict with string
+  keys that the code indexes with `algo` or `X.algo`) is followed only into the chosen algo's entry.
+- Reaching a class counts its own lines (fields, class attributes; not its methods) and reaches its
+  `__init__` / `__post_init__`. `self.name` reaches that method of the class; `x.name` on any other
+  object reaches the method or property `name` of every class on the path, unless x is a parameter
+  annotated with a builtin type (`text: str`). No other type is inferred: it errs on more.
+"""
+
+import argparse
+import ast
+import builtins
+import pathlib
+from dataclasses import dataclass
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# The infrastructure package, where the path stops: today top-level modules; once moved, ("infra",)
+PACKAGE = ("cli", "data", "engines", "warmstart")
+LOOP_MODULE, LOOP_FUNCTION, LOOP_VARIABLE = "train", "main", "step"
+MAX_LINE = 100  # characters: pyproject.toml's line-length
+FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+@dataclass(frozen=True)
+class Definition:
+    module: str  # file stem: "rollout"
+    name: str  # "grow", "Agent", "Agent.step", "main (the loop)"
+    line: int  # where it starts
+    code_lines: int
+
+
+def code_lines(lines: list[str], first: int, last: int, skip=()) -> int:
+    """Code lines among lines first..last (1-based, inclusive) outside the (first, last) `skip`s."""
+    return sum(
+        1
+        for i in range(first, last + 1)
+        if not any(a <= i <= b for a, b in skip) and lines[i - 1].strip()[:1] not in ("", "#")
+    )
+
+
+def span(node: ast.AST) -> tuple[int, int]:
+    """A definition's first and last line, decorators included."""
+    decorators = [d.lineno for d in getattr(node, "decorator_list", [])]
+    return min([node.lineno, *decorators]), node.end_lineno
+
+
+def top_statements(body: list[ast.stmt]):
+    """Module-level statements, those inside top-level `if` and `try` blocks included."""
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, (ast.If, ast.Try)):
+            handlers = [h.body for h in getattr(stmt, "handlers", [])]
+            for block in (stmt.body, stmt.orelse, *handlers, getattr(stmt, "finalbody", [])):
+                yield from top_statements(block)
+
+
+class Module:
+    """One top-level file: its definitions ("f", "C", "C.m"), imports and module-level variables."""
+
+    def __init__(self, path: pathlib.Path):
+        self.name, self.lines = path.stem, path.read_text().splitlines()
+        self.defs: dict[str, ast.AST] = {}
+        self.imports: dict[str, tuple[str, str | None]] = {}  # name -> (module, member or None)
+        self.variables: dict[str, ast.expr] = {}
+        for stmt in top_statements(ast.parse(path.read_text(), str(path)).body):
+            if isinstance(stmt, (*FUNCTION, ast.ClassDef)):
+                self.defs[stmt.name] = stmt
+                for m in stmt.body if isinstance(stmt, ast.ClassDef) else []:
+                    if isinstance(m, FUNCTION):
+                        self.defs[f"{stmt.name}.{m.name}"] = m
+            elif isinstance(stmt, ast.Import):  # import a.b: a; import a.b as c: a.b
+                for a in stmt.names:
+                    self.imports[a.asname or a.name.split(".")[0]] = (
+                        a.name if a.asname else a.name.split(".")[0],
+                        None,
+                    )
+            elif isinstance(stmt, ast.ImportFrom) and stmt.level == 0:
+                self.imports.update({a.asname or a.name: (stmt.module, a.name) for a in stmt.names})
+            elif isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+                for target in getattr(stmt, "targets", [getattr(stmt, "target", None)]):
+                    if isinstance(target, ast.Name):
+                        self.variables[target.id] = stmt.value
+
+    def definition(self, name: str) -> Definition:
+        """`name`'s Definition; a class's lines leave out its methods."""
+        node = self.defs[name]
+        methods = [span(m) for m in node.body if isinstance(m, FUNCTION)]
+        skip = methods if isinstance(node, ast.ClassDef) else []
+        return Definition(self.name, name, span(node)[0], code_lines(self.lines, *span(node), skip))
+
+
+def load_modules(root: pathlib.Path = ROOT) -> dict[str, Module]:
+    """The modules a path may enter: every *.py at `root` but the PACKAGE ones."""
+    return {p.stem: Module(p) for p in sorted(root.glob("*.py")) if p.stem not in PACKAGE}
+
+
+def find_loop(modules: dict[str, Module]) -> ast.For:
+    """The first `for LOOP_VARIABLE in ...` in LOOP_MODULE.LOOP_FUNCTION, in source order."""
+    where, fix = f"{LOOP_MODULE}.py's {LOOP_FUNCTION}", "at the top of benchmarks/reading_path.py"
+    if LOOP_FUNCTION not in getattr(modules.get(LOOP_MODULE), "defs", {}):
+        raise SystemExit(f"reading_path: found no {where}; update LOOP_MODULE, LOOP_FUNCTION {fix}")
+    loops = [
+        n
+        for n in ast.walk(modules[LOOP_MODULE].defs[LOOP_FUNCTION])
+        if isinstance(n, ast.For) and getattr(n.target, "id", None) == LOOP_VARIABLE
+    ]
+    if not loops:
+        raise SystemExit(
+            f"reading_path: {where} has no `for {LOOP_VARIABLE} in ...` loop, the training loop "
+            f"this script starts from; name its variable {LOOP_VARIABLE!r} or update "
+            f"LOOP_VARIABLE {fix}"
+        )
+    return min(loops, key=lambda n: n.lineno)
+
+
+def bound_names(nodes: list[ast.AST]) -> set[str]:
+    """Names bound inside `nodes` (arguments, assignments, loop variables, imports): locals."""
+    names = set()
+    for node in (n for root in nodes for n in ast.walk(root)):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, (*FUNCTION, ast.ClassDef)) and node not in nodes:
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {a.asname or a.name.split(".")[0] for a in node.names}
+    return names
+
+
+def registries(modules: dict[str, Module]) -> dict[tuple[str, str], list[str]]:
+    """The algorithm registries, (module, variable) -> keys: dicts indexed by `algo` or `X.algo`."""
+    found = {}
+    for module in modules.values():
+        for node in (n for d in module.defs.values() for n in ast.walk(d)):
+            if not isinstance(node, ast.Subscript) or "algo" not in (
+                getattr(node.slice, "id", None),
+                getattr(node.slice, "attr", None),
+            ):
+                continue
+            home, name = module.name, getattr(node.value, "id", None)  # REGISTRY[...]
+            if name in module.imports and module.imports[name][1]:  # from m import REGISTRY
+                home, name = module.imports[name]
+            elif isinstance(node.value, ast.Attribute):  # m.REGISTRY[...]
+                owner = getattr(node.value.value, "id", None)
+                home, name = module.imports.get(owner, ("", None))[0], node.value.attr
+            value = modules[home].variables.get(name) if home in modules else None
+            keys = getattr(value, "keys", None) if isinstance(value, ast.Dict) else None
+            if keys and all(isinstance(getattr(k, "value", None), str) for k in keys):
+                found[home, name] = [k.value for k in keys]
+    return found
+
+
+def algos(modules: dict[str, Module]) -> list[str]:
+    """The algorithm names: the registries' keys (they must agree)."""
+    found = registries(modules)
+    if len({frozenset(keys) for keys in found.values()}) != 1:
+        raise SystemExit(
+            f"reading_path: expected algorithm registries (module-level dicts indexed by `algo` or "
+            f"`X.algo`) with one set of names; found {found or 'none'}"
+        )
+    return next(iter(found.values()))
+
+
+class Walker:
+    """One algo's path: visits definitions and variables, and what they refer to, once each."""
+
+    def __init__(self, modules: dict[str, Module], algo: str):
+        self.modules, self.algo, self.registries = modules, algo, registries(modules)
+        self.reached: dict[tuple[str, str], Definition] = {}
+        self.variables: set[tuple[str, str]] = set()
+        self.classes: set[tuple[str, str]] = set()
+        self.attributes: set[str] = set()  # the `name`s of x.name with x of unknown type
+        self.stops: set[str] = set()  # where the path met PACKAGE
+
+    def lookup(self, module: str, name: str):
+        """`name` in `module`: ("def" or "var", module, name), ("module", dotted name) or None."""
+        m = self.modules[module]
+        if name in m.defs or name in m.variables:
+            return ("def" if name in m.defs else "var"), module, name
+        if name in m.imports:
+            source, member = m.imports[name]
+            return ("module", source) if member is None else self.member(source, member)
+        return None  # a builtin
+
+    def member(self, module: str, name: str):
+        """`module.name`: its lookup in a top-level module; None at PACKAGE and installed code."""
+        if module.split(".")[0] in PACKAGE:
+            self.stops.add(f"{module}.{name}")
+        elif module in self.modules:
+            return self.lookup(module, name)
+        return None
+
+    def method(self, module: str, cls: str, name: str):
+        qualified = f"{cls}.{name}"
+        return ("def", module, qualified) if qualified in self.modules[module].defs else None
+
+    def visit(self, target):
+        """Reach a definition or variable (once), then follow its code."""
+        kind, module, name = target if target and target[0] != "module" else (None, None, None)
+        if kind == "var" and (module, name) not in self.variables:
+            self.variables.add((module, name))
+            value = self.modules[module].variables[name]
+            if (module, name) in self.registries:  # only the chosen algo's entry
+                value = value.values[[k.value for k in value.keys].index(self.algo)]
+            self.follow(module, [value])
+        elif kind == "def" and (module, name) not in self.reached:
+            node = self.modules[module].defs[name]
+            self.reached[module, name] = self.modules[module].definition(name)
+            if not isinstance(node, ast.ClassDef):
+                self.follow(module, [node], cls=name.split(".")[0] if "." in name else None)
+                return
+            self.classes.add((module, name))
+            for method in self.attributes | {"__init__", "__post_init__"}:
+                self.visit(self.method(module, name, method))
+            own = [s for s in node.body if not isinstance(s, FUNCTION)]
+            self.follow(module, [*node.bases, *node.keywords, *node.decorator_list, *own])
+
+    def follow(self, module: str, nodes: list[ast.AST], local=frozenset(), cls=None):
+        """Visit what the names and attributes in `nodes`, code of `module`, refer to."""
+        local = set(local) | bound_names(nodes)
+        walked = [n for root in nodes for n in ast.walk(root)]
+        typed = [n for n in walked if isinstance(n, ast.arg) and isinstance(n.annotation, ast.Name)]
+        builtin = {n.arg for n in typed if n.annotation.id in dir(builtins)}  # as `text: str`
+        for node in walked:
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                self.visit(None if node.id in local else self.lookup(module, node.id))
+            elif isinstance(node, ast.Attribute):
+                owner = getattr(node.value, "id", None)
+                if cls and owner in ("self", "cls"):
+                    self.visit(self.method(module, cls, node.attr))
+                    continue
+                target = self.lookup(module, owner) if owner and owner not in local else None
+                if target and target[0] == "module":  # m.name
+                    self.visit(self.member(target[1], node.attr))
+                elif target and target[0] == "def":  # C.name, a method of class C
+                    self.visit(self.method(*target[1:], node.attr))
+                elif owner not in builtin:  # x.name: that method of every class on the path
+                    self.attributes.add(node.attr)
+                    for m, c in list(self.classes):
+                        self.visit(self.method(m, c, node.attr))
+
+
+def reading_path(modules: dict[str, Module], algo: str) -> tuple[list[Definition], list[str]]:
+    """`algo`'s path, in file and line order, and the names where it met PACKAGE."""
+    if algo not in algos(modules):
+        raise SystemExit(f"reading_path: unknown algo {algo!r}; the registries: {algos(modules)}")
+    loop, train, walker = find_loop(modules), modules[LOOP_MODULE], Walker(modules, algo)
+    name, lines = f"{LOOP_FUNCTION} (the loop)", code_lines(train.lines, *span(loop))
+    walker.reached[LOOP_MODULE, ""] = Definition(LOOP_MODULE, name, loop.lineno, lines)
+    walker.follow(LOOP_MODULE, [loop], local=bound_names([train.defs[LOOP_FUNCTION]]))
+    return sorted(walker.reached.values(), key=lambda d: (d.module, d.line)), sorted(walker.stops)
+
+
+def line_stats(root: pathlib.Path = ROOT) -> dict:
+    """Code lines per top-level file; the longest line and the lines over MAX_LINE in every .py."""
+    texts = {p.relative_to(root): p.read_text().splitlines() for p in sorted(root.rglob("*.py"))}
+    texts = {p: t for p, t in texts.items() if not {"out", "__pycache__"} & set(p.parts)}
+    texts = {p: t for p, t in texts.items() if not any(s.startswith(".") for s in p.parts)}
+    lengths = [(len(line), f"{p}:{i}") for p, t in texts.items() for i, line in enumerate(t, 1)]
+    return {
+        "top": {p.name: code_lines(t, 1, len(t)) for p, t in texts.items() if len(p.parts) == 1},
+        "longest": max(lengths),
+        "over": sum(n > MAX_LINE for n, _ in lengths),
+        "files": len(texts),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--verbose", action="store_true", help="list each path's definitions")
+    parser.add_argument("--root", default=str(ROOT), help="the repository to measure")
+    args = parser.parse_args()
+    root = pathlib.Path(args.root)
+    modules = load_modules(root)
+    start = f"{LOOP_MODULE}.py's loop (line {find_loop(modules).lineno})"
+    print(f"one step's reading path: from {start}, stopping at {', '.join(PACKAGE)} and libraries")
+    print(f"{'algo':12} {'definitions':>11} {'code lines':>10} {'files':>5}")
+    for algo in algos(modules):
+        path, stops = reading_path(modules, algo)
+        lines, files = sum(d.code_lines for d in path), len({d.module for d in path})
+        print(f"{algo:12} {len(path):>11} {lines:>10} {files:>5}")
+        for d in path if args.verbose else []:
+            print(f"    {f'{d.module}.py:{d.line}':17} {d.name:30} {d.code_lines:4}")
+        if args.verbose:
+            print(f"    stops at: {', '.join(stops) or 'nothing'}")
+    s = line_stats(root)
+    top, (longest, where) = s["top"], s["longest"]
+    largest = max(top, key=top.get)
+    print(f"top level: {sum(top.values()):,} code lines in {len(top)} files", end=" ")
+    print(f"(largest {largest}, {top[largest]})")
+    print(f"longest line: {longest} characters ({where});", end=" ")
+    print(f"{s['over']:,} lines over {MAX_LINE} in {s['files']} .py files")
+
+
+if __name__ == "__main__":
+    main()

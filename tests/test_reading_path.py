@@ -1,0 +1,118 @@
+"""benchmarks/reading_path.py: it finds train.py's loop, follows only the chosen algo's registry
+entries, stops at the infrastructure package and counts what it reaches (on a hand-built repository,
+then on this one)."""
+
+import importlib.util
+import pathlib
+
+import pytest
+
+import advantages
+import rollout
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location(
+    "reading_path", ROOT / "benchmarks" / "reading_path.py"
+)
+reading_path = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(reading_path)
+
+TRAIN = """import engines
+import credit
+
+
+def main(args):
+    for step in range(3):
+        # one step
+        credit.step(args, engines.load())
+"""
+CREDIT = '''from dataclasses import dataclass
+
+ALGOS = {"a": lambda: first(), "b": lambda: second()}
+
+
+@dataclass
+class Config:
+    algo: str = "a"
+
+
+def step(cfg: Config, model):
+    """Run the chosen algo."""
+    return ALGOS[cfg.algo]()
+
+
+def first():
+    return 1
+
+
+def second():
+    return 2
+
+
+def unused():
+    return 3
+'''
+
+
+def test_a_hand_built_repository_gives_the_hand_counted_path(tmp_path):
+    (tmp_path / "train.py").write_text(TRAIN)
+    (tmp_path / "credit.py").write_text(CREDIT)
+    (tmp_path / "engines.py").write_text("def load():\n    return credit.first()\n")
+    modules = reading_path.load_modules(tmp_path)
+    assert reading_path.algos(modules) == ["a", "b"]
+    for algo, fn in (("a", "first"), ("b", "second")):
+        path, stops = reading_path.reading_path(modules, algo)
+        # the loop 2 lines (for, the call; a comment is no code), step 3 (def, docstring, return),
+        # Config 3 (decorator, class, field), the algo's function 2 (not the other's, nor unused,
+        # nor engines.load, which would reach `first`): 4 definitions, 10 lines, 2 files
+        assert [(d.module, d.name, d.code_lines) for d in path] == [
+            ("credit", "Config", 3),
+            ("credit", "step", 3),
+            ("credit", fn, 2),
+            ("train", "main (the loop)", 2),
+        ]
+        assert stops == ["engines.load"]
+
+
+def test_a_train_py_without_the_step_loop_is_a_clear_error(tmp_path):
+    (tmp_path / "train.py").write_text("def main():\n    for i in range(3):\n        pass\n")
+    with pytest.raises(SystemExit, match="has no `for step in ...` loop"):
+        reading_path.find_loop(reading_path.load_modules(tmp_path))
+
+
+def test_the_loop_is_found_in_train_main():
+    modules = reading_path.load_modules(ROOT)
+    loop = reading_path.find_loop(modules)
+    assert modules["train"].lines[loop.lineno - 1].lstrip().startswith("for step in ")
+
+
+def test_the_registry_read_from_the_code_holds_the_algorithm_names():
+    assert reading_path.algos(reading_path.load_modules(ROOT)) == list(advantages.ALGOS)
+
+
+@pytest.mark.parametrize("algo", list(advantages.ALGOS))
+def test_each_algo_path_holds_its_own_strategy_and_credit_and_no_other_credit(algo):
+    path, stops = reading_path.reading_path(reading_path.load_modules(ROOT), algo)
+    names = {(d.module, d.name) for d in path}
+    assert (
+        len(path) > 0
+        and sum(d.code_lines for d in path) > 0
+        and all(d.code_lines > 0 for d in path)
+    )
+    assert ("train", "main (the loop)") in names
+    assert ("rollout", rollout.STRATEGIES[algo][0].__name__) in names
+    credits = {fn.__name__ for fn, _ in advantages.ALGOS.values()}
+    assert {n for m, n in names if m == "advantages"} & credits == {
+        advantages.ALGOS[algo][0].__name__
+    }
+    assert stops and all(s.split(".")[0] in reading_path.PACKAGE for s in stops)
+
+
+def test_line_stats_count_the_top_level_and_find_the_longest_line():
+    stats = reading_path.line_stats(ROOT)
+    assert (
+        set(stats["top"]) == {p.name for p in ROOT.glob("*.py")} and min(stats["top"].values()) > 0
+    )
+    length, where = stats["longest"]
+    file, line = where.rsplit(":", 1)
+    assert len((ROOT / file).read_text().splitlines()[int(line) - 1]) == length
