@@ -17,6 +17,15 @@ Deviations and choices:
 3. Rank 0 owns the rollout engine, the retriever and logging; it broadcasts the training samples and each rank
    updates on its shard, padded with zero-weight rows to the same number of micro-batches (DDP's collectives).
 4. A step whose loss or gradient norm is not finite is skipped (counted in train/skipped_steps), never applied.
+- dual-clip (`--dual_clip c`; 0 = off, the default): a token with A < 0 loses at most -A c, whatever its ratio
+  (dual-clip PPO, Ye et al. 2020; verl's clip_ratio_c, on there at 3). The papers' objective has no such cap.
+- log-ratio-bound: each log ratio (pi_theta/pi_old, pi_old/pi_rollout, pi_ref/pi_theta) is clamped to [-20, 20]
+  before its exp, as verl does. It changes the loss only past a 4.9e8-fold ratio, where float32 would overflow,
+  and gives such a token no gradient through that ratio.
+- k3-unclamped: verl's low_var_kl also clamps k3 itself to [-10, 10]; we do not. That clamp takes the KL's
+  gradient away from exactly the tokens that moved furthest from the reference (ref - logp > 2.61 or < -11.0),
+  where the anchor matters most; log-ratio-bound already keeps k3 finite and the gradient-norm clip bounds the
+  step. The two differ only on tokens with k3 > 10.
 """
 import fcntl
 import json
@@ -99,6 +108,8 @@ class Args:
     """PPO clip: ratio >= 1 - clip_low."""
     clip_high: float = 0.2
     """PPO clip: ratio <= 1 + clip_high (DAPO's clip-higher uses 0.28)."""
+    dual_clip: float = 0.0
+    """Dual-clip c: a token with A < 0 loses at most -A c (verl's clip_ratio_c, 3 there); 0 = off (the papers)."""
     kl_coef: float = 0.001
     """Weight of the k3 KL to the frozen initial policy (Search-R1, BranPO Table 5: 0.001)."""
     tis_cap: float = 2.0
@@ -129,6 +140,7 @@ RULES = [  # (flags, what is allowed, test): checked right after parsing, before
     ("lr grad_clip", "> 0", lambda v: v > 0),
     ("clip_high kl_coef tis_cap", ">= 0", lambda v: v >= 0),
     ("clip_low", "in [0, 1)", lambda v: 0 <= v < 1),
+    ("dual_clip", "0 (off) or > 1", lambda v: v == 0 or v > 1),
     ("vllm_gpu_memory_utilization", "in (0, 1]", lambda v: 0 < v <= 1),
     ("max_env_error_rate", "in [0, 1]", lambda v: 0 <= v <= 1),
     ("data test_data corpus", "an existing file, a directory or a datasets name",
@@ -157,37 +169,88 @@ def validate(args: Args, *configs):
 # Loss
 
 
-def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log pi(token_t | tokens_<t) and the policy's entropy at t, aligned with `ids` (entry 0 is 0)."""
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()  # (B, T-1, V)
-    logp_all = logits.log_softmax(-1)  # (B, T-1, V)
-    logp = logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)  # (B, T-1)
-    return F.pad(logp, (1, 0)), F.pad(entropy, (1, 0))  # (B, T), (B, T)
+LOG_RATIO_BOUND = 20.0  # log-ratio-bound: |log ratio| <= 20 before any exp (verl's bound); exp(20) = 4.9e8
+LOGP_CHUNK = 2 ** 26  # logits elements per chunk of token_logprobs (2^26 float32 = 256 MiB; 441 Qwen positions)
+
+
+class _TokenLogp(torch.autograd.Function):
+    """log_softmax(logits)[target] per row, and (asked) the entropy, without a float32 copy of the whole vocabulary.
+
+    (N, V) logits of any float dtype in, (N,) float32 out. logsumexp and the gradient, (onehot - softmax) x grad,
+    are computed LOGP_CHUNK elements at a time; what is kept for backward is the logits themselves and (N,) sums.
+    The entropy has no gradient (it is only logged)."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, with_entropy: bool):  # (N, V), (N,)
+        rows = max(1, LOGP_CHUNK // logits.shape[1])
+        lse = torch.empty(len(logits), device=logits.device)  # (N,) log sum_v exp(logit_v)
+        entropy = torch.empty(len(logits) if with_entropy else 0, device=logits.device)  # (N,) or (0,)
+        for s in range(0, len(logits), rows):
+            x = logits[s:s + rows].float()  # (c, V): a view when the logits are float32
+            lse[s:s + rows] = x.logsumexp(-1)  # (c,)
+            if with_entropy:
+                logp_all = x - lse[s:s + rows, None]  # (c, V)
+                entropy[s:s + rows] = -(logp_all.exp() * logp_all).sum(-1)  # (c,)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.mark_non_differentiable(entropy)
+        return logits.gather(1, targets[:, None])[:, 0].float() - lse, entropy  # (N,), (N,) or (0,)
+
+    @staticmethod
+    def backward(ctx, grad, _):  # (N,): d loss / d logp
+        logits, targets, lse = ctx.saved_tensors  # (N, V), (N,), (N,)
+        rows = max(1, LOGP_CHUNK // logits.shape[1])
+        out = torch.empty_like(logits)  # (N, V)
+        for s in range(0, len(logits), rows):
+            g = grad[s:s + rows, None]  # (c, 1)
+            d = (logits[s:s + rows].float() - lse[s:s + rows, None]).exp_().mul_(-g)  # (c, V): -softmax x grad
+            out[s:s + rows] = d.scatter_add_(1, targets[s:s + rows, None], g)  # + onehot(target) x grad
+        return out, None, None
+
+
+def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, entropy: bool = False):
+    """Per-token log pi(token_t | tokens_<t), aligned with `ids` (entry 0 is 0); with `entropy`, also the policy's
+    entropy at t (no gradient), else None. log p = logit[token] - logsumexp(logits), in chunks (_TokenLogp)."""
+    logits = model(input_ids=ids, attention_mask=attn).logits  # (B, T, V)
+    B, T, V = logits.shape
+    targets = ids.roll(-1, 1)  # (B, T): the next token; each row's last is a dummy, dropped below
+    logp, ent = _TokenLogp.apply(logits.reshape(B * T, V), targets.reshape(B * T), entropy)  # (B*T,), (B*T,)/(0,)
+    aligned = lambda x: F.pad(x.view(B, T)[:, :-1], (1, 0))  # noqa: E731  (B, T): entry t predicts token t
+    return aligned(logp), aligned(ent) if entropy else None  # (B, T), (B, T) or None
 
 
 def ppo_loss(logp, old_logp, ref_logp, rollout_logp, adv, mask, args: Args, denom: float):
     """Per-token PPO-clip surrogate x TIS weight + kl_coef x k3 KL, summed over masked tokens / `denom`.
 
-    All inputs (B, T). ratio = exp(logp - old_logp); surrogate = max(-A ratio, -A clip(ratio, 1-eps_l, 1+eps_h));
-    TIS weight w = min(exp(old_logp - rollout_logp), C), no gradient; k3 = exp(ref - logp) - (ref - logp) - 1.
-    `denom` is the mini-batch's token count (token-mean) or row count (seq-mean-token-mean; rows are then first
-    averaged over their own tokens), so micro-batches add up to the mini-batch mean."""
-    ratio = torch.exp(logp - old_logp)  # (B, T)
+    All inputs (B, T). ratio = exp(logp - old_logp); surrogate = max(-A ratio, -A clip(ratio, 1-eps_l, 1+eps_h)),
+    for A < 0 capped at -A c with --dual_clip c; TIS weight w = min(exp(old_logp - rollout_logp), C), no gradient;
+    k3 = exp(ref - logp) - (ref - logp) - 1. Every log ratio is bounded (log-ratio-bound); masked positions
+    contribute exactly 0, gradient included, whatever they hold (inf, NaN). `denom` is the mini-batch's token
+    count (token-mean) or row count (seq-mean-token-mean; rows are then first averaged over their own tokens), so
+    micro-batches add up to the mini-batch mean."""
+    m = mask.bool()  # (B, T)
+    # Untrained positions (prompt, observations, padding) may hold anything: their log ratios are set to 0 before
+    # any exp and their per-token loss is dropped by torch.where (x mask would make inf x 0 = NaN, in the loss or
+    # its gradient). log-ratio-bound then clamps to +-20, so no exp overflows.
+    bounded = lambda x: torch.where(m, x, 0.0).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # noqa: E731
+    ratio = torch.exp(bounded(logp - old_logp))  # (B, T)
     unclipped, clipped = -adv * ratio, -adv * ratio.clamp(1 - args.clip_low, 1 + args.clip_high)  # (B, T)
     surrogate = torch.max(unclipped, clipped)  # (B, T)
-    tis = torch.exp(old_logp - rollout_logp)  # (B, T)
+    stats = {"clipped": (clipped > unclipped)[m].detach()}  # the clipped branch is active: no gradient (verl)
+    if args.dual_clip:  # dual-clip: a token with A < 0 loses at most -A c, whatever its ratio
+        dual = -adv * args.dual_clip  # (B, T)
+        dual_clipped = (adv < 0) & (dual < surrogate)  # (B, T): the cap is active, no gradient
+        surrogate = torch.where(dual_clipped, dual, surrogate)  # (B, T)
+        stats["dual_clipped"] = dual_clipped[m]
+    tis = torch.exp(bounded(old_logp - rollout_logp))  # (B, T)
     weight = tis.clamp(max=args.tis_cap) if args.tis_cap > 0 else torch.ones_like(tis)
-    log_ratio_ref = ref_logp - logp  # (B, T)
-    kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1  # (B, T), k3 estimator, >= 0
-    per_token = surrogate * weight.detach() + args.kl_coef * kl  # (B, T)
+    log_ratio_ref = bounded(ref_logp - logp)  # (B, T)
+    kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1  # (B, T), k3 estimator, >= 0 (k3-unclamped)
+    per_token = torch.where(m, surrogate * weight.detach() + args.kl_coef * kl, 0.0)  # (B, T)
     if args.loss_agg == "token-mean":
-        loss = (per_token * mask).sum() / denom
+        loss = per_token.sum() / denom
     else:
-        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / denom
-    m = mask.bool()
-    stats = {"ratio": ratio[m].detach(), "tis": tis[m].detach(), "kl": kl[m].detach(),
-             "clipped": (clipped > unclipped)[m].detach()}  # the clipped branch is active: no gradient (verl)
+        loss = (per_token.sum(-1) / mask.sum(-1).clamp(min=1)).sum() / denom
+    stats.update(ratio=ratio[m].detach(), tis=tis[m].detach(), kl=kl[m].detach())
     return loss, stats
 
 
@@ -249,7 +312,7 @@ def update(micro, accelerator, model, optimizer, scheduler, args: Args):
             total = accelerator.reduce(torch.tensor(float(total), device=accelerator.device), "sum").item()
             loss_sum = 0.0
             for b in mb:
-                logp, entropy = token_logprobs(model, b["ids"], b["attn"])
+                logp, entropy = token_logprobs(model, b["ids"], b["attn"], entropy=True)
                 loss, s = ppo_loss(logp, b["old_logp"], b["ref_logp"], b["rollout_logp"], b["adv"], b["mask"],
                                    args, max(total, 1.0) / accelerator.num_processes)
                 s["entropy"] = entropy[b["mask"].bool()].detach()
@@ -273,6 +336,7 @@ def train_metrics(stats, grad_norms, losses, args: Args) -> dict[str, float]:
     return {"train/loss": sum(losses) / max(len(losses), 1), "train/kl": mean(cat("kl")),
             "train/entropy": mean(cat("entropy")), "train/clip_fraction": mean(cat("clipped")),
             "train/tis_truncated_fraction": mean((cat("tis") > args.tis_cap).float()) if args.tis_cap > 0 else 0.0,
+            **({"train/dual_clip_fraction": mean(cat("dual_clipped"))} if args.dual_clip else {}),
             "train/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
             **quantiles("train/ratio", cat("ratio")), **quantiles("train/tis_ratio", cat("tis")),
             **({"train/tis_ratio_max_dev": (cat("tis") - 1).abs().max().item()} if stats else {})}

@@ -81,6 +81,84 @@ def test_mask_and_aggregation():
     assert s["ratio"].numel() == 4
 
 
+def test_dual_clip_caps_the_loss_of_a_negative_advantage():
+    # A = -1, log ratio 1.5: ratio e^1.5 = 4.4817; max(-A r, -A clip(r, 0.8, 1.2)) = max(4.4817, 1.2) = 4.4817,
+    # gradient d(-A r)/dlogp = -A r = 4.4817. With --dual_clip 3 (verl's clip_ratio_c): min(4.4817, -A c = 3) = 3,
+    # a constant: gradient 0
+    logp, old, adv = t([1.5]), t([0.0]), t([-1.0])
+    for args, loss, grad in ((ARGS, math.exp(1.5), math.exp(1.5)), (Args(kl_coef=0.0, tis_cap=0.0, dual_clip=3.0), 3.0, 0.0)):
+        lp = logp.clone().requires_grad_()
+        value, s = loss_of(lp, old, adv, args)
+        value.backward()
+        assert value.item() == pytest.approx(loss) and lp.grad.item() == pytest.approx(grad)
+    assert s["dual_clipped"].tolist() == [True]
+    # A = +1 is never capped: ratio 1.5 -> clipped at 1.2 as without dual-clip, loss -1.2
+    assert loss_of(logp, old, t([1.0]), Args(kl_coef=0.0, tis_cap=0.0, dual_clip=3.0))[0].item() == pytest.approx(-1.2)
+    from train import validate
+    with pytest.raises(SystemExit, match=r"--dual_clip 0.5: must be 0 \(off\) or > 1"):  # c <= 1: caps ratios near 1
+        validate(Args(dual_clip=0.5), AlgoConfig(), AgentConfig(), RetrieverConfig(), WarmConfig())
+
+
+def test_k3_is_not_clamped_and_every_log_ratio_is_bounded():
+    # kl_coef 1, ref - logp = 3: k3 = e^3 - 3 - 1 = 20.0855 - 4 = 16.0855, d k3/d logp = -(e^3 - 1) = -19.0855
+    # (verl's low_var_kl clamps k3 to 10 here, gradient 0: train.py's k3-unclamped says why we do not)
+    args = Args(kl_coef=1.0, tis_cap=0.0)
+    lp = torch.zeros(1, dtype=torch.float32, requires_grad=True)
+    loss, _ = loss_of(lp, torch.zeros(1), torch.zeros(1), args, ref=torch.tensor([3.0]))
+    loss.backward()
+    assert loss.item() == pytest.approx(math.exp(3) - 4) and lp.grad.item() == pytest.approx(-(math.exp(3) - 1))
+    # A = 1, log ratio 100 (float32): exp(100) = inf gave a finite loss but a NaN gradient (inf x 0 in the branch
+    # max() did not take). Bounded to 20: ratio e^20 = 4.85e8 -> clipped branch, loss -1.2, gradient 0
+    lp = torch.tensor([100.0], requires_grad=True)
+    loss, s = loss_of(lp, torch.zeros(1), torch.ones(1), Args(kl_coef=0.001, tis_cap=2.0), ref=torch.tensor([100.0]))
+    loss.backward()
+    assert loss.item() == pytest.approx(-1.2) and lp.grad.item() == 0.0
+    assert s["ratio"].item() == pytest.approx(math.exp(20), rel=1e-6)
+
+
+def test_masked_positions_contribute_exactly_zero_whatever_they_hold():
+    # float32; token 0 masked (prompt or observation), token 1 trained with A = 1, ratio 1, ref = logp: loss
+    # -A r = -1 over 1 token; gradient [0, -1]. Before: the masked token's ref - logp = 100 gave exp(100) = inf,
+    # inf x 0 = NaN, and the whole micro-batch's loss and gradient were NaN.
+    inf, nan = float("inf"), float("nan")
+    mask, args = torch.tensor([0.0, 1.0]), Args(kl_coef=0.001, tis_cap=2.0)
+    for ref, old, rollout, adv, logp in (([100.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 1.0], [0.0, 0.0]),
+                                         ([inf, 0.0], [-inf, 0.0], [nan, 0.0], [nan, 1.0], [nan, 0.0])):
+        lp = torch.tensor(logp, requires_grad=True)
+        loss, s = ppo_loss(lp, torch.tensor(old), torch.tensor(ref), torch.tensor(rollout), torch.tensor(adv), mask,
+                           args, denom=1.0)
+        loss.backward()
+        assert loss.item() == -1.0 and lp.grad.tolist() == [0.0, -1.0]
+        assert s["kl"].tolist() == [0.0] and s["ratio"].tolist() == [1.0]  # stats: trained tokens only
+
+
+def test_token_logprobs_equal_the_full_log_softmax(env, monkeypatch):
+    # log p = logit[token] - logsumexp, in chunks, against the formula it replaced (log_softmax over the whole
+    # vocabulary, entropy from it): values and the gradient reaching the weights agree to float32 rounding
+    import train
+    from engines import load_policy
+    model, _ = load_policy(str(env / "tiny"))
+    V = model.config.vocab_size
+    monkeypatch.setattr(train, "LOGP_CHUNK", 3 * V)  # 3 positions per chunk: many chunks, a short last one
+    torch.manual_seed(0)
+    ids = torch.randint(0, V, (2, 11))  # (B, T)
+    attn = torch.ones_like(ids)
+    logp, entropy = train.token_logprobs(model, ids, attn, entropy=True)  # (B, T), (B, T)
+    (logp * torch.linspace(-1, 1, 22).view(2, 11)).sum().backward()
+    new_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    logp_all = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float().log_softmax(-1)  # (B, T-1, V)
+    old = torch.nn.functional.pad(logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1), (1, 0))  # (B, T)
+    old_entropy = torch.nn.functional.pad(-(logp_all.exp() * logp_all).sum(-1), (1, 0))  # (B, T)
+    (old * torch.linspace(-1, 1, 22).view(2, 11)).sum().backward()
+    torch.testing.assert_close(logp, old, atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy, old_entropy, atol=1e-5, rtol=0)
+    assert logp[:, 0].tolist() == [0.0, 0.0] and not entropy.requires_grad
+    for new, p in zip(new_grads, model.parameters()):
+        torch.testing.assert_close(new, p.grad, atol=1e-6, rtol=1e-4)
+    assert train.token_logprobs(model, ids, attn)[1] is None  # no entropy unless asked (pi_old, pi_ref passes)
+
+
 def test_collate_right_pads():
     a = Sample([1, 2, 3], [0, 1, 1], [0.0, 0.5, 0.5], [0.0, -1.0, -2.0], "x")
     b = Sample([4], [0], [0.0], [0.0], "y")
