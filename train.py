@@ -10,9 +10,12 @@ Deviations and choices:
    default; "seq-mean-token-mean" optional), k3 KL to the frozen initial policy on the trained tokens as a loss
    term (GRPO style), not a reward penalty.
 2. TIS ("Cut the Bill" §5.5.2): weight min(pi_old / pi_rollout, tis_cap) per token on the policy-gradient term;
-   pi_rollout is the engine's log-prob (engines.py note 1). The HF engine samples from the trainer's own weights,
-   so its log-probs ARE pi_old (`exact_logprobs`, checked by tests/test_train.py) and the trainer skips its pi_old
-   pass (weight exactly 1); with vLLM the trainer recomputes pi_old and TIS corrects the kernels' differences.
+   pi_rollout is the engine's log-prob (engines.py note 1). pi_theta, pi_old and pi_ref come from one numeric
+   path: the trainer's forward at the run's precision (under the accelerator's autocast with mixed precision).
+   Only a float32 run on the HF engine, which samples from the trainer's own float32 weights, takes pi_old from
+   the engine (its log-probs equal the trainer's to float32 rounding: `exact_logprobs`, checked by
+   tests/test_train.py; TIS weight exactly 1) and skips that pass. Under mixed precision (the engine's incremental forward rounds unlike the trainer's
+   full one) and with vLLM the trainer recomputes pi_old, and TIS corrects the engine/trainer difference.
    BranPO Table 5's "rollout IS batch normalize" (mean-1 weights per batch) is not applied: Cut the Bill has none.
 3. Rank 0 owns the rollout engine, the retriever and logging; it broadcasts the training samples and each rank
    updates on its shard, padded with zero-weight rows to the same number of micro-batches (DDP's collectives).
@@ -38,6 +41,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import accelerate.utils
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
@@ -59,6 +63,11 @@ from retriever import RetrieverConfig
 from rollout import AgentConfig
 from tree import to_samples
 from warmstart import WarmConfig
+
+
+TRACKERS = {name: getattr(accelerate.utils, f"is_{name}_available")  # --log_with NAME: accelerate's tracker,
+            for name in ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab",
+                         "trackio")}  # and accelerate's check that its package (pip install NAME) imports
 
 
 @dataclass
@@ -129,8 +138,8 @@ class Args:
     """Continue from the run's last checkpoint."""
     overwrite: bool = False
     """Delete what the run directory holds and start fresh (without --resume or this, a run there is refused)."""
-    log_with: str = ""
-    """Extra accelerate trackers: tensorboard, wandb, ... (metrics.jsonl and the console always)."""
+    log_with: str = field(default="", metadata={"choices": ["", *TRACKERS]})
+    """An accelerate tracker to log to as well (its package must be installed: README, Metrics); empty = none."""
 
 
 RULES = [  # (flags, what is allowed, test): checked right after parsing, before any file or model is read
@@ -162,7 +171,10 @@ def validate(args: Args, *configs):
         (args.resume and args.overwrite, "--resume and --overwrite contradict each other: pick one"),
         (args.gguf_file and not args.model, f"--gguf_file {args.gguf_file!r} needs --model, the directory holding it"),
         (warm.sft_max_steps < warm.sft_steps, f"--sft_max_steps {warm.sft_max_steps} must be >= --sft_steps "
-         f"{warm.sft_steps}")])
+         f"{warm.sft_steps}"),
+        (args.log_with and not (args.log_with in TRACKERS and TRACKERS[args.log_with]()), f"--log_with "
+         f"{args.log_with}: the {args.log_with!r} package is not installed, so nothing would reach that tracker; "
+         f"pip install {args.log_with}, or drop --log_with (metrics.jsonl and the console always log)")])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -280,9 +292,10 @@ def rollout_step(step: int, args: Args, algo: AlgoConfig, agent: rollout.Agent, 
                      "train/samples": float(len(samples))}
 
 
-def micro_batches(samples, accelerator, model, ref_model, args: Args, pad_id: int, exact_logprobs: bool):
+def micro_batches(samples, accelerator, model, ref_model, args: Args, pad_id: int, old_from_engine: bool):
     """This rank's shard of the samples in micro-batches, with pi_old (the trainer's before this step's updates, or
-    the engine's when exact) and pi_ref log-probs; ranks padded to equal rows with zero-weight copies (deviation 3)."""
+    the engine's when they are the same, deviation 2) and pi_ref log-probs, both by the policy's forward and
+    precision; ranks padded to equal rows with zero-weight copies (deviation 3)."""
     shard = samples[accelerator.process_index::accelerator.num_processes]
     per_rank = math.ceil(len(samples) / accelerator.num_processes)
     weights = [1.0] * len(shard) + [0.0] * (per_rank - len(shard))  # padding rows carry zero loss
@@ -293,8 +306,9 @@ def micro_batches(samples, accelerator, model, ref_model, args: Args, pad_id: in
         b = {k: v.to(accelerator.device) for k, v in collate(shard[i:i + args.micro_batch_size], pad_id).items()}
         b["mask"] = b["mask"] * torch.tensor(weights[i:i + args.micro_batch_size], device=b["mask"].device)[:, None]
         with torch.no_grad():
-            b["old_logp"] = b["rollout_logp"] if exact_logprobs else token_logprobs(model, b["ids"], b["attn"])[0]
-            b["ref_logp"], _ = token_logprobs(ref_model, b["ids"], b["attn"])
+            b["old_logp"] = b["rollout_logp"] if old_from_engine else token_logprobs(model, b["ids"], b["attn"])[0]
+            with accelerator.autocast():  # the prepared policy's forward runs under this same autocast
+                b["ref_logp"], _ = token_logprobs(ref_model, b["ids"], b["attn"])
         micro.append(b)
     return micro
 
@@ -563,8 +577,14 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
                                      dtype=args.vllm_dtype, gpu_memory_utilization=args.vllm_gpu_memory_utilization)
         agent = rollout.Agent(engine, search, tok, agent_cfg)
         eval_agent = rollout.Agent(engine, search, tok, rollout.for_eval(agent_cfg))
-    # does the engine return log pi_old itself (deviation 2)? rank 0 knows; every rank's micro_batches needs it
-    exact_logprobs = broadcast_object_list([agent.engine.exact_logprobs if main_proc else None])[0]
+    # are the engine's log-probs pi_old (deviation 2)? Only the HF engine's in a float32 run. Rank 0 knows the
+    # engine; every rank's micro_batches needs the answer
+    old_from_engine = broadcast_object_list([agent.engine.exact_logprobs if main_proc else None])[0] \
+        and accelerator.mixed_precision == "no"
+    if main_proc:
+        print("pi_old: " + ("the HF engine's log-probs (a float32 run: they are the trainer's)" if old_from_engine
+                            else f"the trainer's forward ({type(agent.engine).__name__}, mixed precision "
+                            f"{accelerator.mixed_precision}); TIS weighs the engine's difference"), flush=True)
     rng = random.Random(agent_cfg.seed)  # strategies' random choices
     order = list(range(len(train_rows)))
     random.Random(agent_cfg.seed).shuffle(order)
@@ -593,7 +613,7 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
         rolled_out = rollout_step(step, args, algo, agent, train_rows, order, rng) if main_proc else None
         samples, metrics = broadcast_object_list([rolled_out])[0]  # rank 0's, on every rank
         t1 = time.perf_counter()
-        micro = micro_batches(samples, accelerator, model, ref_model, args, tok.pad_token_id, exact_logprobs)
+        micro = micro_batches(samples, accelerator, model, ref_model, args, tok.pad_token_id, old_from_engine)
         t2 = time.perf_counter()
         stats, grad_norms, losses, n_skipped = update(micro, accelerator, model, optimizer, scheduler, args)
         skipped += n_skipped

@@ -326,6 +326,41 @@ def test_one_training_step_with_the_smollm2_gguf(env):
     assert row["train/samples"] == 2 and math.isfinite(row["train/loss"]) and row["train/skipped_steps"] == 0
 
 
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_pi_theta_pi_old_and_pi_ref_share_one_numeric_path(env, precision):
+    # `accelerate launch --mixed_precision bf16` sets this variable. Step 1 has no update before its statistics
+    # (the warmup's first learning rate is 0), so pi_theta = pi_old = pi_ref: ratio 1 and KL 0, in float32 as in
+    # bf16. Before, under bf16 the policy ran under autocast while pi_ref came from a float32 reference model and
+    # pi_old from the engine: KL 4.6e-8 here (5e-5 from the warm start) and train/tis_ratio_max_dev 0.0, hiding
+    # the engine/trainer difference. Now that difference shows in TIS (measured: 2.5e-4); in float32 the HF
+    # engine's log-probs are pi_old itself, so TIS is exactly 1.
+    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "--model", str(env / "tiny"), "--out_dir",
+                          str(env / "out"), *FAST, "--algo", "tree_grpo", "--steps", "1", "--eval_every", "0",
+                          "--run_name", f"mp_{precision}"], cwd=env, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "ACCELERATE_MIXED_PRECISION": precision})
+    assert out.returncode == 0, out.stderr[-3000:]
+    row, = metrics(env, f"mp_{precision}")
+    assert abs(row["train/ratio_p5"] - 1) < 2e-6 and abs(row["train/ratio_p95"] - 1) < 2e-6, row
+    assert row["train/kl"] < 1e-9, row
+    if precision == "bf16":
+        assert "pi_old: the trainer's forward (HFEngine, mixed precision bf16)" in out.stdout
+        assert row["train/tis_ratio_max_dev"] > 1e-5, row
+    else:
+        assert "pi_old: the HF engine's log-probs" in out.stdout and row["train/tis_ratio_max_dev"] == 0.0
+
+
+def test_log_with_a_tracker_that_is_not_installed_stops_before_anything_loads(env):
+    # before: the run went on and logged nothing to the tracker, with one UserWarning from accelerate in the output
+    from train import TRACKERS
+    missing = [name for name, installed in TRACKERS.items() if not installed()]
+    if not missing:
+        pytest.skip("every tracker accelerate supports is installed here")
+    out = train(env, "--algo", "grpo", "--steps", "1", "--run_name", "tracker", "--log_with", missing[0])
+    assert out.returncode != 0 and f"--log_with {missing[0]}: the {missing[0]!r} package is not installed" in \
+        out.stderr and f"pip install {missing[0]}" in out.stderr, out.stderr[-3000:]
+    assert "invalid flags (nothing was loaded or run)" in out.stderr and not (env / "out" / "runs" / "tracker").exists()
+
+
 # ---- the real loop on vLLM (runs only where vllm imports: the CPU virtualenv of README "vLLM on CPU", CI's too) --
 
 import importlib.util  # noqa: E402
