@@ -10,25 +10,22 @@ Deviations and choices:
    default; "seq-mean-token-mean" optional), k3 KL to the frozen initial policy on the trained tokens as a loss
    term (GRPO style), not a reward penalty.
 2. TIS ("Cut the Bill" §5.5.2): weight min(pi_old / pi_rollout, tis_cap) per token on the policy-gradient term;
-   pi_rollout is the engine's log-prob (engines.py note 1). pi_theta, pi_old and pi_ref come from one numeric
-   path: the trainer's forward at the run's precision (under the accelerator's autocast with mixed precision).
-   Only a float32 run on the HF engine, which samples from the trainer's own float32 weights, takes pi_old from
-   the engine (its log-probs equal the trainer's to float32 rounding: `exact_logprobs`, checked by
-   tests/test_train.py; TIS weight exactly 1) and skips that pass. Under mixed precision (the engine's incremental forward rounds unlike the trainer's
-   full one) and with vLLM the trainer recomputes pi_old, and TIS corrects the engine/trainer difference.
+   pi_rollout is the engine's log-prob (engines.py note 1). pi_theta, pi_old and pi_ref share one
+   forward and precision (the accelerator's autocast under mixed precision). A float32 run on the HF
+   engine takes pi_old from the engine, whose log-probs are the trainer's (`exact_logprobs`, tested;
+   TIS weight 1); otherwise (vLLM, or mixed precision: the engine's incremental forward rounds
+   differently) the trainer recomputes pi_old and TIS corrects the engine/trainer difference.
    BranPO Table 5's "rollout IS batch normalize" (mean-1 weights per batch) is not applied: Cut the Bill has none.
 3. Rank 0 owns the rollout engine, the retriever and logging; it broadcasts the training samples and each rank
    updates on its shard, padded with zero-weight rows to the same number of micro-batches (DDP's collectives).
 4. A step whose loss or gradient norm is not finite is skipped (counted in train/skipped_steps), never applied.
-- dual-clip (`--dual_clip c`; 0 = off, the default): a token with A < 0 loses at most -A c, whatever its ratio
-  (dual-clip PPO, Ye et al. 2020; verl's clip_ratio_c, on there at 3). The papers' objective has no such cap.
-- log-ratio-bound: each log ratio (pi_theta/pi_old, pi_old/pi_rollout, pi_ref/pi_theta) is clamped to [-20, 20]
-  before its exp, as verl does. It changes the loss only past a 4.9e8-fold ratio, where float32 would overflow,
-  and gives such a token no gradient through that ratio.
-- k3-unclamped: verl's low_var_kl also clamps k3 itself to [-10, 10]; we do not. That clamp takes the KL's
-  gradient away from exactly the tokens that moved furthest from the reference (ref - logp > 2.61 or < -11.0),
-  where the anchor matters most; log-ratio-bound already keeps k3 finite and the gradient-norm clip bounds the
-  step. The two differ only on tokens with k3 > 10.
+- dual-clip (`--dual_clip c`, 0 = off by default): a token with A < 0 loses at most -A c (Ye et
+  al. 2020; verl's clip_ratio_c, always on there, 3). The papers' objective has no such cap.
+- log-ratio-bound: every log ratio is clamped to [-20, 20] before its exp, as verl does: the loss
+  changes only past a 4.9e8-fold ratio, where float32 overflows, and has no gradient there.
+- k3-unclamped: verl's low_var_kl also clamps k3 to [-10, 10]; we do not: that takes the KL's
+  gradient from exactly the tokens that moved furthest from pi_ref (ref - logp > 2.61 or < -11),
+  where the anchor matters most; log-ratio-bound keeps k3 finite, grad_clip bounds the step.
 """
 import fcntl
 import json
@@ -65,9 +62,9 @@ from tree import to_samples
 from warmstart import WarmConfig
 
 
-TRACKERS = {name: getattr(accelerate.utils, f"is_{name}_available")  # --log_with NAME: accelerate's tracker,
-            for name in ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab",
-                         "trackio")}  # and accelerate's check that its package (pip install NAME) imports
+TRACKERS = {n: getattr(accelerate.utils, f"is_{n}_available") for n in (  # --log_with n: its check
+    "tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab",
+    "trackio")}  # that the package (pip install n) imports, as accelerate checks it
 
 
 @dataclass
@@ -118,7 +115,7 @@ class Args:
     clip_high: float = 0.2
     """PPO clip: ratio <= 1 + clip_high (DAPO's clip-higher uses 0.28)."""
     dual_clip: float = 0.0
-    """Dual-clip c: a token with A < 0 loses at most -A c (verl's clip_ratio_c, 3 there); 0 = off (the papers)."""
+    """Dual-clip c: a token with A < 0 loses at most -A c (verl's clip_ratio_c); 0 = off."""
     kl_coef: float = 0.001
     """Weight of the k3 KL to the frozen initial policy (Search-R1, BranPO Table 5: 0.001)."""
     tis_cap: float = 2.0
@@ -139,7 +136,7 @@ class Args:
     overwrite: bool = False
     """Delete what the run directory holds and start fresh (without --resume or this, a run there is refused)."""
     log_with: str = field(default="", metadata={"choices": ["", *TRACKERS]})
-    """An accelerate tracker to log to as well (its package must be installed: README, Metrics); empty = none."""
+    """An accelerate tracker to log to as well (pip install it: README, Metrics); empty = none."""
 
 
 RULES = [  # (flags, what is allowed, test): checked right after parsing, before any file or model is read
@@ -172,82 +169,83 @@ def validate(args: Args, *configs):
         (args.gguf_file and not args.model, f"--gguf_file {args.gguf_file!r} needs --model, the directory holding it"),
         (warm.sft_max_steps < warm.sft_steps, f"--sft_max_steps {warm.sft_max_steps} must be >= --sft_steps "
          f"{warm.sft_steps}"),
-        (args.log_with and not (args.log_with in TRACKERS and TRACKERS[args.log_with]()), f"--log_with "
-         f"{args.log_with}: the {args.log_with!r} package is not installed, so nothing would reach that tracker; "
-         f"pip install {args.log_with}, or drop --log_with (metrics.jsonl and the console always log)")])
+        (args.log_with and not (args.log_with in TRACKERS and TRACKERS[args.log_with]()),
+         f"--log_with {args.log_with}: the {args.log_with!r} package is not installed, so nothing "
+         f"would reach that tracker; pip install {args.log_with}, or drop --log_with "
+         f"(metrics.jsonl and the console always log)")])
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Loss
 
 
-LOG_RATIO_BOUND = 20.0  # log-ratio-bound: |log ratio| <= 20 before any exp (verl's bound); exp(20) = 4.9e8
-LOGP_CHUNK = 2 ** 26  # logits elements per chunk of token_logprobs (2^26 float32 = 256 MiB; 441 Qwen positions)
+LOG_RATIO_BOUND = 20.0  # log-ratio-bound: |log ratio| <= 20 before any exp (verl's); e^20 = 4.9e8
+LOGP_CHUNK = 2 ** 24  # logits per chunk in token_logprobs: 64 MiB of float32, 110 Qwen positions
 
 
 class _TokenLogp(torch.autograd.Function):
-    """log_softmax(logits)[target] per row, and (asked) the entropy, without a float32 copy of the whole vocabulary.
-
-    (N, V) logits of any float dtype in, (N,) float32 out. logsumexp and the gradient, (onehot - softmax) x grad,
-    are computed LOGP_CHUNK elements at a time; what is kept for backward is the logits themselves and (N,) sums.
-    The entropy has no gradient (it is only logged)."""
+    """log_softmax(logits)[target] per row (and the entropy, asked), LOGP_CHUNK logits at a time:
+    (N, V) logits of any float dtype in, (N,) float32 out. Backward recomputes each chunk's
+    log-softmax, so only the logits themselves are kept, never a float32 copy of the vocabulary;
+    values and gradients are bit for bit those of one log_softmax over all rows. The entropy has no
+    gradient (it is only logged)."""
 
     @staticmethod
     def forward(ctx, logits, targets, with_entropy: bool):  # (N, V), (N,)
         rows = max(1, LOGP_CHUNK // logits.shape[1])
-        lse = torch.empty(len(logits), device=logits.device)  # (N,) log sum_v exp(logit_v)
-        entropy = torch.empty(len(logits) if with_entropy else 0, device=logits.device)  # (N,) or (0,)
+        logp = torch.empty(len(logits), device=logits.device)  # (N,)
+        entropy = torch.empty(len(logits) if with_entropy else 0, device=logits.device)  # (N,)|(0,)
         for s in range(0, len(logits), rows):
-            x = logits[s:s + rows].float()  # (c, V): a view when the logits are float32
-            lse[s:s + rows] = x.logsumexp(-1)  # (c,)
+            logp_all = logits[s:s + rows].float().log_softmax(-1)  # (c, V)
+            logp[s:s + rows] = logp_all.gather(1, targets[s:s + rows, None])[:, 0]  # (c,)
             if with_entropy:
-                logp_all = x - lse[s:s + rows, None]  # (c, V)
                 entropy[s:s + rows] = -(logp_all.exp() * logp_all).sum(-1)  # (c,)
-        ctx.save_for_backward(logits, targets, lse)
+        ctx.save_for_backward(logits, targets)
         ctx.mark_non_differentiable(entropy)
-        return logits.gather(1, targets[:, None])[:, 0].float() - lse, entropy  # (N,), (N,) or (0,)
+        return logp, entropy
 
     @staticmethod
     def backward(ctx, grad, _):  # (N,): d loss / d logp
-        logits, targets, lse = ctx.saved_tensors  # (N, V), (N,), (N,)
+        logits, targets = ctx.saved_tensors  # (N, V), (N,)
         rows = max(1, LOGP_CHUNK // logits.shape[1])
         out = torch.empty_like(logits)  # (N, V)
         for s in range(0, len(logits), rows):
-            g = grad[s:s + rows, None]  # (c, 1)
-            d = (logits[s:s + rows].float() - lse[s:s + rows, None]).exp_().mul_(-g)  # (c, V): -softmax x grad
-            out[s:s + rows] = d.scatter_add_(1, targets[s:s + rows, None], g)  # + onehot(target) x grad
+            with torch.enable_grad():  # the chunk's forward again, differentiated on its own
+                x = logits[s:s + rows].detach().requires_grad_()  # (c, V)
+                logp = x.float().log_softmax(-1).gather(1, targets[s:s + rows, None])[:, 0]  # (c,)
+                out[s:s + rows], = torch.autograd.grad(logp, x, grad[s:s + rows])  # (c, V)
         return out, None, None
 
 
 def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, entropy: bool = False):
-    """Per-token log pi(token_t | tokens_<t), aligned with `ids` (entry 0 is 0); with `entropy`, also the policy's
-    entropy at t (no gradient), else None. log p = logit[token] - logsumexp(logits), in chunks (_TokenLogp)."""
+    """Per-token log pi(token_t | tokens_<t), aligned with `ids` (entry 0 is 0); with `entropy`,
+    also the policy's entropy at t (no gradient), else None. Chunk by chunk (_TokenLogp)."""
     logits = model(input_ids=ids, attention_mask=attn).logits  # (B, T, V)
     B, T, V = logits.shape
     targets = ids.roll(-1, 1)  # (B, T): the next token; each row's last is a dummy, dropped below
-    logp, ent = _TokenLogp.apply(logits.reshape(B * T, V), targets.reshape(B * T), entropy)  # (B*T,), (B*T,)/(0,)
-    aligned = lambda x: F.pad(x.view(B, T)[:, :-1], (1, 0))  # noqa: E731  (B, T): entry t predicts token t
+    logp, ent = _TokenLogp.apply(logits.reshape(B * T, V), targets.reshape(B * T), entropy)  # (BT,)
+    aligned = lambda x: F.pad(x.view(B, T)[:, :-1], (1, 0))  # noqa: E731  (B, T): t predicts ids[t]
     return aligned(logp), aligned(ent) if entropy else None  # (B, T), (B, T) or None
 
 
 def ppo_loss(logp, old_logp, ref_logp, rollout_logp, adv, mask, args: Args, denom: float):
     """Per-token PPO-clip surrogate x TIS weight + kl_coef x k3 KL, summed over masked tokens / `denom`.
 
-    All inputs (B, T). ratio = exp(logp - old_logp); surrogate = max(-A ratio, -A clip(ratio, 1-eps_l, 1+eps_h)),
-    for A < 0 capped at -A c with --dual_clip c; TIS weight w = min(exp(old_logp - rollout_logp), C), no gradient;
-    k3 = exp(ref - logp) - (ref - logp) - 1. Every log ratio is bounded (log-ratio-bound); masked positions
-    contribute exactly 0, gradient included, whatever they hold (inf, NaN). `denom` is the mini-batch's token
-    count (token-mean) or row count (seq-mean-token-mean; rows are then first averaged over their own tokens), so
-    micro-batches add up to the mini-batch mean."""
+    All inputs (B, T). ratio = exp(logp - old_logp); surrogate = max(-A ratio, -A clip(ratio,
+    1-eps_l, 1+eps_h)), for A < 0 at most -A c (--dual_clip c); TIS weight w = min(exp(old_logp -
+    rollout_logp), C), no gradient; k3 = exp(ref - logp) - (ref - logp) - 1. `denom` is the
+    mini-batch's token count (token-mean) or row count (seq-mean-token-mean; rows are then first
+    averaged over their own tokens), so micro-batches add up to the mini-batch mean."""
     m = mask.bool()  # (B, T)
-    # Untrained positions (prompt, observations, padding) may hold anything: their log ratios are set to 0 before
-    # any exp and their per-token loss is dropped by torch.where (x mask would make inf x 0 = NaN, in the loss or
-    # its gradient). log-ratio-bound then clamps to +-20, so no exp overflows.
-    bounded = lambda x: torch.where(m, x, 0.0).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # noqa: E731
+    # Untrained positions (prompt, observations, padding) may hold anything, inf or NaN: their log
+    # ratios become 0 before any exp and torch.where drops their loss (x mask would make inf x 0 =
+    # NaN in the loss or its gradient). log-ratio-bound then clamps each log ratio to +-20.
+    bound = LOG_RATIO_BOUND
+    bounded = lambda x: torch.where(m, x, 0.0).clamp(-bound, bound)  # noqa: E731
     ratio = torch.exp(bounded(logp - old_logp))  # (B, T)
     unclipped, clipped = -adv * ratio, -adv * ratio.clamp(1 - args.clip_low, 1 + args.clip_high)  # (B, T)
     surrogate = torch.max(unclipped, clipped)  # (B, T)
-    stats = {"clipped": (clipped > unclipped)[m].detach()}  # the clipped branch is active: no gradient (verl)
+    stats = {"clipped": (clipped > unclipped)[m].detach()}  # the clipped branch: no gradient (verl)
     if args.dual_clip:  # dual-clip: a token with A < 0 loses at most -A c, whatever its ratio
         dual = -adv * args.dual_clip  # (B, T)
         dual_clipped = (adv < 0) & (dual < surrogate)  # (B, T): the cap is active, no gradient
@@ -292,9 +290,10 @@ def rollout_step(step: int, args: Args, algo: AlgoConfig, agent: rollout.Agent, 
                      "train/samples": float(len(samples))}
 
 
-def micro_batches(samples, accelerator, model, ref_model, args: Args, pad_id: int, old_from_engine: bool):
-    """This rank's shard of the samples in micro-batches, with pi_old (the trainer's before this step's updates, or
-    the engine's when they are the same, deviation 2) and pi_ref log-probs, both by the policy's forward and
+def micro_batches(samples, accelerator, model, ref_model, args: Args, pad_id: int,
+                  old_from_engine: bool):
+    """This rank's shard of the samples in micro-batches, with pi_old (the trainer's before this
+    step's updates, or the engine's: deviation 2) and pi_ref log-probs by the policy's forward and
     precision; ranks padded to equal rows with zero-weight copies (deviation 3)."""
     shard = samples[accelerator.process_index::accelerator.num_processes]
     per_rank = math.ceil(len(samples) / accelerator.num_processes)
@@ -306,8 +305,9 @@ def micro_batches(samples, accelerator, model, ref_model, args: Args, pad_id: in
         b = {k: v.to(accelerator.device) for k, v in collate(shard[i:i + args.micro_batch_size], pad_id).items()}
         b["mask"] = b["mask"] * torch.tensor(weights[i:i + args.micro_batch_size], device=b["mask"].device)[:, None]
         with torch.no_grad():
-            b["old_logp"] = b["rollout_logp"] if old_from_engine else token_logprobs(model, b["ids"], b["attn"])[0]
-            with accelerator.autocast():  # the prepared policy's forward runs under this same autocast
+            b["old_logp"] = b["rollout_logp"] if old_from_engine else \
+                token_logprobs(model, b["ids"], b["attn"])[0]
+            with accelerator.autocast():  # the prepared policy's forward runs under this autocast
                 b["ref_logp"], _ = token_logprobs(ref_model, b["ids"], b["attn"])
         micro.append(b)
     return micro
@@ -577,14 +577,14 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
                                      dtype=args.vllm_dtype, gpu_memory_utilization=args.vllm_gpu_memory_utilization)
         agent = rollout.Agent(engine, search, tok, agent_cfg)
         eval_agent = rollout.Agent(engine, search, tok, rollout.for_eval(agent_cfg))
-    # are the engine's log-probs pi_old (deviation 2)? Only the HF engine's in a float32 run. Rank 0 knows the
-    # engine; every rank's micro_batches needs the answer
-    old_from_engine = broadcast_object_list([agent.engine.exact_logprobs if main_proc else None])[0] \
-        and accelerator.mixed_precision == "no"
+    # are the engine's log-probs pi_old (deviation 2)? Only the HF engine's in a float32 run. Rank 0
+    # knows the engine; every rank's micro_batches needs the answer
+    exact = broadcast_object_list([agent.engine.exact_logprobs if main_proc else None])[0]
+    old_from_engine = exact and accelerator.mixed_precision == "no"
     if main_proc:
-        print("pi_old: " + ("the HF engine's log-probs (a float32 run: they are the trainer's)" if old_from_engine
-                            else f"the trainer's forward ({type(agent.engine).__name__}, mixed precision "
-                            f"{accelerator.mixed_precision}); TIS weighs the engine's difference"), flush=True)
+        source = "the HF engine's log-probs" if old_from_engine else "the trainer's forward"
+        print(f"pi_old: {source} ({type(agent.engine).__name__}, mixed precision "
+              f"{accelerator.mixed_precision})", flush=True)
     rng = random.Random(agent_cfg.seed)  # strategies' random choices
     order = list(range(len(train_rows)))
     random.Random(agent_cfg.seed).shuffle(order)
@@ -613,7 +613,8 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
         rolled_out = rollout_step(step, args, algo, agent, train_rows, order, rng) if main_proc else None
         samples, metrics = broadcast_object_list([rolled_out])[0]  # rank 0's, on every rank
         t1 = time.perf_counter()
-        micro = micro_batches(samples, accelerator, model, ref_model, args, tok.pad_token_id, old_from_engine)
+        micro = micro_batches(samples, accelerator, model, ref_model, args, tok.pad_token_id,
+                              old_from_engine)
         t2 = time.perf_counter()
         stats, grad_norms, losses, n_skipped = update(micro, accelerator, model, optimizer, scheduler, args)
         skipped += n_skipped
