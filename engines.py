@@ -109,8 +109,10 @@ class HFEngine:
 
     It keeps max_batch_size x max_tokens x vocab float32 logits per chunk: lower `max_batch_size` to bound memory."""
 
-    # It samples from the trainer's own model object, in its dtype: the log-probs it returns are the trainer's
-    # log pi_old (tests/test_train.py checks they agree), so the trainer need not recompute them.
+    # It samples from the trainer's own model object: in a float32 run the log-probs it returns are
+    # the trainer's log pi_old (tests/test_train.py checks they agree), so the trainer need not
+    # recompute them. Under mixed precision its incremental forward rounds unlike the trainer's full
+    # one, and train.py recomputes them.
     exact_logprobs = True
 
     def __init__(self, model: torch.nn.Module, tokenizer, max_batch_size: int = 32):

@@ -10,13 +10,22 @@ Deviations and choices:
    default; "seq-mean-token-mean" optional), k3 KL to the frozen initial policy on the trained tokens as a loss
    term (GRPO style), not a reward penalty.
 2. TIS ("Cut the Bill" §5.5.2): weight min(pi_old / pi_rollout, tis_cap) per token on the policy-gradient term;
-   pi_rollout is the engine's log-prob (engines.py note 1). The HF engine samples from the trainer's own weights,
-   so its log-probs ARE pi_old (`exact_logprobs`, checked by tests/test_train.py) and the trainer skips its pi_old
-   pass (weight exactly 1); with vLLM the trainer recomputes pi_old and TIS corrects the kernels' differences.
+   pi_rollout is the engine's log-prob (engines.py note 1). pi_theta, pi_old and pi_ref share one
+   forward and precision (the accelerator's autocast under mixed precision). A float32 run on the HF
+   engine takes pi_old from the engine, whose log-probs are the trainer's (`exact_logprobs`, tested;
+   TIS weight 1); otherwise (vLLM, or mixed precision: the engine's incremental forward rounds
+   differently) the trainer recomputes pi_old and TIS corrects the engine/trainer difference.
    BranPO Table 5's "rollout IS batch normalize" (mean-1 weights per batch) is not applied: Cut the Bill has none.
 3. Rank 0 owns the rollout engine, the retriever and logging; it broadcasts the training samples and each rank
    updates on its shard, padded with zero-weight rows to the same number of micro-batches (DDP's collectives).
 4. A step whose loss or gradient norm is not finite is skipped (counted in train/skipped_steps), never applied.
+- dual-clip (`--dual_clip c`, 0 = off by default): a token with A < 0 loses at most -A c (Ye et
+  al. 2020; verl's clip_ratio_c, always on there, 3). The papers' objective has no such cap.
+- log-ratio-bound: every log ratio is clamped to [-20, 20] before its exp, as verl does: the loss
+  changes only past a 4.9e8-fold ratio, where float32 overflows, and has no gradient there.
+- k3-unclamped: verl's low_var_kl also clamps k3 to [-10, 10]; we do not: that takes the KL's
+  gradient from exactly the tokens that moved furthest from pi_ref (ref - logp > 2.61 or < -11),
+  where the anchor matters most; log-ratio-bound keeps k3 finite, grad_clip bounds the step.
 """
 import fcntl
 import json
@@ -29,6 +38,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import accelerate.utils
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
@@ -50,6 +60,11 @@ from retriever import RetrieverConfig
 from rollout import AgentConfig
 from tree import to_samples
 from warmstart import WarmConfig
+
+
+TRACKERS = {n: getattr(accelerate.utils, f"is_{n}_available") for n in (  # --log_with n: its check
+    "tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab",
+    "trackio")}  # that the package (pip install n) imports, as accelerate checks it
 
 
 @dataclass
@@ -99,6 +114,8 @@ class Args:
     """PPO clip: ratio >= 1 - clip_low."""
     clip_high: float = 0.2
     """PPO clip: ratio <= 1 + clip_high (DAPO's clip-higher uses 0.28)."""
+    dual_clip: float = 0.0
+    """Dual-clip c: a token with A < 0 loses at most -A c (verl's clip_ratio_c); 0 = off."""
     kl_coef: float = 0.001
     """Weight of the k3 KL to the frozen initial policy (Search-R1, BranPO Table 5: 0.001)."""
     tis_cap: float = 2.0
@@ -118,8 +135,8 @@ class Args:
     """Continue from the run's last checkpoint."""
     overwrite: bool = False
     """Delete what the run directory holds and start fresh (without --resume or this, a run there is refused)."""
-    log_with: str = ""
-    """Extra accelerate trackers: tensorboard, wandb, ... (metrics.jsonl and the console always)."""
+    log_with: str = field(default="", metadata={"choices": ["", *TRACKERS]})
+    """An accelerate tracker to log to as well (pip install it: README, Metrics); empty = none."""
 
 
 RULES = [  # (flags, what is allowed, test): checked right after parsing, before any file or model is read
@@ -129,6 +146,7 @@ RULES = [  # (flags, what is allowed, test): checked right after parsing, before
     ("lr grad_clip", "> 0", lambda v: v > 0),
     ("clip_high kl_coef tis_cap", ">= 0", lambda v: v >= 0),
     ("clip_low", "in [0, 1)", lambda v: 0 <= v < 1),
+    ("dual_clip", "0 (off) or > 1", lambda v: v == 0 or v > 1),
     ("vllm_gpu_memory_utilization", "in (0, 1]", lambda v: 0 < v <= 1),
     ("max_env_error_rate", "in [0, 1]", lambda v: 0 <= v <= 1),
     ("data test_data corpus", "an existing file, a directory or a datasets name",
@@ -150,44 +168,99 @@ def validate(args: Args, *configs):
         (args.resume and args.overwrite, "--resume and --overwrite contradict each other: pick one"),
         (args.gguf_file and not args.model, f"--gguf_file {args.gguf_file!r} needs --model, the directory holding it"),
         (warm.sft_max_steps < warm.sft_steps, f"--sft_max_steps {warm.sft_max_steps} must be >= --sft_steps "
-         f"{warm.sft_steps}")])
+         f"{warm.sft_steps}"),
+        (args.log_with and not (args.log_with in TRACKERS and TRACKERS[args.log_with]()),
+         f"--log_with {args.log_with}: the {args.log_with!r} package is not installed, so nothing "
+         f"would reach that tracker; pip install {args.log_with}, or drop --log_with "
+         f"(metrics.jsonl and the console always log)")])
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Loss
 
 
-def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log pi(token_t | tokens_<t) and the policy's entropy at t, aligned with `ids` (entry 0 is 0)."""
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()  # (B, T-1, V)
-    logp_all = logits.log_softmax(-1)  # (B, T-1, V)
-    logp = logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)  # (B, T-1)
-    return F.pad(logp, (1, 0)), F.pad(entropy, (1, 0))  # (B, T), (B, T)
+LOG_RATIO_BOUND = 20.0  # log-ratio-bound: |log ratio| <= 20 before any exp (verl's); e^20 = 4.9e8
+LOGP_CHUNK = 2 ** 24  # logits per chunk in token_logprobs: 64 MiB of float32, 110 Qwen positions
+
+
+class _TokenLogp(torch.autograd.Function):
+    """log_softmax(logits)[target] per row (and the entropy, asked), LOGP_CHUNK logits at a time:
+    (N, V) logits of any float dtype in, (N,) float32 out. Backward recomputes each chunk's
+    log-softmax, so only the logits themselves are kept, never a float32 copy of the vocabulary;
+    values and gradients are bit for bit those of one log_softmax over all rows. The entropy has no
+    gradient (it is only logged)."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, with_entropy: bool):  # (N, V), (N,)
+        rows = max(1, LOGP_CHUNK // logits.shape[1])
+        logp = torch.empty(len(logits), device=logits.device)  # (N,)
+        entropy = torch.empty(len(logits) if with_entropy else 0, device=logits.device)  # (N,)|(0,)
+        for s in range(0, len(logits), rows):
+            logp_all = logits[s:s + rows].float().log_softmax(-1)  # (c, V)
+            logp[s:s + rows] = logp_all.gather(1, targets[s:s + rows, None])[:, 0]  # (c,)
+            if with_entropy:
+                entropy[s:s + rows] = -(logp_all.exp() * logp_all).sum(-1)  # (c,)
+        ctx.save_for_backward(logits, targets)
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad, _):  # (N,): d loss / d logp
+        logits, targets = ctx.saved_tensors  # (N, V), (N,)
+        rows = max(1, LOGP_CHUNK // logits.shape[1])
+        out = torch.empty_like(logits)  # (N, V)
+        for s in range(0, len(logits), rows):
+            with torch.enable_grad():  # the chunk's forward again, differentiated on its own
+                x = logits[s:s + rows].detach().requires_grad_()  # (c, V)
+                logp = x.float().log_softmax(-1).gather(1, targets[s:s + rows, None])[:, 0]  # (c,)
+                out[s:s + rows], = torch.autograd.grad(logp, x, grad[s:s + rows])  # (c, V)
+        return out, None, None
+
+
+def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, entropy: bool = False):
+    """Per-token log pi(token_t | tokens_<t), aligned with `ids` (entry 0 is 0); with `entropy`,
+    also the policy's entropy at t (no gradient), else None. Chunk by chunk (_TokenLogp)."""
+    logits = model(input_ids=ids, attention_mask=attn).logits  # (B, T, V)
+    B, T, V = logits.shape
+    targets = ids.roll(-1, 1)  # (B, T): the next token; each row's last is a dummy, dropped below
+    logp, ent = _TokenLogp.apply(logits.reshape(B * T, V), targets.reshape(B * T), entropy)  # (BT,)
+    aligned = lambda x: F.pad(x.view(B, T)[:, :-1], (1, 0))  # noqa: E731  (B, T): t predicts ids[t]
+    return aligned(logp), aligned(ent) if entropy else None  # (B, T), (B, T) or None
 
 
 def ppo_loss(logp, old_logp, ref_logp, rollout_logp, adv, mask, args: Args, denom: float):
     """Per-token PPO-clip surrogate x TIS weight + kl_coef x k3 KL, summed over masked tokens / `denom`.
 
-    All inputs (B, T). ratio = exp(logp - old_logp); surrogate = max(-A ratio, -A clip(ratio, 1-eps_l, 1+eps_h));
-    TIS weight w = min(exp(old_logp - rollout_logp), C), no gradient; k3 = exp(ref - logp) - (ref - logp) - 1.
-    `denom` is the mini-batch's token count (token-mean) or row count (seq-mean-token-mean; rows are then first
+    All inputs (B, T). ratio = exp(logp - old_logp); surrogate = max(-A ratio, -A clip(ratio,
+    1-eps_l, 1+eps_h)), for A < 0 at most -A c (--dual_clip c); TIS weight w = min(exp(old_logp -
+    rollout_logp), C), no gradient; k3 = exp(ref - logp) - (ref - logp) - 1. `denom` is the
+    mini-batch's token count (token-mean) or row count (seq-mean-token-mean; rows are then first
     averaged over their own tokens), so micro-batches add up to the mini-batch mean."""
-    ratio = torch.exp(logp - old_logp)  # (B, T)
+    m = mask.bool()  # (B, T)
+    # Untrained positions (prompt, observations, padding) may hold anything, inf or NaN: their log
+    # ratios become 0 before any exp and torch.where drops their loss (x mask would make inf x 0 =
+    # NaN in the loss or its gradient). log-ratio-bound then clamps each log ratio to +-20.
+    bound = LOG_RATIO_BOUND
+    bounded = lambda x: torch.where(m, x, 0.0).clamp(-bound, bound)  # noqa: E731
+    ratio = torch.exp(bounded(logp - old_logp))  # (B, T)
     unclipped, clipped = -adv * ratio, -adv * ratio.clamp(1 - args.clip_low, 1 + args.clip_high)  # (B, T)
     surrogate = torch.max(unclipped, clipped)  # (B, T)
-    tis = torch.exp(old_logp - rollout_logp)  # (B, T)
+    stats = {"clipped": (clipped > unclipped)[m].detach()}  # the clipped branch: no gradient (verl)
+    if args.dual_clip:  # dual-clip: a token with A < 0 loses at most -A c, whatever its ratio
+        dual = -adv * args.dual_clip  # (B, T)
+        dual_clipped = (adv < 0) & (dual < surrogate)  # (B, T): the cap is active, no gradient
+        surrogate = torch.where(dual_clipped, dual, surrogate)  # (B, T)
+        stats["dual_clipped"] = dual_clipped[m]
+    tis = torch.exp(bounded(old_logp - rollout_logp))  # (B, T)
     weight = tis.clamp(max=args.tis_cap) if args.tis_cap > 0 else torch.ones_like(tis)
-    log_ratio_ref = ref_logp - logp  # (B, T)
-    kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1  # (B, T), k3 estimator, >= 0
-    per_token = surrogate * weight.detach() + args.kl_coef * kl  # (B, T)
+    log_ratio_ref = bounded(ref_logp - logp)  # (B, T)
+    kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1  # (B, T), k3 estimator, >= 0 (k3-unclamped)
+    per_token = torch.where(m, surrogate * weight.detach() + args.kl_coef * kl, 0.0)  # (B, T)
     if args.loss_agg == "token-mean":
-        loss = (per_token * mask).sum() / denom
+        loss = per_token.sum() / denom
     else:
-        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / denom
-    m = mask.bool()
-    stats = {"ratio": ratio[m].detach(), "tis": tis[m].detach(), "kl": kl[m].detach(),
-             "clipped": (clipped > unclipped)[m].detach()}  # the clipped branch is active: no gradient (verl)
+        loss = (per_token.sum(-1) / mask.sum(-1).clamp(min=1)).sum() / denom
+    stats.update(ratio=ratio[m].detach(), tis=tis[m].detach(), kl=kl[m].detach())
     return loss, stats
 
 
@@ -217,9 +290,11 @@ def rollout_step(step: int, args: Args, algo: AlgoConfig, agent: rollout.Agent, 
                      "train/samples": float(len(samples))}
 
 
-def micro_batches(samples, accelerator, model, ref_model, args: Args, pad_id: int, exact_logprobs: bool):
-    """This rank's shard of the samples in micro-batches, with pi_old (the trainer's before this step's updates, or
-    the engine's when exact) and pi_ref log-probs; ranks padded to equal rows with zero-weight copies (deviation 3)."""
+def micro_batches(samples, accelerator, model, ref_model, args: Args, pad_id: int,
+                  old_from_engine: bool):
+    """This rank's shard of the samples in micro-batches, with pi_old (the trainer's before this
+    step's updates, or the engine's: deviation 2) and pi_ref log-probs by the policy's forward and
+    precision; ranks padded to equal rows with zero-weight copies (deviation 3)."""
     shard = samples[accelerator.process_index::accelerator.num_processes]
     per_rank = math.ceil(len(samples) / accelerator.num_processes)
     weights = [1.0] * len(shard) + [0.0] * (per_rank - len(shard))  # padding rows carry zero loss
@@ -230,8 +305,10 @@ def micro_batches(samples, accelerator, model, ref_model, args: Args, pad_id: in
         b = {k: v.to(accelerator.device) for k, v in collate(shard[i:i + args.micro_batch_size], pad_id).items()}
         b["mask"] = b["mask"] * torch.tensor(weights[i:i + args.micro_batch_size], device=b["mask"].device)[:, None]
         with torch.no_grad():
-            b["old_logp"] = b["rollout_logp"] if exact_logprobs else token_logprobs(model, b["ids"], b["attn"])[0]
-            b["ref_logp"], _ = token_logprobs(ref_model, b["ids"], b["attn"])
+            b["old_logp"] = b["rollout_logp"] if old_from_engine else \
+                token_logprobs(model, b["ids"], b["attn"])[0]
+            with accelerator.autocast():  # the prepared policy's forward runs under this autocast
+                b["ref_logp"], _ = token_logprobs(ref_model, b["ids"], b["attn"])
         micro.append(b)
     return micro
 
@@ -249,7 +326,7 @@ def update(micro, accelerator, model, optimizer, scheduler, args: Args):
             total = accelerator.reduce(torch.tensor(float(total), device=accelerator.device), "sum").item()
             loss_sum = 0.0
             for b in mb:
-                logp, entropy = token_logprobs(model, b["ids"], b["attn"])
+                logp, entropy = token_logprobs(model, b["ids"], b["attn"], entropy=True)
                 loss, s = ppo_loss(logp, b["old_logp"], b["ref_logp"], b["rollout_logp"], b["adv"], b["mask"],
                                    args, max(total, 1.0) / accelerator.num_processes)
                 s["entropy"] = entropy[b["mask"].bool()].detach()
@@ -273,6 +350,7 @@ def train_metrics(stats, grad_norms, losses, args: Args) -> dict[str, float]:
     return {"train/loss": sum(losses) / max(len(losses), 1), "train/kl": mean(cat("kl")),
             "train/entropy": mean(cat("entropy")), "train/clip_fraction": mean(cat("clipped")),
             "train/tis_truncated_fraction": mean((cat("tis") > args.tis_cap).float()) if args.tis_cap > 0 else 0.0,
+            **({"train/dual_clip_fraction": mean(cat("dual_clipped"))} if args.dual_clip else {}),
             "train/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
             **quantiles("train/ratio", cat("ratio")), **quantiles("train/tis_ratio", cat("tis")),
             **({"train/tis_ratio_max_dev": (cat("tis") - 1).abs().max().item()} if stats else {})}
@@ -499,8 +577,14 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
                                      dtype=args.vllm_dtype, gpu_memory_utilization=args.vllm_gpu_memory_utilization)
         agent = rollout.Agent(engine, search, tok, agent_cfg)
         eval_agent = rollout.Agent(engine, search, tok, rollout.for_eval(agent_cfg))
-    # does the engine return log pi_old itself (deviation 2)? rank 0 knows; every rank's micro_batches needs it
-    exact_logprobs = broadcast_object_list([agent.engine.exact_logprobs if main_proc else None])[0]
+    # are the engine's log-probs pi_old (deviation 2)? Only the HF engine's in a float32 run. Rank 0
+    # knows the engine; every rank's micro_batches needs the answer
+    exact = broadcast_object_list([agent.engine.exact_logprobs if main_proc else None])[0]
+    old_from_engine = exact and accelerator.mixed_precision == "no"
+    if main_proc:
+        source = "the HF engine's log-probs" if old_from_engine else "the trainer's forward"
+        print(f"pi_old: {source} ({type(agent.engine).__name__}, mixed precision "
+              f"{accelerator.mixed_precision})", flush=True)
     rng = random.Random(agent_cfg.seed)  # strategies' random choices
     order = list(range(len(train_rows)))
     random.Random(agent_cfg.seed).shuffle(order)
@@ -529,7 +613,8 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
         rolled_out = rollout_step(step, args, algo, agent, train_rows, order, rng) if main_proc else None
         samples, metrics = broadcast_object_list([rolled_out])[0]  # rank 0's, on every rank
         t1 = time.perf_counter()
-        micro = micro_batches(samples, accelerator, model, ref_model, args, tok.pad_token_id, exact_logprobs)
+        micro = micro_batches(samples, accelerator, model, ref_model, args, tok.pad_token_id,
+                              old_from_engine)
         t2 = time.perf_counter()
         stats, grad_norms, losses, n_skipped = update(micro, accelerator, model, optimizer, scheduler, args)
         skipped += n_skipped

@@ -81,6 +81,92 @@ def test_mask_and_aggregation():
     assert s["ratio"].numel() == 4
 
 
+def test_dual_clip_caps_the_loss_of_a_negative_advantage():
+    # A = -1, log ratio 1.5: ratio e^1.5 = 4.4817; max(-A r, -A clip(r, 0.8, 1.2))
+    # = max(4.4817, 1.2) = 4.4817, gradient d(-A r)/dlogp = -A r = 4.4817. With --dual_clip 3
+    # (verl's clip_ratio_c): min(4.4817, -A c = 3) = 3, a constant: gradient 0
+    logp, old, adv = t([1.5]), t([0.0]), t([-1.0])
+    dual = Args(kl_coef=0.0, tis_cap=0.0, dual_clip=3.0)
+    for args, loss, grad in ((ARGS, math.exp(1.5), math.exp(1.5)), (dual, 3.0, 0.0)):
+        lp = logp.clone().requires_grad_()
+        value, s = loss_of(lp, old, adv, args)
+        value.backward()
+        assert value.item() == pytest.approx(loss) and lp.grad.item() == pytest.approx(grad)
+    assert s["dual_clipped"].tolist() == [True]
+    # A = +1 is never capped: ratio 1.5 -> clipped at 1.2 as without dual-clip, loss -1.2
+    assert loss_of(logp, old, t([1.0]), dual)[0].item() == pytest.approx(-1.2)
+    from train import validate
+    with pytest.raises(SystemExit, match=r"--dual_clip 0.5: must be 0 \(off\) or > 1"):
+        validate(Args(dual_clip=0.5), AlgoConfig(), AgentConfig(), RetrieverConfig(), WarmConfig())
+
+
+def test_k3_is_not_clamped_and_every_log_ratio_is_bounded():
+    # kl_coef 1, ref - logp = 3: k3 = e^3 - 3 - 1 = 20.0855 - 4 = 16.0855,
+    # d k3/d logp = -(e^3 - 1) = -19.0855 (verl's low_var_kl clamps k3 to 10 here, gradient 0:
+    # train.py's k3-unclamped says why we do not)
+    lp = torch.zeros(1, requires_grad=True)
+    loss, _ = loss_of(lp, torch.zeros(1), torch.zeros(1), Args(kl_coef=1.0, tis_cap=0.0),
+                      ref=torch.tensor([3.0]))
+    loss.backward()
+    assert loss.item() == pytest.approx(math.exp(3) - 4)
+    assert lp.grad.item() == pytest.approx(-(math.exp(3) - 1))
+    # A = 1, log ratio 100 (float32): exp(100) = inf gave a finite loss but a NaN gradient (inf x 0
+    # in the branch max() did not take). Bounded to 20: ratio e^20 = 4.85e8 -> the clipped branch,
+    # loss -1.2, gradient 0
+    lp = torch.tensor([100.0], requires_grad=True)
+    loss, s = loss_of(lp, torch.zeros(1), torch.ones(1), Args(kl_coef=0.001, tis_cap=2.0),
+                      ref=torch.tensor([100.0]))
+    loss.backward()
+    assert loss.item() == pytest.approx(-1.2) and lp.grad.item() == 0.0
+    assert s["ratio"].item() == pytest.approx(math.exp(20), rel=1e-6)
+
+
+def test_masked_positions_contribute_exactly_zero_whatever_they_hold():
+    # float32; token 0 masked (prompt or observation), token 1 trained with A = 1, ratio 1,
+    # ref = logp: loss -A r = -1 over 1 token; gradient [0, -1]. Before: the masked token's
+    # ref - logp = 100 gave exp(100) = inf, inf x 0 = NaN, and the whole micro-batch's loss and
+    # gradient were NaN.
+    inf, nan = float("inf"), float("nan")
+    mask, args = torch.tensor([0.0, 1.0]), Args(kl_coef=0.001, tis_cap=2.0)
+    for ref, old, rollout, adv, logp in (
+            ([100.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 1.0], [0.0, 0.0]),
+            ([inf, 0.0], [-inf, 0.0], [nan, 0.0], [nan, 1.0], [nan, 0.0])):
+        lp = torch.tensor(logp, requires_grad=True)
+        ref, old, rollout, adv = (torch.tensor(x) for x in (ref, old, rollout, adv))
+        loss, s = ppo_loss(lp, old, ref, rollout, adv, mask, args, denom=1.0)
+        loss.backward()
+        assert loss.item() == -1.0 and lp.grad.tolist() == [0.0, -1.0]
+        assert s["kl"].tolist() == [0.0] and s["ratio"].tolist() == [1.0]  # trained tokens only
+
+
+def test_token_logprobs_equal_the_full_log_softmax(env, monkeypatch):
+    # chunk by chunk, with the backward recomputing each chunk, against the formula it replaced
+    # (log_softmax over all positions at once, entropy from it): log-probs, entropy and the gradient
+    # reaching the weights are bit for bit the same, so default runs do not move
+    import train
+    from engines import load_policy
+    model, _ = load_policy(str(env / "tiny"))
+    V = model.config.vocab_size
+    monkeypatch.setattr(train, "LOGP_CHUNK", 3 * V)  # 3 positions a chunk: many, a short last one
+    torch.manual_seed(0)
+    ids = torch.randint(0, V, (2, 11))  # (B, T)
+    attn, weights = torch.ones_like(ids), torch.linspace(-1, 1, 22).view(2, 11)  # (B, T), (B, T)
+    logp, entropy = train.token_logprobs(model, ids, attn, entropy=True)  # (B, T), (B, T)
+    (logp * weights).sum().backward()
+    new_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()  # (B, T-1, V)
+    logp_all = logits.log_softmax(-1)  # (B, T-1, V)
+    pad = torch.nn.functional.pad
+    old = pad(logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1), (1, 0))  # (B, T)
+    old_entropy = pad(-(logp_all.exp() * logp_all).sum(-1), (1, 0))  # (B, T)
+    (old * weights).sum().backward()
+    assert torch.equal(logp, old) and torch.equal(entropy, old_entropy)
+    assert all(torch.equal(new, p.grad) for new, p in zip(new_grads, model.parameters()))
+    assert logp[:, 0].tolist() == [0.0, 0.0] and not entropy.requires_grad
+    assert train.token_logprobs(model, ids, attn)[1] is None  # no entropy unless asked
+
+
 def test_collate_right_pads():
     a = Sample([1, 2, 3], [0, 1, 1], [0.0, 0.5, 0.5], [0.0, -1.0, -2.0], "x")
     b = Sample([4], [0], [0.0], [0.0], "y")
@@ -246,6 +332,47 @@ def test_one_training_step_with_the_smollm2_gguf(env):
     assert out.returncode == 0, out.stderr[-3000:]
     row, = metrics(env, "gguf")
     assert row["train/samples"] == 2 and math.isfinite(row["train/loss"]) and row["train/skipped_steps"] == 0
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_pi_theta_pi_old_and_pi_ref_share_one_numeric_path(env, precision):
+    # `accelerate launch --mixed_precision bf16` sets this variable. Step 1 has no update before its
+    # statistics (the warmup's first learning rate is 0), so pi_theta = pi_old = pi_ref: ratio 1 and
+    # KL 0, in float32 as in bf16. Before, under bf16 the policy ran under autocast while pi_ref
+    # came from a float32 reference model and pi_old from the engine: KL 4.6e-8 here (5e-5 from the
+    # warm start) and train/tis_ratio_max_dev 0.0, hiding the engine/trainer difference. Now that
+    # difference shows in TIS (measured: 2.5e-4); in float32 the HF engine's log-probs are pi_old
+    # itself, so TIS is exactly 1.
+    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "--model", str(env / "tiny"),
+                          "--out_dir", str(env / "out"), *FAST, "--algo", "tree_grpo", "--steps",
+                          "1", "--eval_every", "0", "--run_name", f"mp_{precision}"], cwd=env,
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "ACCELERATE_MIXED_PRECISION": precision})
+    assert out.returncode == 0, out.stderr[-3000:]
+    row, = metrics(env, f"mp_{precision}")
+    assert abs(row["train/ratio_p5"] - 1) < 2e-6 and abs(row["train/ratio_p95"] - 1) < 2e-6, row
+    assert row["train/kl"] < 1e-9, row
+    if precision == "bf16":
+        assert "pi_old: the trainer's forward (HFEngine, mixed precision bf16)" in out.stdout
+        assert row["train/tis_ratio_max_dev"] > 1e-5, row
+    else:
+        assert "pi_old: the HF engine's log-probs" in out.stdout
+        assert row["train/tis_ratio_max_dev"] == 0.0, row
+
+
+def test_log_with_a_tracker_that_is_not_installed_stops_before_anything_loads(env):
+    # before: the run went on and logged nothing to the tracker, with one UserWarning from
+    # accelerate in the output
+    from train import TRACKERS
+    missing = [name for name, installed in TRACKERS.items() if not installed()]
+    if not missing:
+        pytest.skip("every tracker accelerate supports is installed here")
+    name = missing[0]
+    out = train(env, "--algo", "grpo", "--steps", "1", "--run_name", "tracker", "--log_with", name)
+    assert out.returncode != 0, out.stdout[-3000:]
+    assert f"--log_with {name}: the {name!r} package is not installed" in out.stderr, out.stderr
+    assert f"pip install {name}" in out.stderr and "nothing was loaded or run" in out.stderr
+    assert not (env / "out" / "runs" / "tracker").exists()
 
 
 # ---- the real loop on vLLM (runs only where vllm imports: the CPU virtualenv of README "vLLM on CPU", CI's too) --
