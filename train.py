@@ -118,9 +118,10 @@ class Args:
     eval_n: int = 1000
     """Test questions per evaluation, spread evenly over the split (the world's: 250 per hop count)."""
     checkpoint_every: int = 10
-    """Save model, optimizer, scheduler, RNG states and step every this many steps; 0 = never."""
+    """Save model, optimizer, scheduler, RNG states and step every this many steps (the last two are
+    kept), and on SIGTERM / Ctrl-C; 0 = only then."""
     resume: bool = False
-    """Continue from the run's last checkpoint."""
+    """Continue from the run's last checkpoint (from the one before when the last is unreadable)."""
     overwrite: bool = False
     """Delete what the run directory holds and start fresh (without --resume or this, a run there is refused)."""
     log_with: str = ""
@@ -496,8 +497,8 @@ def load_checkpoint(accelerator, run_dir: str) -> dict | None:
                          f"(deletes the run)")
     state = json.loads(Path(ckpt_dir, "trainer_state.json").read_text())
     if name != newest:
-        accelerator.print(f"resume: fell back to the previous checkpoint, {name}: steps "
-                          f"{state['step'] + 1} to {step_of(newest)} run again")
+        accelerator.print(f"resume: fell back to the previous checkpoint, {name}; the steps after "
+                          f"{state['step']} run again")
         if accelerator.is_main_process:
             Path(run_dir, "latest.tmp").write_text(name)
             os.replace(Path(run_dir, "latest.tmp"), latest)

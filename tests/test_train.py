@@ -474,12 +474,26 @@ def same_run(rows, reference):
 
 
 @pytest.fixture(scope="module")
-def straight(env):
-    """The metrics of an uninterrupted 6-step GRPO run: what the interrupted runs must reproduce."""
-    out = train(env, "--algo", "grpo", "--steps", "6", "--run_name", "straight6", "--eval_every",
-                "0", "--checkpoint_every", "0")
+def straight_run(env, tmp_path_factory):
+    """An uninterrupted 4-step GRPO run, by a user with an accelerate configuration (HF_HOME): its
+    output and wall time."""
+    hf_home = tmp_path_factory.mktemp("hf")
+    (hf_home / "accelerate").mkdir()
+    (hf_home / "accelerate" / "default_config.yaml").write_text("distributed_type: 'NO'\n")
+    cmd = [sys.executable, str(ROOT / "train.py"), "--model", str(env / "tiny"), "--out_dir",
+           str(env / "out"), *FAST, "--algo", "grpo", "--steps", "4", "--run_name", "straight4",
+           "--eval_every", "0", "--checkpoint_every", "0"]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, cwd=env, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "HF_HOME": str(hf_home)})
     assert out.returncode == 0, out.stderr[-3000:]
-    return metrics(env, "straight6")
+    return out, time.perf_counter() - t0, hf_home
+
+
+@pytest.fixture(scope="module")
+def straight(env, straight_run):
+    """The metrics of the uninterrupted run: what the interrupted runs must reproduce."""
+    return metrics(env, "straight4")
 
 
 def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(env, straight, tmp_path):
@@ -504,35 +518,35 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(env, straight, 
     assert said.rstrip().endswith("--resume")
     assert "SIGTERM: finishing this step" in (tmp_path / "stderr").read_text()
     assert (run / "latest").read_text() == f"checkpoint-{done}" and not (run / "final").exists()
-    out = train(env, "--algo", "grpo", "--steps", "6", "--run_name", "sigterm", "--eval_every", "0",
+    out = train(env, "--algo", "grpo", "--steps", "4", "--run_name", "sigterm", "--eval_every", "0",
                 "--checkpoint_every", "0", "--resume")
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"resumed from {run}/checkpoint-{done} at step {done}" in out.stdout
-    assert [r["step"] for r in metrics(env, "sigterm")] == [1, 2, 3, 4, 5, 6]  # once each
+    assert [r["step"] for r in metrics(env, "sigterm")] == [1, 2, 3, 4]  # once each
     assert same_run(metrics(env, "sigterm"), straight)  # as if it had never stopped
 
 
 def test_an_unreadable_checkpoint_is_named_and_the_previous_one_loaded(env, straight):
     # before: only the last checkpoint was kept, and a truncated model.safetensors made --resume die
     # with "SafetensorError: Error while deserializing header: invalid header length", nothing else
-    args = ("--algo", "grpo", "--run_name", "torn", "--eval_every", "0", "--checkpoint_every", "2")
-    out = train(env, *args, "--steps", "4")
+    args = ("--algo", "grpo", "--run_name", "torn", "--eval_every", "0", "--checkpoint_every", "1")
+    out = train(env, *args, "--steps", "3")
     assert out.returncode == 0, out.stderr[-3000:]
     run = env / "out" / "runs" / "torn"
     kept = lambda: sorted(p.name for p in run.glob("checkpoint-*"))  # noqa: E731
-    assert kept() == ["checkpoint-2", "checkpoint-4"]  # the previous one too
-    weights = run / "checkpoint-4" / "model.safetensors"
+    assert kept() == ["checkpoint-2", "checkpoint-3"]  # the previous one too
+    weights = run / "checkpoint-3" / "model.safetensors"
     size = weights.stat().st_size
     with open(weights, "r+b") as f:
         f.truncate(100)
-    out = train(env, *args, "--steps", "6", "--resume")
+    out = train(env, *args, "--steps", "4", "--resume")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert f"resume: {run}/checkpoint-4 is unreadable: model.safetensors has 100 bytes, {size} " \
+    assert f"resume: {run}/checkpoint-3 is unreadable: model.safetensors has 100 bytes, {size} " \
            f"when saved (truncated or overwritten)" in out.stdout, out.stdout
-    assert "resume: fell back to the previous checkpoint, checkpoint-2: steps 3 to 4 run again" \
-        in out.stdout and f"resumed from {run}/checkpoint-2 at step 2" in out.stdout
-    assert same_run(metrics(env, "torn"), straight)  # steps 3 and 4 redone exactly, logged once
-    assert kept() == ["checkpoint-4", "checkpoint-6"]
+    assert "resume: fell back to the previous checkpoint, checkpoint-2; the steps after 2 run " \
+           "again" in out.stdout and f"resumed from {run}/checkpoint-2 at step 2" in out.stdout
+    assert same_run(metrics(env, "torn"), straight)  # step 3 redone exactly, each logged once
+    assert kept() == ["checkpoint-3", "checkpoint-4"]
 
 
 def test_load_checkpoint_falls_back_then_stops_saying_what_to_do(tmp_path, capsys):
@@ -574,29 +588,23 @@ def test_load_checkpoint_falls_back_then_stops_saying_what_to_do(tmp_path, capsy
         load_checkpoint(Loader({"checkpoint-4"}), str(tmp_path))
 
 
-def test_the_console_says_little_and_the_run_directory_holds_the_config(env, tmp_path, monkeypatch):
+def test_the_console_says_little_and_the_run_directory_holds_the_config(env, straight_run):
     # before: ~90 lines of configuration JSON before the first progress bar; a bar written to a file
-    # kept every redraw (one per step and per postfix update); a user's accelerate configuration
-    # went unmentioned when train.py ran without `accelerate launch`
-    (tmp_path / "hf" / "accelerate").mkdir(parents=True)
-    user_config = tmp_path / "hf" / "accelerate" / "default_config.yaml"
-    user_config.write_text("compute_environment: LOCAL_MACHINE\n")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    out = train(env, "--algo", "grpo", "--steps", "3", "--run_name", "console", "--eval_every", "0",
-                "--lr", "1e-4")
-    assert out.returncode == 0, out.stderr[-3000:]
-    run = env / "out" / "runs" / "console"
+    # kept every redraw (one per step and per postfix update: 9 here); a user's accelerate
+    # configuration went unmentioned when train.py ran without `accelerate launch`
+    out, wall, hf_home = straight_run
+    run = env / "out" / "runs" / "straight4"
     config = json.loads((run / "config.json").read_text())
-    assert config["lr"] == 1e-4 and config["kl_coef"] == 0.001 and config["steps"] == 3  # all of it
+    assert config["steps"] == 4 and config["lr"] == 5e-5 and config["kl_coef"] == 0.001  # all of it
     assert f"config: {run}/config.json; not the defaults: --model {env / 'tiny'} --out_dir " \
-           f"{env / 'out'} --run_name console --steps 3 --prompts_per_step 2 --lr 0.0001" \
+           f"{env / 'out'} --run_name straight4 --steps 4 --prompts_per_step 2 " \
+           f"--micro_batch_size 4 --eval_every 0 --eval_n 2 --checkpoint_every 0 --algo grpo" \
            in out.stdout, out.stdout
     assert '"kl_coef"' not in out.stdout and len(out.stdout.splitlines()) <= 8, out.stdout
-    assert f"accelerate: {user_config} is not used by a run started without `accelerate launch`" \
-        in out.stdout
-    # stderr is a pipe here: the bar is drawn when it opens and when it closes (steps of 1-3 s, far
-    # below 20 s); before, 7 times
-    assert out.stderr.count("grpo:") <= 3, out.stderr
+    assert f"accelerate: {hf_home / 'accelerate' / 'default_config.yaml'} is not used by a run " \
+           f"started without `accelerate launch`" in out.stdout
+    # stderr is a pipe here: the bar is drawn when it opens, every 20 s, and when it closes
+    assert out.stderr.count("grpo:") <= 2 + wall // 20, out.stderr
 
 
 def test_two_runs_sharing_an_out_dir_train_one_warm_start(env, tmp_path):
