@@ -646,9 +646,9 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
             save_checkpoint(accelerator, run_dir, step + 1, state, main_proc)
         if stop:
             stopped = asked.get("signal", signal.SIGTERM)  # SIGTERM: it reached another rank only
-            bar.update()  # the step is done (the loop counts it when it asks for the next one)
+            bar.n = step + 1  # the steps done (tqdm counts them lazily, at each redraw)
+            bar.close()
             break
-    bar.close()
     if main_proc and stopped:
         again = " ".join(shlex.quote(a) for a in ["python", *sys.argv] if a != "--overwrite")
         print(f"stopped by {stopped.name} after step {step + 1} of {args.steps}: saved {run_dir}/"

@@ -221,6 +221,7 @@ def fit(model, make_batch, steps, lr, pad_id, desc, floor=0.1, until=0.0) -> tup
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
         if len(losses) >= 50 and sum(losses[-50:]) / 50 < until:
+            bar.n = len(losses)  # the steps done (tqdm counts them lazily, at each redraw)
             bar.close()
             break
     return (losses[-1] if losses else float("nan")), len(losses)
