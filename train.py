@@ -493,8 +493,7 @@ def load_checkpoint(accelerator, run_dir: str) -> dict | None:
     else:
         raise SystemExit(f"resume: no readable checkpoint in {run_dir} ({'; '.join(problems)}): "
                          f"put back the named files (from a backup), or start over with "
-                         f"--overwrite "
-                         f"(deletes the run)")
+                         f"--overwrite (deletes the run)")
     state = json.loads(Path(ckpt_dir, "trainer_state.json").read_text())
     if name != newest:
         accelerator.print(f"resume: fell back to the previous checkpoint, {name}; the steps after "
