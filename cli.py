@@ -1,4 +1,5 @@
 """Command-line flags for every script: dataclasses parsed by HfArgumentParser, then checked against a table of rules.
+The scripts' progress bars (`progress`) are made here too, so that a log file can hold them.
 
 Deviation from HfArgumentParser's convention, which reads a field's `--help` only from `metadata["help"]`: `parse`
 first copies the string written under each field (STYLE.md rule 3) into that metadata, read from the source with
@@ -7,9 +8,11 @@ first copies the string written under each field (STYLE.md rule 3) into that met
 import ast
 import dataclasses
 import inspect
+import sys
 import textwrap
 import types
 
+from tqdm import tqdm
 from transformers import HfArgumentParser
 
 
@@ -40,3 +43,10 @@ def check(configs, rules, extra=()):
     errors += [message for broken, message in extra if broken]
     if errors:
         raise SystemExit("invalid flags (nothing was loaded or run):\n  " + "\n  ".join(errors))
+
+
+def progress(iterable, **kwargs):
+    """A tqdm bar over `iterable`: redrawn as usual on a terminal, at most every 20 s when stderr is
+    a file or a pipe (`> log 2>&1`: a few lines a minute, not every redraw). Update its postfix
+    with refresh=False: a refresh redraws at once."""
+    return tqdm(iterable, mininterval=0.1 if sys.stderr.isatty() else 20, **kwargs)

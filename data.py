@@ -7,7 +7,8 @@ born?") and carries its answers, gold chain and gold queries (each searched enti
 Names are made of SYLLABLES and all other words are TEMPLATE_WORDS, so a tokenizer over `vocabulary()` lets a tiny
 model copy a name it never saw in training from a passage into its next query (DESIGN.md, data.py). Loaders turn
 Search-R1 parquet, FlashRAG / our JSONL and Hugging Face `datasets` into `QARow`s; `reject_sampling_filter` is the
-"Cut the Bill" data filter (its section 3, step 3).
+"Cut the Bill" data filter (its section 3, step 3). `claimed` is the lock under which runs sharing an --out_dir
+write the world (`ensure_world`) and the warm start one at a time.
 
 Deviations from the papers:
 1. The world is split by entity, not by question: every entity but the countries is drawn to the train or test side,
@@ -19,12 +20,16 @@ Deviations from the papers:
    `== 0` and `== 1` exactly; other constant groups (all 0.5) carry no GRPO signal either, but are kept and counted
    (`kept_constant`) so a user can choose to drop them too.
 """
+import contextlib
+import fcntl
 import functools
 import json
 import os
 import random
 import re
+import socket
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
 import datasets
 import pyarrow.parquet
@@ -284,19 +289,42 @@ def write_jsonl(path, rows):
             f.write(json.dumps(row if isinstance(row, dict) else asdict(row)) + "\n")
 
 
+@contextlib.contextmanager
+def claimed(path, what):
+    """Hold an exclusive lock on the file `path` ("PID HOST" of its holder) while `what` is checked or written: of
+    two runs sharing an --out_dir, one writes, the other waits (saying for what), then finds it written. flock frees
+    the lock when its holder ends, however it ends."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = Path(path).read_text().strip() or "?"
+            print(f"waiting for process {holder} to finish with {what} (lock: {path})", flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.truncate(0)
+        print(os.getpid(), socket.gethostname(), file=lock, flush=True)
+        yield
+
+
 def ensure_world(out_dir, cfg=None):
-    """The embedded world's directory: written from `cfg` (default WorldConfig()) on first use, in seconds."""
-    if not all(os.path.exists(os.path.join(out_dir, f"{n}.jsonl")) for n in SPLITS):
-        print(f"world: writing the embedded world to {out_dir}")
-        write_world(build_world(cfg or WorldConfig()), out_dir)
+    """The embedded world's directory: written from `cfg` (default WorldConfig()) on first use, in seconds, under
+    the lock OUT_DIR.lock."""
+    with claimed(out_dir.rstrip("/") + ".lock", f"the world {out_dir}"):
+        if not all(os.path.exists(os.path.join(out_dir, f"{n}.jsonl")) for n in SPLITS):
+            print(f"world: writing the embedded world to {out_dir}")
+            write_world(build_world(cfg or WorldConfig()), out_dir)
     return out_dir
 
 
 def write_world(world, out_dir):
-    """Write corpus.jsonl, train.jsonl, test.jsonl and dev.jsonl into out_dir."""
+    """Write corpus.jsonl, train.jsonl, test.jsonl and dev.jsonl into out_dir, each complete or not at all (written
+    to NAME.tmp, then renamed): a world killed while being written is written again, never read half."""
     os.makedirs(out_dir, exist_ok=True)
     for name in SPLITS:
-        write_jsonl(os.path.join(out_dir, f"{name}.jsonl"), getattr(world, name))
+        path = os.path.join(out_dir, f"{name}.jsonl")
+        write_jsonl(path + ".tmp", getattr(world, name))
+        os.replace(path + ".tmp", path)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -24,8 +24,10 @@ Notes and deviations, numbered:
    prefill. A prompt must then fit max_num_batched_tokens (default 4,096; raise it with a longer max_model_len).
 """
 
+import fnmatch
 import importlib.util
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -311,6 +313,41 @@ def make_engine(kind: str, model: torch.nn.Module, tokenizer, model_path: str, h
 
 # ----------------------------------------------------------------------------------------------------------------
 # loading a policy
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
+                   "vocab.json", "vocab.txt", "*.tiktoken")  # what AutoTokenizer reads (or a GGUF)
+
+
+def model_problem(name_or_dir: str, gguf_file: str = "") -> str:
+    """Why `load_policy` could not load `name_or_dir` (with `gguf_file`), judged from file names
+    alone, so that a script says it before anything heavy loads; empty when it may load. A name that
+    is no local path but has a hub name's form (NAME or ORG/NAME, ORG no local directory) is left to
+    transformers."""
+    path = name_or_dir
+    if not os.path.isdir(path):
+        hub = re.fullmatch(r"[\w-][\w.-]*(/[\w.-]+)?", path)
+        if hub and not os.path.isdir(path.split("/")[0]) and not os.path.exists(path):
+            return ""
+        if not os.path.isfile(path):
+            return f"no model at {path}: no such directory"
+        gguf = " (a GGUF file: pass its directory as --model, its name as --gguf_file)"
+        return f"no model at {path}: a file, not a directory" + gguf * path.endswith(".gguf")
+    files = os.listdir(path)
+    if gguf_file:  # the GGUF file holds config, weights and tokenizer
+        return "" if gguf_file in files else f"no model at {path}: no {gguf_file} in it"
+    if "config.json" not in files:
+        return (f"no model at {path}: it has no config.json (a model directory holds config.json, "
+                f"weights and tokenizer files, as save_pretrained writes them); files there: "
+                f"{', '.join(sorted(files)) or 'none'}")
+    has = lambda *globs: any(fnmatch.fnmatch(f, g) for f in files for g in globs)  # noqa: E731
+    missing = []
+    if not has(*TOKENIZER_FILES):
+        missing.append(f"tokenizer files (none of {', '.join(TOKENIZER_FILES)}: save the model's "
+                       f"tokenizer there too)")
+    if not has("*.safetensors", "*.bin"):
+        missing.append("weights (*.safetensors, *.bin)")
+    return f"{path} has no {' and no '.join(missing)}" if missing else ""
 
 
 def load_policy(name_or_dir: str, gguf_file: str | None = None, dtype: torch.dtype = torch.float32):

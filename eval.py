@@ -208,10 +208,12 @@ class EvalArgs:
 
 def main():
     a, agent_cfg, retriever_cfg = cli.parse(EvalArgs, AgentConfig, retriever.RetrieverConfig)
+    models = [engines.model_problem(a.model, a.gguf_file),  # checked before anything loads
+              a.judge_model and engines.model_problem(a.judge_model)]
     cli.check((a, agent_cfg, retriever_cfg), rollout.RULES + retriever.RULES + engines.RULES + [
         ("n k", "an integer >= 1", lambda v: v >= 1)],
         [(a.k > 1 and agent_cfg.eval_temperature == 0, f"--k {a.k} needs --eval_temperature > 0: greedy samples "
-                                                       f"are all equal")])
+                                                       f"are all equal"), *zip(models, models)])
     world = data.ensure_world("out/world") if not (a.data and a.corpus) else ""
     rows = data.spread(data.load_rows(a.data or world, a.split), a.n)
     search, _ = retriever.connect(retriever_cfg, a.corpus or os.path.join(world, "corpus.jsonl"))

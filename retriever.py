@@ -370,6 +370,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._reply(404, error=f"unknown path {self.path!r}; the API is POST /retrieve")
         try:
             req = json.loads(body or b"null")
+        except UnicodeDecodeError as e:  # a ValueError, but no JSONDecodeError
+            return self._reply(400, error=f"body is not UTF-8 ({e}); send JSON encoded as UTF-8")
         except json.JSONDecodeError as e:
             return self._reply(400, error=f"body is not JSON ({e})")
         if not isinstance(req, dict) or not isinstance(req.get("queries"), list) \

@@ -61,7 +61,7 @@ import data
 from advantages import RULES as ALGO_RULES
 from advantages import AlgoConfig
 from engines import RULES as ENGINE_RULES
-from engines import Sampling, load_policy, make_engine
+from engines import Sampling, load_policy, make_engine, model_problem
 from retriever import BM25Retriever, RetrievalError, load_corpus
 from tree import FLAGS, Node, Tree, context_ids, path, save_trees, scored_leaves, walk
 
@@ -621,11 +621,13 @@ class DumpArgs:
 
 def main():
     args, algo, agent_cfg = cli.parse(DumpArgs, AlgoConfig, AgentConfig)
+    no_model = model_problem(args.model)
+    if args.model == "out/warmstart" and not os.path.exists(args.model):
+        no_model = ("no policy in out/warmstart: train one first (python warmstart.py, ~5 min on 2 "
+                    "cores, or any train.py run), or pass --model DIR")
     cli.check((args, algo, agent_cfg), ALGO_RULES + RULES + ENGINE_RULES
-              + [("n_prompts", "an integer >= 1", lambda v: v >= 1)], [depth_rule(algo, agent_cfg)])
-    if not os.path.exists(args.model) and args.model == "out/warmstart":
-        raise SystemExit("no policy in out/warmstart: train one first (python warmstart.py, ~5 min on 2 cores, or "
-                         "any train.py run), or pass --model DIR")
+              + [("n_prompts", "an integer >= 1", lambda v: v >= 1)], [depth_rule(algo, agent_cfg),
+                                                                       (no_model, no_model)])
     world = data.ensure_world(args.world)
     rows = data.spread(data.load_rows(world, "train"), args.n_prompts)
     model, tok = load_policy(args.model)

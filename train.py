@@ -1,6 +1,7 @@
 """RL for multi-turn search agents: every paper's rollout and credit assignment, one PPO loss, under Accelerate.
 
-    accelerate launch train.py --algo tree_grpo        # grpo | tree_grpo | branpo | carl | treeps
+    python train.py --algo tree_grpo             # grpo | tree_grpo | branpo | carl | treeps
+    accelerate launch train.py --algo tree_grpo  # under your `accelerate config` (DDP, ...)
 
 With no --model it runs the embedded default: the generated world (data.py), BM25 and a tiny Llama warm-started on
 gold trajectories (warmstart.py); CPU only, no downloads.
@@ -32,8 +33,12 @@ import json
 import math
 import os
 import random
+import re
+import shlex
 import shutil
+import signal
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,9 +47,9 @@ import accelerate.utils
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
+from accelerate.commands.config import default_config_file
 from accelerate.utils import broadcast_object_list, set_seed
 from matplotlib.figure import Figure
-from tqdm import tqdm
 from transformers import get_constant_schedule_with_warmup
 
 import advantages
@@ -130,9 +135,10 @@ class Args:
     eval_n: int = 1000
     """Test questions per evaluation, spread evenly over the split (the world's: 250 per hop count)."""
     checkpoint_every: int = 10
-    """Save model, optimizer, scheduler, RNG states and step every this many steps; 0 = never."""
+    """Save model, optimizer, scheduler, RNG states and step every this many steps (the last two are
+    kept), and on SIGTERM / Ctrl-C; 0 = only then."""
     resume: bool = False
-    """Continue from the run's last checkpoint."""
+    """Continue from the run's last checkpoint (from the one before when the last is unreadable)."""
     overwrite: bool = False
     """Delete what the run directory holds and start fresh (without --resume or this, a run there is refused)."""
     log_with: str = field(default="", metadata={"choices": ["", *TRACKERS]})
@@ -158,6 +164,7 @@ def validate(args: Args, *configs):
     """Every flag against its module's RULES, and the rules that tie flags together; one message lists all broken."""
     algo, agent, warm = (next(c for c in configs if isinstance(c, t)) for t in (AlgoConfig, AgentConfig, WarmConfig))
     one_file = args.data.endswith((".parquet", ".jsonl", ".json"))
+    no_model = engines.model_problem(args.model, args.gguf_file) if args.model else ""
     rules = RULES + advantages.RULES + rollout.RULES + retriever.RULES + engines.RULES + warmstart.RULES
     cli.check((args, *configs), rules, [
         (args.eval_every and one_file and not args.test_data, f"--data {args.data!r} is one file and --test_data is "
@@ -172,7 +179,8 @@ def validate(args: Args, *configs):
         (args.log_with and not (args.log_with in TRACKERS and TRACKERS[args.log_with]()),
          f"--log_with {args.log_with}: the {args.log_with!r} package is not installed, so nothing "
          f"would reach that tracker; pip install {args.log_with}, or drop --log_with "
-         f"(metrics.jsonl and the console always log)")])
+         f"(metrics.jsonl and the console always log)"),
+        (no_model, no_model)])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -487,42 +495,110 @@ def read_metrics(path: str) -> list[dict]:
 
 
 def save_checkpoint(accelerator, run_dir: str, step: int, state: dict, main_proc: bool):
-    """Save checkpoint-STEP (accelerate state + trainer_state.json), point `latest` at it, delete older ones.
-    `latest` moves only once the new checkpoint is complete (os.replace is atomic), so a run killed or out of disk
-    space while saving resumes from the previous checkpoint, never a torn one."""
+    """Save checkpoint-STEP (accelerate state + trainer_state.json, which records every file's
+    size), point `latest` at it, then delete the checkpoints before the previous one. `latest` moves
+    only once the new checkpoint is complete (os.replace is atomic), so a run killed or out of disk
+    space while saving resumes from the previous checkpoint, never a torn one; and the previous one
+    stays, for `load_checkpoint` to fall back to."""
     name, latest = f"checkpoint-{step}", Path(run_dir, "latest")
+    path = os.path.join(run_dir, name)
+    previous = latest.read_text().strip() if latest.exists() else ""
     accelerator.wait_for_everyone()
     try:
-        accelerator.save_state(os.path.join(run_dir, name))
+        accelerator.save_state(path)
+        accelerator.wait_for_everyone()  # every rank's files are written
         if main_proc:
-            Path(run_dir, name, "trainer_state.json").write_text(json.dumps(state))
+            files = {f: os.path.getsize(os.path.join(path, f)) for f in sorted(os.listdir(path))
+                     if f != "trainer_state.json"}
+            Path(path, "trainer_state.json").write_text(json.dumps({**state, "files": files}))
             Path(run_dir, "latest.tmp").write_text(name)
             os.replace(Path(run_dir, "latest.tmp"), latest)
     except (OSError, RuntimeError) as e:  # torch reports a full disk as RuntimeError("... file write failed")
-        shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)  # the torn checkpoint: only frees space
-        previous = latest.read_text().strip() if latest.exists() else "step 0 (no checkpoint yet)"
+        shutil.rmtree(path, ignore_errors=True)  # the torn checkpoint: only frees space
         free_mib = shutil.disk_usage(run_dir).free / 2 ** 20
         raise OSError(f"writing {name} failed ({type(e).__name__}: {e}); {free_mib:.0f} MiB free on the disk holding "
-                      f"{run_dir}: if it is full, free space, then --resume continues from {previous} (`latest` is "
-                      f"unchanged)") from e
+                      f"{run_dir}: if it is full, free space, then --resume continues from "
+                      f"{previous or 'step 0 (no checkpoint yet)'} (`latest` is unchanged)") from e
     if main_proc:  # only now delete the older ones (Accelerate's ProjectConfiguration(total_limit=...) is not used:
         # it deletes the oldest checkpoint before writing the new one, so a failed save could leave none)
         for old in os.listdir(run_dir):
-            if old.startswith("checkpoint-") and old != name:
+            if old.startswith("checkpoint-") and old not in (name, previous):
                 shutil.rmtree(os.path.join(run_dir, old))
 
 
+def checkpoint_problem(path: str) -> str:
+    """What makes the checkpoint directory `path` unreadable, found without loading it:
+    trainer_state.json missing or not JSON, a file missing or not the size it was saved with; empty
+    when nothing is found."""
+    try:
+        files = json.loads(Path(path, "trainer_state.json").read_text()).get("files", {})
+    except (OSError, ValueError) as e:
+        return f"trainer_state.json cannot be read ({type(e).__name__}: {e})"
+    for f, saved in files.items():
+        size = os.path.getsize(Path(path, f)) if Path(path, f).exists() else None
+        if size != saved:
+            return f"{f} is missing" if size is None else \
+                f"{f} has {size} bytes, {saved} when saved (truncated or overwritten)"
+    return ""
+
+
 def load_checkpoint(accelerator, run_dir: str) -> dict | None:
-    """Restore the accelerate state (model, optimizer, scheduler, RNGs) of the checkpoint `latest` names and return
-    its trainer_state.json; None when the run has no checkpoint yet."""
+    """Restore the accelerate state (model, optimizer, scheduler, RNGs) of the checkpoint `latest`
+    names and return its trainer_state.json; None when the run has no checkpoint yet. An unreadable
+    checkpoint is named with its problem, and the one before it is loaded instead (`latest` then
+    names that one); with none left, the run stops, saying what to do."""
     latest = Path(run_dir, "latest")
     if not latest.exists():
         return None
-    ckpt_dir = os.path.join(run_dir, latest.read_text().strip())
-    accelerator.load_state(ckpt_dir)
+    newest = latest.read_text().strip()
+    step_of = lambda name: int(name.removeprefix("checkpoint-"))  # noqa: E731
+    names = sorted((n for n in os.listdir(run_dir) if re.fullmatch(r"checkpoint-\d+", n)
+                    and step_of(n) <= step_of(newest)), key=step_of, reverse=True)  # newest first
+    problems = [] if newest in names else [f"{newest}: missing"]
+    for name in names:
+        ckpt_dir = os.path.join(run_dir, name)
+        problem = checkpoint_problem(ckpt_dir)
+        if not problem:
+            try:
+                accelerator.load_state(ckpt_dir)
+            except Exception as e:  # any loader's (safetensors, torch, pickle): named, next one
+                problem = (f"loading it failed ({type(e).__name__}: {e}); its files have the sizes "
+                           f"they were saved with")
+        if not problem:
+            break
+        problems.append(f"{name}: {problem}")
+        accelerator.print(f"resume: {ckpt_dir} is unreadable: {problem}")
+    else:
+        raise SystemExit(f"resume: no readable checkpoint in {run_dir} ({'; '.join(problems)}): "
+                         f"put back the named files (from a backup), or start over with "
+                         f"--overwrite (deletes the run)")
     state = json.loads(Path(ckpt_dir, "trainer_state.json").read_text())
+    if name != newest:
+        accelerator.print(f"resume: fell back to the previous checkpoint, {name}; the steps after "
+                          f"{state['step']} run again")
+        if accelerator.is_main_process:
+            Path(run_dir, "latest.tmp").write_text(name)
+            os.replace(Path(run_dir, "latest.tmp"), latest)
     print(f"resumed from {ckpt_dir} at step {state['step']}")
     return state
+
+
+def stop_on_signals() -> dict:
+    """From now on SIGTERM (how clusters preempt a job) and SIGINT (Ctrl-C) ask the run to stop
+    instead of ending it: the returned dict receives {"signal": the signal}, and the loop finishes
+    its step, saves a checkpoint and exits. A second signal ends the process at once (its default
+    action); the last checkpoint stays."""
+    asked = {}
+
+    def ask(signum, frame):
+        asked["signal"] = signal.Signals(signum)
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, signal.SIG_DFL)
+        os.write(2, f"\n{asked['signal'].name}: finishing this step, then saving a checkpoint "
+                    f"and stopping (send it again to stop at once, without saving)\n".encode())
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, ask)
+    return asked
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -544,7 +620,17 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
     set_seed(agent_cfg.seed)
     if main_proc:
         run_lock = claim_run_dir(run_dir, args)  # noqa: F841 (open, so locked, while main runs)
-        print(json.dumps({**config, **(asdict(warm) if not args.model else {})}, indent=1))
+        whole = {**config, **(asdict(warm) if not args.model else {})}  # warm: embedded default
+        Path(run_dir, "config.json").write_text(json.dumps(whole, indent=1))
+        default = {k: v for c in (Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig)
+                   for k, v in asdict(c()).items()}
+        changed = " ".join(f"--{k} {shlex.quote(str(v))}" for k, v in whole.items()
+                           if v != default[k])
+        print(f"config: {run_dir}/config.json; not the defaults: {changed or 'none'}")
+        if os.path.isfile(default_config_file) and "ACCELERATE_DYNAMO_BACKEND" not in os.environ:
+            # a user's accelerate config, and no launcher (each sets that variable): not in use
+            print(f"accelerate: {default_config_file} is not used by a run started without "
+                  f"`accelerate launch`; start it with `accelerate launch train.py ...` to use it")
         if args.log_with:
             accelerator.init_trackers("train", config=config)
 
@@ -562,7 +648,7 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
     if not args.model:  # the embedded default: warm-start once, in this run's agent format, and cache it
         t0 = time.perf_counter()
         if main_proc:
-            warmstart.ensure(model_path, world, warm, agent_cfg)
+            warmstart.ensure(model_path, world, warm, agent_cfg, search)  # one BM25 index per run
         accelerator.wait_for_everyone()
         seconds["warm start"] = time.perf_counter() - t0
     model, tok = engines.load_policy(model_path, args.gguf_file or None)
@@ -606,8 +692,10 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
         log(run_eval(0, eval_agent, test_rows), history, run_dir, accelerator, args)
         seconds["eval"] = time.perf_counter() - t0
 
-    # ---- loop
-    bar = tqdm(range(start, args.steps), desc=algo.algo, disable=not main_proc, initial=start, total=args.steps)
+    # ---- loop (SIGTERM, Ctrl-C: the step finishes, a checkpoint is saved, the run exits)
+    asked, stopped = stop_on_signals(), None
+    bar = cli.progress(range(start, args.steps), desc=algo.algo, disable=not main_proc,
+                       initial=start, total=args.steps)
     for step in bar:
         t0 = time.perf_counter()
         rolled_out = rollout_step(step, args, algo, agent, train_rows, order, rng) if main_proc else None
@@ -629,21 +717,36 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
         log({"step": step + 1, **metrics}, history, run_dir, accelerator, args)
         check_env_errors(history, args, where)
         bar.set_postfix(reward=f"{metrics['rollout/reward']:.3f}", em=f"{metrics['rollout/em']:.2f}",
-                        kl=f"{metrics['train/kl']:.4f}")
+                        kl=f"{metrics['train/kl']:.4f}", refresh=False)
         if args.eval_every and main_proc and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
             t0 = time.perf_counter()
             log(run_eval(step + 1, eval_agent, test_rows), history, run_dir, accelerator, args)
             seconds["eval"] = seconds.get("eval", 0.0) + time.perf_counter() - t0
-        if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
+        stop = step + 1 < args.steps and accelerator.reduce(  # one rank asked: all stop here
+            torch.tensor(float(bool(asked)), device=accelerator.device), "sum").item() > 0
+        if stop or args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
             state = {"step": step + 1, "skipped": skipped, "rng": rng.getstate(),
                      "counters": dict(agent.counters) if agent else {}}
             save_checkpoint(accelerator, run_dir, step + 1, state, main_proc)
-    if main_proc:
+        if stop:
+            stopped = asked.get("signal", signal.SIGTERM)  # SIGTERM: it reached another rank only
+            bar.n = step + 1  # the steps done (tqdm counts them lazily, at each redraw)
+            bar.close()
+            break
+    if main_proc and stopped:
+        again = " ".join(shlex.quote(a) for a in ["python", *sys.argv] if a != "--overwrite")
+        print(f"stopped by {stopped.name} after step {step + 1} of {args.steps}: saved {run_dir}/"
+              f"checkpoint-{step + 1}; to go on, run the same command with --resume: {again}"
+              + " --resume" * ("--resume" not in sys.argv))
+    elif main_proc:
         accelerator.unwrap_model(model).save_pretrained(os.path.join(run_dir, "final"))
         tok.save_pretrained(os.path.join(run_dir, "final"))
         print(summary(history, seconds, time.perf_counter() - t_start, run_dir))
+    if main_proc:
         engine.close()  # before end_training tears down torch.distributed, which vLLM's shutdown still uses
     accelerator.end_training()
+    if stopped:
+        raise SystemExit(128 + stopped)  # the shell's code for a process ended by that signal
 
 
 if __name__ == "__main__":

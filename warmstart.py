@@ -28,13 +28,12 @@ from functools import partial
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
-from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import cli
 import data
 import rollout
-from engines import HFEngine
+from engines import HFEngine, model_problem
 from eval import evaluate
 from retriever import BM25Retriever, load_corpus
 
@@ -202,7 +201,7 @@ def fit(model, make_batch, steps, lr, pad_id, desc, floor=0.1, until=0.0) -> tup
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * (
         floor + (1 - floor) * (1 + math.cos(math.pi * s / steps)) / 2))
     model.train()
-    bar = tqdm(range(steps), desc=desc)
+    bar = cli.progress(range(steps), desc=desc)
     losses = []
     for _ in bar:
         batch = make_batch()
@@ -220,23 +219,30 @@ def fit(model, make_batch, steps, lr, pad_id, desc, floor=0.1, until=0.0) -> tup
         schedule.step()
         optimizer.zero_grad()
         losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
         if len(losses) >= 50 and sum(losses[-50:]) / 50 < until:
+            bar.n = len(losses)  # the steps done (tqdm counts them lazily, at each redraw)
             bar.close()
             break
     return (losses[-1] if losses else float("nan")), len(losses)
 
 
-def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.AgentConfig) -> str:
+def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.AgentConfig,
+          search=None) -> str:
     """Warm-start a fresh tiny Llama on the world (the two stages, in the prompt and observation format of
-    `agent_cfg`, whose seed seeds the weights and the data) and save it with its tokenizer to out_dir."""
+    `agent_cfg`, whose seed seeds the weights and the data) and save it with its tokenizer to
+    out_dir. `search`: the run's retriever, searched when it is BM25 over the world's corpus (one
+    index per run); otherwise the warm start builds its own."""
     tok = world_tokenizer()
     model = tiny_llama(tok, seed=agent_cfg.seed)
     rows = [r for r in data.load_rows(world_dir, "train") if r.gold_queries]
     if not rows:
         raise ValueError(f"{world_dir}/train.jsonl has no rows with gold_queries; the warm start needs the "
                          f"embedded world (python data.py --out DIR)")
-    agent = rollout.Agent(None, BM25Retriever(load_corpus(os.path.join(world_dir, "corpus.jsonl"))), tok, agent_cfg)
+    corpus = os.path.join(world_dir, "corpus.jsonl")
+    if not (isinstance(search, BM25Retriever) and search.corpus.path == corpus):
+        search = BM25Retriever(load_corpus(corpus))
+    agent = rollout.Agent(None, search, tok, agent_cfg)
     rng = random.Random(agent_cfg.seed)
     words = set(data.TEMPLATE_WORDS)  # copy names AND wording: a thought restates the question's relations
     pieces = sorted(i for p, i in tok.get_vocab().items() if data.syllabify(p.removeprefix("##")) or p in words)
@@ -287,22 +293,31 @@ def settings(cfg: WarmConfig, agent_cfg: rollout.AgentConfig) -> dict:
             "instruction": rollout.instruction_template(agent_cfg.instruction, world_tokenizer())}
 
 
-def ensure(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.AgentConfig) -> str:
-    """The cached warm-start checkpoint in out_dir; trained first if it is not there yet."""
-    saved = os.path.join(out_dir, "warmstart.json")
-    if os.path.exists(saved):
-        with open(saved) as f:
-            was = json.load(f)
-        differ = {k: (was.get(k), v) for k, v in settings(cfg, agent_cfg).items() if was.get(k) != v}
-        if differ:
-            raise ValueError(f"the cached warm start in {out_dir} was trained with other settings "
-                             f"(setting: (cached, asked)) {differ}; delete {out_dir} to retrain, or match them")
-        print(f"warm start: cached in {out_dir}")
-        return out_dir
-    print(f"warm start: none in {out_dir}; training one (about 6 minutes on 2 CPU cores)")
-    t0 = time.perf_counter()
-    train(out_dir, world_dir, cfg, agent_cfg)
-    print(f"warm start: saved to {out_dir} in {time.perf_counter() - t0:.0f} s")
+def ensure(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.AgentConfig,
+           search=None) -> str:
+    """The cached warm-start checkpoint in out_dir; trained first (`train`, with `search`) if it is
+    not there yet. Under the lock OUT_DIR.lock: a second run waits for the first's warm start, then
+    checks that its settings are this run's."""
+    with data.claimed(out_dir.rstrip("/") + ".lock", f"the warm start {out_dir}"):
+        saved = os.path.join(out_dir, "warmstart.json")  # written last: the warm start is complete
+        if os.path.exists(saved):
+            with open(saved) as f:
+                was = json.load(f)
+            differ = {k: (was.get(k), v) for k, v in settings(cfg, agent_cfg).items()
+                      if was.get(k) != v}
+            if differ:
+                raise ValueError(f"the cached warm start in {out_dir} was trained with other "
+                                 f"settings (setting: (cached, asked)) {differ}; delete {out_dir} "
+                                 f"to retrain, match them, or give this run its own --out_dir")
+            if model_problem(out_dir):
+                raise ValueError(f"the cached warm start in {out_dir} is incomplete: "
+                                 f"{model_problem(out_dir)}; delete {out_dir} to retrain it")
+            print(f"warm start: cached in {out_dir}")
+            return out_dir
+        print(f"warm start: none in {out_dir}; training one (about 6 minutes on 2 CPU cores)")
+        t0 = time.perf_counter()
+        train(out_dir, world_dir, cfg, agent_cfg, search)
+        print(f"warm start: saved to {out_dir} in {time.perf_counter() - t0:.0f} s")
     return out_dir
 
 
@@ -318,4 +333,6 @@ class Paths:
 if __name__ == "__main__":
     cfg, paths, agent_cfg = cli.parse(WarmConfig, Paths, rollout.AgentConfig)
     cli.check(cfg, RULES)
-    train(paths.out, data.ensure_world(paths.world), cfg, agent_cfg)
+    world = data.ensure_world(paths.world)
+    with data.claimed(paths.out.rstrip("/") + ".lock", f"the warm start {paths.out}"):
+        train(paths.out, world, cfg, agent_cfg)

@@ -4,7 +4,7 @@ Prints figures; `--check` also turns the run into the product's correctness guar
     python benchmarks/default.py --seeds 0 1 2 3 4          # the README's table, in out/bench-default/
     python benchmarks/default.py --seeds 0 --check          # exit 1 if the warm start or RL broke (.ci/run)
 
-Each seed runs the README's main command, `accelerate launch train.py --algo ALGO --seed S`, from nothing (world,
+Each seed runs the README's main command, `python train.py --algo ALGO --seed S`, from nothing (world,
 warm start, RL) in its own directory, one seed after another so that the wall times are honest. The figures are
 the run's own evaluations (train.py: greedy, on --eval_n test questions spread over the hops): the first is the
 warm start's, the last the RL policy's. "warm steps" is copy + trajectory steps (warmstart.json): the stages run
@@ -48,10 +48,8 @@ def run_seed(a: Args, seed: int) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     t0 = time.perf_counter()
-    launcher = os.path.join(os.path.dirname(sys.executable), "accelerate")  # this environment's, where it has one
-    launcher = launcher if os.path.exists(launcher) else "accelerate"
-    done = subprocess.run([launcher, "launch", os.path.join(ROOT, "train.py"), "--algo", a.algo, "--seed", str(seed),
-                           "--out_dir", out, "--run_name", "main"], cwd=out)
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--algo", a.algo,
+                           "--seed", str(seed), "--out_dir", out, "--run_name", "main"], cwd=out)
     if done.returncode:
         raise SystemExit(f"seed {seed}: the main command failed (exit {done.returncode}); its output is above")
     wall = time.perf_counter() - t0

@@ -125,6 +125,43 @@ def test_cli_checks_its_flags_before_building(tmp_path):
         assert message in out.stderr, out.stderr[-2000:]
 
 
+def test_a_second_process_waits_for_the_world_then_reads_it(tmp_path, world):
+    # before: two runs sharing an --out_dir both wrote out/world at once, each reading what the other half-wrote
+    import fcntl
+    out = tmp_path / "world"
+    with open(tmp_path / "world.lock", "w") as lock:  # this test's process writes the world, as a first run would
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.write(f"{os.getpid()} testhost\n")
+        lock.flush()
+        code = f"import data; data.ensure_world({str(out)!r}, data.WorldConfig(**{SMALL.__dict__!r}))"
+        second = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        said = second.stdout.readline()
+        assert f"waiting for process {os.getpid()} testhost to finish with the world {out}" in said, \
+            said + second.stderr.read()
+        assert not out.exists() and second.poll() is None  # it waits, writing nothing
+        write_world(world, out)
+    assert second.wait(timeout=120) == 0, second.stderr.read()
+    assert "writing" not in second.stdout.read()  # it found the world complete and used it as it was
+    assert sorted(os.listdir(out)) == ["corpus.jsonl", "dev.jsonl", "test.jsonl", "train.jsonl"]
+
+
+def test_a_world_killed_while_written_is_written_again(tmp_path, world, monkeypatch):
+    # before: a kill in the middle of dev.jsonl left four files, so the next run read the torn split as complete
+    write = data.write_jsonl
+
+    def killed_in_dev(path, rows):
+        if "dev.jsonl" in str(path):
+            write(path, rows[:3])  # the kill comes after 3 of the dev rows
+            raise KeyboardInterrupt
+        write(path, rows)
+    monkeypatch.setattr(data, "write_jsonl", killed_in_dev)
+    with pytest.raises(KeyboardInterrupt):
+        data.ensure_world(str(tmp_path), SMALL)
+    monkeypatch.setattr(data, "write_jsonl", write)
+    data.ensure_world(str(tmp_path), SMALL)
+    assert load_rows(str(tmp_path), "dev") == world.dev
+
 # ---- loaders
 
 

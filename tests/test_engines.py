@@ -17,7 +17,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from engines import HFEngine, Sampling, make_engine
+from engines import HFEngine, Sampling, make_engine, model_problem
 
 PROMPTS = [[1, 11, 12], [1, 30, 31, 32, 33, 34, 35], [1, 40], [1, 50, 51, 52, 53]]  # ids: 1 = <s>, rest = chars
 
@@ -144,6 +144,33 @@ def test_make_engine_choice(hf, capsys):
         with pytest.raises(ImportError, match="vllm"):
             make_engine("vllm", model, tok, "unused")
 
+
+def test_model_problem_names_what_a_model_directory_lacks(model_dir, tmp_path, monkeypatch):
+    # before: a missing directory failed in transformers with "Repo id must be in the form
+    # 'repo_name' or 'namespace/repo_name'", a directory with only config.json with a message about
+    # sentencepiece and tiktoken
+    import shutil
+    only, empty = tmp_path / "only", tmp_path / "empty"
+    assert model_problem(str(model_dir)) == ""
+    assert model_problem(str(tmp_path / "x")) == f"no model at {tmp_path / 'x'}: no such directory"
+    only.mkdir()
+    shutil.copy(model_dir / "config.json", only)
+    assert model_problem(str(only)) == (
+        f"{only} has no tokenizer files (none of tokenizer.json, tokenizer.model, spiece.model, "
+        f"sentencepiece.bpe.model, vocab.json, vocab.txt, *.tiktoken: save the model's tokenizer "
+        f"there too) and no weights (*.safetensors, *.bin)")
+    shutil.copy(model_dir / "model.safetensors", only)
+    assert model_problem(str(only)).endswith("there too)")  # weights now; still no tokenizer
+    empty.mkdir()
+    assert model_problem(str(empty)).startswith(f"no model at {empty}: it has no config.json")
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    assert "pass its directory as --model, its name as --gguf_file" in \
+        model_problem(str(tmp_path / "m.gguf"))
+    assert model_problem(str(tmp_path), "m.gguf") == ""  # a GGUF holds config, weights, tokenizer
+    assert "no other.gguf in it" in model_problem(str(tmp_path), "other.gguf")
+    monkeypatch.chdir(tmp_path)  # hub names: left to transformers, unless ORG is a local dir
+    assert model_problem("Qwen/Qwen2.5-3B-Instruct") == "" and model_problem("gpt2") == ""
+    assert model_problem("only/sub") == "no model at only/sub: no such directory"
 
 def test_vllm_refuses_to_start_on_cpu_with_llvmlite_loaded(monkeypatch):
     # engines.py note 8: vLLM 0.32's CPU start crashes on llvmlite's objects; the engine names the cause instead

@@ -401,6 +401,22 @@ def test_server_answers_a_bad_content_length(bm25, length, body, message):
         server.server_close()
 
 
+def test_server_answers_a_body_that_is_not_utf8(bm25):
+    # before: byte 0xff raised UnicodeDecodeError in the handler: the connection dropped with no answer and a
+    # traceback landed in the server's log
+    server, url = serve(bm25)
+    try:
+        request = urllib.request.Request(url + "/retrieve", b'{"queries": ["kalo \xff"]}',
+                                         {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(request, timeout=10)
+        assert answer.value.code == 400
+        assert "body is not UTF-8 ('utf-8' codec can't decode byte 0xff" in json.loads(answer.value.read())["error"]
+        assert post(url, {"queries": ["kalo"], "topk": 1})[0] == 200  # and keeps serving
+    finally:
+        server.shutdown()
+        server.server_close()
+
 def test_health_check_names_a_dead_server():
     from retriever import health_check
     dead = RemoteRetriever(f"http://127.0.0.1:{free_port()}", retries=0)

@@ -276,6 +276,7 @@ def test_embedded_default_warm_starts_then_trains(env, tmp_path):
                           "--warm_batch_size", "2", "--target_em", "0"], cwd=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "warm start: saved" in out.stdout
+    assert out.stdout.count("retriever: bm25") == 1  # the warm start used the run's (before: 2)
     assert json.loads((tmp_path / "warmstart" / "warmstart.json").read_text())["sft_steps"] == 2
     run = tmp_path / "runs" / "tree_grpo-seed0"  # the default run name: algo and seed
     row, = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -544,21 +545,26 @@ def test_train_file_without_test_data_is_refused(env):
 
 
 def test_a_bad_corpus_stops_train_and_eval_before_the_model_loads(env, tmp_path):
-    # before: the corpus was read after both model copies loaded. Here --model names no model at all, so an error
-    # about the corpus (and none about the model) proves the corpus was read first.
+    # before: the corpus was read after both model copies loaded. Here --model names a directory
+    # whose file names pass the start's model check but whose files do not load, so an error about
+    # the corpus (and none about the model) proves the corpus was read first.
     world = env / "out" / "world"
     bad = tmp_path / "corpus.jsonl"
     bad.write_bytes(b'{"id": "0", "contents": "T\\nx"}\n{"id": "1", "contents": "\xff"}\n')  # line 2: not UTF-8
+    broken = tmp_path / "broken_model"
+    broken.mkdir()
+    for name in ("config.json", "tokenizer.json", "model.safetensors"):
+        (broken / name).write_text("not a model")
     files = ("--data", str(world / "train.jsonl"), "--test_data", str(world / "test.jsonl"), "--corpus", str(bad))
     out = train(env, "--algo", "grpo", "--steps", "1", "--run_name", "bad_corpus", *files, "--model",
-                str(tmp_path / "no_model"))
+                str(broken))
     assert out.returncode != 0 and f"{bad}: line 2: not UTF-8" in out.stderr, out.stderr[-3000:]
-    assert "no_model" not in out.stderr
-    out = subprocess.run([sys.executable, str(ROOT / "eval.py"), "--model", str(tmp_path / "no_model"), "--data",
+    assert "broken_model" not in out.stderr
+    out = subprocess.run([sys.executable, str(ROOT / "eval.py"), "--model", str(broken), "--data",
                           str(world / "test.jsonl"), "--corpus", str(bad), "--n", "2"], cwd=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode != 0 and f"{bad}: line 2: not UTF-8" in out.stderr, out.stderr[-3000:]
-    assert "no_model" not in out.stderr
+    assert "broken_model" not in out.stderr
 
 
 def test_a_full_disk_at_checkpoint_says_so_and_keeps_latest(tmp_path):
@@ -579,3 +585,208 @@ def test_a_full_disk_at_checkpoint_says_so_and_keeps_latest(tmp_path):
         save_checkpoint(FullDisk(), str(tmp_path), 4, {"step": 4}, True)
     assert (tmp_path / "latest").read_text() == "checkpoint-2" and sorted(os.listdir(tmp_path)) == \
         ["checkpoint-2", "latest"]  # the torn checkpoint is removed; `latest` still names a complete one
+
+
+
+# ---- what clusters and users do to a run -------------------------------------------------------
+
+TIMING = ("time", "seconds")  # metrics that measure the machine, not the run
+
+
+def same_run(rows, reference):
+    """Whether two metrics histories agree on every step's numbers, timings aside (deterministic on
+    CPU)."""
+    strip = lambda r: {k: v for k, v in r.items() if not any(t in k for t in TIMING)}  # noqa: E731
+    return [strip(r) for r in rows] == [strip(r) for r in reference]
+
+
+@pytest.fixture(scope="module")
+def straight_run(env, tmp_path_factory):
+    """An uninterrupted 4-step GRPO run, by a user with an accelerate configuration (HF_HOME): its
+    output and wall time."""
+    hf_home = tmp_path_factory.mktemp("hf")
+    (hf_home / "accelerate").mkdir()
+    (hf_home / "accelerate" / "default_config.yaml").write_text("distributed_type: 'NO'\n")
+    cmd = [sys.executable, str(ROOT / "train.py"), "--model", str(env / "tiny"), "--out_dir",
+           str(env / "out"), *FAST, "--algo", "grpo", "--steps", "4", "--run_name", "straight4",
+           "--eval_every", "0", "--checkpoint_every", "0"]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, cwd=env, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "HF_HOME": str(hf_home)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out, time.perf_counter() - t0, hf_home
+
+
+@pytest.fixture(scope="module")
+def straight(env, straight_run):
+    """The metrics of the uninterrupted run: what the interrupted runs must reproduce."""
+    return metrics(env, "straight4")
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(env, straight, tmp_path):
+    # before: SIGTERM (a cluster's preemption) ended the run at once, exit 143 with no message, and
+    # every step since the last checkpoint was lost (here, with --checkpoint_every 0: all of them)
+    cmd = [sys.executable, str(ROOT / "train.py"), "--model", str(env / "tiny"), "--out_dir",
+           str(env / "out"), *FAST, "--algo", "grpo", "--steps", "50", "--run_name", "sigterm",
+           "--eval_every", "0", "--checkpoint_every", "0"]
+    run = env / "out" / "runs" / "sigterm"
+    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
+        proc = subprocess.Popen(cmd, cwd=env, stdout=stdout, stderr=stderr)
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None and not (
+                (run / "metrics.jsonl").exists() and (run / "metrics.jsonl").stat().st_size):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # in step 2, or between steps 1 and 2
+        assert proc.wait(timeout=300) == 128 + signal.SIGTERM  # non-zero: the run is not finished
+    said = (tmp_path / "stdout").read_text()
+    done = len(metrics(env, "sigterm"))  # the step in progress was finished, then saved
+    assert f"stopped by SIGTERM after step {done} of 50: saved {run}/checkpoint-{done}; to go " \
+           f"on, run the same command with --resume" in said, said
+    assert said.rstrip().endswith("--resume")
+    assert "SIGTERM: finishing this step" in (tmp_path / "stderr").read_text()
+    assert (run / "latest").read_text() == f"checkpoint-{done}" and not (run / "final").exists()
+    out = train(env, "--algo", "grpo", "--steps", "4", "--run_name", "sigterm", "--eval_every", "0",
+                "--checkpoint_every", "0", "--resume")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"resumed from {run}/checkpoint-{done} at step {done}" in out.stdout
+    assert [r["step"] for r in metrics(env, "sigterm")] == [1, 2, 3, 4]  # once each
+    assert same_run(metrics(env, "sigterm"), straight)  # as if it had never stopped
+
+
+def test_an_unreadable_checkpoint_is_named_and_the_previous_one_loaded(env, straight):
+    # before: only the last checkpoint was kept, and a truncated model.safetensors made --resume die
+    # with "SafetensorError: Error while deserializing header: invalid header length", nothing else
+    args = ("--algo", "grpo", "--run_name", "torn", "--eval_every", "0", "--checkpoint_every", "1")
+    out = train(env, *args, "--steps", "3")
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = env / "out" / "runs" / "torn"
+    kept = lambda: sorted(p.name for p in run.glob("checkpoint-*"))  # noqa: E731
+    assert kept() == ["checkpoint-2", "checkpoint-3"]  # the previous one too
+    weights = run / "checkpoint-3" / "model.safetensors"
+    size = weights.stat().st_size
+    with open(weights, "r+b") as f:
+        f.truncate(100)
+    out = train(env, *args, "--steps", "4", "--resume")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"resume: {run}/checkpoint-3 is unreadable: model.safetensors has 100 bytes, {size} " \
+           f"when saved (truncated or overwritten)" in out.stdout, out.stdout
+    assert "resume: fell back to the previous checkpoint, checkpoint-2; the steps after 2 run " \
+           "again" in out.stdout and f"resumed from {run}/checkpoint-2 at step 2" in out.stdout
+    assert same_run(metrics(env, "torn"), straight)  # step 3 redone exactly, each logged once
+    assert kept() == ["checkpoint-3", "checkpoint-4"]
+
+
+def test_load_checkpoint_falls_back_then_stops_saying_what_to_do(tmp_path, capsys):
+    from train import load_checkpoint
+
+    class Loader:  # accelerate's load_state, failing as it does on a file corrupt in place
+        is_main_process = True
+
+        def __init__(self, corrupt):
+            self.corrupt, self.loaded = corrupt, []
+
+        def load_state(self, path):
+            if os.path.basename(path) in self.corrupt:
+                raise RuntimeError("Error while deserializing header: invalid header length")
+            self.loaded.append(os.path.basename(path))
+
+        def print(self, *args):
+            print(*args)
+    for step in (2, 4):  # two complete checkpoints, each recording its file's size: 4 bytes
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "model.safetensors").write_bytes(b"abcd")
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(
+            json.dumps({"step": step, "files": {"model.safetensors": 4}}))
+    (tmp_path / "latest").write_text("checkpoint-4")
+    (tmp_path / "checkpoint-6").mkdir()  # torn by a kill: newer than `latest`, never tried
+    loader = Loader({"checkpoint-4"})  # corrupt in place: the size is right, the loader fails
+    assert load_checkpoint(loader, str(tmp_path))["step"] == 2 and loader.loaded == ["checkpoint-2"]
+    assert "checkpoint-4 is unreadable: loading it failed (RuntimeError: Error while " \
+           "deserializing header: invalid header length); its files have the sizes they were " \
+           "saved with" \
+           in capsys.readouterr().out
+    assert (tmp_path / "latest").read_text() == "checkpoint-2"  # what the run goes on from
+    (tmp_path / "latest").write_text("checkpoint-4")
+    (tmp_path / "checkpoint-2" / "model.safetensors").write_bytes(b"ab")  # the previous one: torn
+    with pytest.raises(SystemExit, match=r"no readable checkpoint in .* \(checkpoint-4: loading it "
+                                         r"failed .*; checkpoint-2: model.safetensors has 2 bytes, "
+                                         r"4 when saved .*\): put back the named files \(from a "
+                                         r"backup\), or start over with --overwrite"):
+        load_checkpoint(Loader({"checkpoint-4"}), str(tmp_path))
+
+
+def test_the_console_says_little_and_the_run_directory_holds_the_config(env, straight_run):
+    # before: ~90 lines of configuration JSON before the first progress bar; a bar written to a file
+    # kept every redraw (one per step and per postfix update: 9 here); a user's accelerate
+    # configuration went unmentioned when train.py ran without `accelerate launch`
+    out, wall, hf_home = straight_run
+    run = env / "out" / "runs" / "straight4"
+    config = json.loads((run / "config.json").read_text())
+    assert config["steps"] == 4 and config["lr"] == 5e-5 and config["kl_coef"] == 0.001  # all of it
+    assert f"config: {run}/config.json; not the defaults: --model {env / 'tiny'} --out_dir " \
+           f"{env / 'out'} --run_name straight4 --steps 4 --prompts_per_step 2 " \
+           f"--micro_batch_size 4 --eval_every 0 --eval_n 2 --checkpoint_every 0 --algo grpo" \
+           in out.stdout, out.stdout
+    assert '"kl_coef"' not in out.stdout and len(out.stdout.splitlines()) <= 8, out.stdout
+    assert f"accelerate: {hf_home / 'accelerate' / 'default_config.yaml'} is not used by a run " \
+           f"started without `accelerate launch`" in out.stdout
+    # stderr is a pipe here: the bar is drawn when it opens, every 20 s, and when it closes
+    assert out.stderr.count("grpo:") <= 2 + wall // 20, out.stderr
+
+
+def test_two_runs_sharing_an_out_dir_train_one_warm_start(env, tmp_path):
+    # before: two fresh runs with --seed 1 and --seed 2 both trained a warm start into out/warmstart
+    # at once and both exited 0; warmstart.json then said seed 1, whatever the seed-2 run trained
+    # on. Here the test holds the warm start's lock while both runs reach it, then lets them go.
+    import fcntl
+    import shutil
+    shutil.copytree(env / "out" / "world", tmp_path / "world")  # the small world
+    cmd = [sys.executable, str(ROOT / "train.py"), "--out_dir", str(tmp_path), *FAST, "--steps",
+           "1", "--eval_every", "0", "--copy_steps", "2", "--sft_steps", "2", "--warm_batch_size",
+           "2", "--target_em", "0"]
+    with open(tmp_path / "warmstart.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.write(f"{os.getpid()} testhost\n")
+        lock.flush()
+        runs = [subprocess.Popen(cmd + ["--seed", seed], cwd=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for seed in ("1", "2")]
+        for run in runs:  # each says what it waits for
+            lines = []
+            while not lines or "waiting for" not in lines[-1]:
+                lines.append(run.stdout.readline())
+                assert lines[-1], "".join(lines) + run.stderr.read()
+            assert f"waiting for process {os.getpid()} testhost to finish with the warm start " \
+                   f"{tmp_path / 'warmstart'} (lock: {tmp_path / 'warmstart.lock'})" in lines[-1]
+    outputs = [run.communicate(timeout=600) for run in runs]
+    codes = [run.returncode for run in runs]
+    assert sorted(codes) == [0, 1], outputs
+    first = codes.index(0)  # the one that took the lock first trained the warm start...
+    seed = json.loads((tmp_path / "warmstart" / "warmstart.json").read_text())["seed"]
+    assert seed == first + 1
+    # ...and the other, once it had the lock, found a warm start of another seed and refused it
+    refused = outputs[1 - first][1]
+    assert f"trained with other settings (setting: (cached, asked)) {{'seed': ({seed}, " \
+           f"{2 - first})}}" in refused and "give this run its own --out_dir" in refused
+
+
+def test_model_paths_are_checked_before_anything_loads(env, tmp_path):
+    # before: a missing directory failed in transformers ("Repo id must be in the form 'repo_name'
+    # or 'namespace/repo_name'"), one with only config.json with a message about sentencepiece and
+    # tiktoken, each after the world, the corpus and the retriever had loaded
+    only = tmp_path / "only_config"
+    only.mkdir()
+    (only / "config.json").write_text((env / "tiny" / "config.json").read_text())
+    none = tmp_path / "none"
+    no_tokenizer = f"{only} has no tokenizer files (none of tokenizer.json"
+    out = train(env, "--algo", "grpo", "--steps", "1", "--run_name", "only_config", "--model",
+                str(only))
+    assert out.returncode != 0 and no_tokenizer in out.stderr, out.stderr[-3000:]
+    assert not (env / "out" / "runs" / "only_config").exists()
+    for script in (["eval.py", "--judge_model", str(only)], ["rollout.py", "--dump", "x.json"]):
+        out = subprocess.run([sys.executable, str(ROOT / script[0]), "--model", str(none),
+                              *script[1:]], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode != 0, out.stderr[-3000:]
+        assert f"no model at {none}: no such directory" in out.stderr, out.stderr[-3000:]
+        assert script[0] == "rollout.py" or no_tokenizer in out.stderr  # eval.py: both at once
+        assert not (tmp_path / "out").exists()  # nothing was written or loaded, not even the world

@@ -84,12 +84,14 @@ def test_each_mistake(setup, seed):
 
 
 def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, capsys):
-    agent, _, _, world = setup
+    agent, retriever, _, world = setup
     # the copy stage ends once the mean loss of its last 50 steps is below copy_loss: at once (50 of 60 steps)
     # when that is any loss at all
     cfg = warmstart.WarmConfig(copy_steps=60, copy_loss=1e9, sft_steps=2, warm_batch_size=2, target_em=0)
     out = str(tmp_path / "warm")
-    warmstart.ensure(out, world, cfg, agent.cfg)
+    capsys.readouterr()
+    warmstart.ensure(out, world, cfg, agent.cfg, retriever)  # the run's BM25 over the world corpus
+    assert "retriever: bm25" not in capsys.readouterr().out  # reused (before: a second index)
     saved = json.loads((tmp_path / "warm" / "warmstart.json").read_text())
     assert saved["sft_steps"] == 2 and saved["topk"] == 2 and saved["max_obs_tokens"] == 60
     assert saved["copy_steps_done"] == 50 and saved["sft_steps_done"] == 2
@@ -99,6 +101,11 @@ def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, c
     assert "cached" in capsys.readouterr().out
     with pytest.raises(ValueError, match="topk"):  # another observation format: the checkpoint does not fit
         warmstart.ensure(out, world, cfg, rollout.AgentConfig(**{**agent.cfg.__dict__, "topk": 3}))
+    (tmp_path / "warm" / "tokenizer.json").unlink()  # a cache that lost a file: said before loading
+    with pytest.raises(ValueError, match=r"the cached warm start in .*warm is incomplete: .*warm "
+                                         r"has no tokenizer files \(none of tokenizer.json.*delete "
+                                         r".*warm to retrain it"):
+        warmstart.ensure(out, world, cfg, agent.cfg)
 
 
 def test_a_warm_start_below_target_trains_to_its_cap_then_fails_loudly_and_saves_nothing(setup, tmp_path, capsys):
