@@ -38,7 +38,8 @@ from typing import Optional
 import torch
 
 import cli
-from tree import Node, Trajectory, Tree, leaves, load_trees, path, scored_leaves, truncated, walk
+from infra import draw
+from tree import Node, Trajectory, Tree, drawing, leaves, load_trees, path, scored_leaves, truncated, walk
 
 
 def group_normalize(rewards: list[float]) -> list[float]:
@@ -321,10 +322,10 @@ def report(algo: str, trees: list[Tree], trajectories: list[Trajectory]) -> dict
                              for tr in trajectories]}
 
 
-def demo() -> str:
-    """Every method's advantages on a worked tree (one prompt, two original trajectories: one with
-    branches and a redundant step, one split at its last step with no branch kept): the tree, then
-    one row per (trajectory, step) and one column per method."""
+def demo() -> tuple[Tree, dict[str, list[Trajectory]]]:
+    """A worked tree (one prompt, two original trajectories: one with branches and a redundant step,
+    one split at its last step with no branch kept) and every method's trajectories on it (GRPO's on
+    the tree's root-to-leaf paths, each copied into a chain of its own)."""
     tree = Tree.from_dict({"id": "q", "children": [
         {"id": "q.0", "action": "search", "query": "who founded Acme", "prefix_end": True, "children": [
             {"id": "q.0.0", "action": "answer", "answer": "Ivo", "reward": 1.0},
@@ -333,21 +334,23 @@ def demo() -> str:
             {"id": "q.0.2", "action": "answer", "answer": "Oda", "reward": 0.0}]},
         {"id": "q.1", "action": "search", "query": "Acme founder", "prefix_end": True, "children": [
             {"id": "q.1.0", "action": "answer", "answer": "Oda", "reward": 0.0}]}]})
-
-    ends = scored_leaves(tree.root)
-    chains = [Tree.from_dict(tree.to_dict()) for _ in ends]  # GRPO: each path its own chain
-    for chain, leaf in zip(chains, ends):
+    chains = [Tree.from_dict(tree.to_dict()) for _ in scored_leaves(tree.root)]
+    for chain, leaf in zip(chains, scored_leaves(tree.root)):
         for step in path(chain.find(leaf.id)):
             step.parent.children = [step]  # prune the copy to the root-to-leaf path
-    table = {}
-    for name, (fn, _) in ALGOS.items():
-        for tr in fn(chains if name == "grpo" else [tree]):
-            table |= {(name, tr.leaf.id, step.id): a for step, a in zip(tr.steps, tr.advantages)}
+    return tree, {name: fn(chains if name == "grpo" else [tree]) for name, (fn, _) in ALGOS.items()}
+
+
+def demo_table() -> str:
+    """The worked tree, then one row per (trajectory, step) and one column per method."""
+    tree, runs = demo()
+    table = {(name, tr.leaf.id, step.id): a for name, trajectories in runs.items()
+             for tr in trajectories for step, a in zip(tr.steps, tr.advantages)}
     treeps([tree])  # leave TreePS-RAG's V and A on the rendered tree
     lines = ["TreePS-RAG values (V) and process advantages (A) on the tree:", tree.render(), "",
              "Advantage multiplying each step's tokens in each trajectory ('-' = not trained there):",
              f"{'leaf':8} {'step':8} " + " ".join(f"{k:>9}" for k in ALGOS)]
-    for leaf in ends:
+    for leaf in scored_leaves(tree.root):
         for step in path(leaf):
             cells = [table.get((k, leaf.id, step.id)) for k in ALGOS]
             lines.append(f"{leaf.id:8} {step.id:8} "
@@ -368,13 +371,21 @@ class CreditArgs:
     """Print a worked tree with every method side by side."""
     render: bool = False
     """Also print the annotated tree(s) to stderr."""
+    plot: str = ""
+    """With --demo: also draw the tree under each method, steps coloured by credit, to this PNG."""
 
 
 def main():
     args, algo = cli.parse(CreditArgs, AlgoConfig)
     cli.check(algo, RULES)
     if args.demo:
-        print(demo())
+        print(demo_table())
+        if args.plot:
+            tree, runs = demo()
+            notes = {"grpo": "the tree's 4 paths as 4 chains:\na step adds up the chains through it"}
+            panels = [{"algo": k, "nodes": drawing([tree], trajectories), "note": notes.get(k, "")}
+                      for k, trajectories in runs.items()]
+            draw.figure(panels, args.plot, "python advantages.py --demo: the worked tree, each method")
     elif args.budget:
         try:
             M, N, L = (int(x) for x in args.budget.split(","))

@@ -245,3 +245,36 @@ def to_samples(trajectories: list[Trajectory]) -> list[Sample]:
             lp += list(step.logprobs) + [0.0] * m
         samples.append(Sample(ids, mask, adv, lp, traj.leaf.id))
     return samples
+
+
+def step_credit(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Node id -> the credit its tokens receive in the loss: the sum, over the trajectories that
+    `to_samples` keeps (not `truncated`), of the advantage each gives the step. A step absent is not
+    trained. Summed by id, so that copies of one tree (the demo's GRPO chains) add up on a step."""
+    credit: dict[str, float] = {}
+    for traj in trajectories:
+        if not truncated(traj.leaf):
+            for step, a in zip(traj.steps, traj.advantages):
+                if a is not None:
+                    credit[step.id] = credit.get(step.id, 0.0) + a
+    return credit
+
+
+def drawing(trees: list[Tree], trajectories: list[Trajectory]) -> list[dict]:
+    """Plain data for `infra.draw`, one dict per node of `trees`, parents first: id, parent id, kind
+    (prompt, search, answer, invalid, truncated, discarded; step: no action set), the step's credit
+    (None: not trained), a leaf's reward, the marks it carries (BranPO's prefix_end and redundant;
+    TreePS-RAG's sampled and retained, i.e. kept by the pruning; fork: more than one child) and how
+    many of its sampled children were dropped (BranPO's unkept branches, TreePS-RAG's pruned)."""
+    credit, rows = step_credit(trajectories), []
+    for n in (n for t in trees for n in walk(t.root)):
+        has = {"prefix_end": n.prefix_end, "redundant": n.redundant, "sampled": n.sampled,
+               "fork": len(n.children) > 1,
+               "retained": n.parent is not None and (bool(n.children) or n.flags == ["max_turns"])}
+        kind = ("prompt" if n.parent is None else "truncated" if "truncated" in n.flags
+                else "discarded" if "env_error" in n.flags else n.action or "step")
+        rows.append({"id": n.id, "parent": n.parent and n.parent.id, "kind": kind,
+                     "credit": credit.get(n.id), "reward": None if n.children else n.reward,
+                     "marks": [m for m, on in has.items() if on],
+                     "dropped": max(n.n_sampled - len(n.children), 0)})
+    return rows

@@ -15,7 +15,7 @@ from pytest import approx
 
 import advantages
 from advantages import ALGOS, branpo, carl, group_normalize, grpo, tree_grpo, tree_grpo_budget, treeps
-from tree import Node, Tree, to_samples, walk
+from tree import Node, Tree, step_credit, to_samples, walk
 
 ROOT = Path(__file__).resolve().parents[1]
 S3 = math.sqrt(3)
@@ -466,6 +466,37 @@ def test_tree_grpo_budget_table3(mnl, rollouts, budget):
     assert tree_grpo_budget(*mnl) == (rollouts, budget)
 
 
+# ---- credit per step: the numbers behind the drawn colours ------------------------------------------------------
+
+
+def test_demo_credit_per_step_hand_computed():
+    # The worked tree: q.0 (prefix_end) -> {q.0.0 r=1, q.0.1 (redundant) -> q.0.1.0 r=1, q.0.2 r=0};
+    # q.1 (prefix_end) -> q.1.0 r=0. Credit of a step = the sum of the advantages of the rows that train it.
+    # GRPO over the 4 paths as chains, r = [1, 1, 0, 0]: mean 1/2, unbiased std sqrt(4 (1/4) / 3) = 1/sqrt3,
+    # a = (1/2) sqrt3 = 0.866 each way; q.0 is in three chains, +a +a -a = +a
+    a = S3 / 2
+    # Tree-GRPO, one tree: intra = inter = +-a, each leaf 2a on its path; q.0 2a + 2a - 2a = 2a
+    # BranPO: r_base(q.0) = mean(1, 1, 0) = 2/3, r_base(q.1) = 0 (Eq. 10); Eq. 11 over [2/3, 0]: mean 1/3, std
+    # sqrt(2 (1/9)) = sqrt2/3, A_base = +-1/sqrt2 = 0.707 on each prefix, once; A_branch over the 4 continuations
+    # [1, 1, 0, 0] = +-a (Eq. 12); q.0.1 redundant: masked (Eq. 14)
+    b = 1 / math.sqrt(2)
+    # CARL: V(q.0) = mean(1, 1, 0) = 2/3, V(q.1) = 0, V(q) = 1/3; trained: actions from the forking states q and
+    # q.0, once: q.0 2/3 - 1/3, q.1 0 - 1/3, q.0.0 1 - 2/3, q.0.1 1 - 2/3, q.0.2 0 - 2/3; q.0.1.0, q.1.0 not
+    # TreePS-RAG, every leaf trained, V(root) = 1/2: A(q.0) = (4/3 - 1/2 - 1/2) / sqrt3 = 1/(3 sqrt3), in three
+    # paths: 3 * that = 1/sqrt3; q.0.0 and q.0.1: (2 - 1/2 - 2/3) / 1 = 5/6; q.0.1.0 (2 - 1/2 - 1) = 1/2;
+    # q.0.2 (0 - 1/2 - 2/3) = -7/6; q.1 (0 - 1/2 - 1/2) / 1 = -1; q.1.0 (0 - 1/2 - 0) = -1/2
+    want = {"grpo": [a, a, a, a, -a, -a, -a], "tree_grpo": [2 * a, 2 * a, 2 * a, 2 * a, -2 * a, -2 * a, -2 * a],
+            "branpo": [b, a, None, a, -a, -b, -a], "carl": [1 / 3, 1 / 3, 1 / 3, None, -2 / 3, -1 / 3, None],
+            "treeps": [1 / S3, 5 / 6, 5 / 6, 1 / 2, -7 / 6, -1, -1 / 2]}
+    tree, runs = advantages.demo()
+    steps = ["q.0", "q.0.0", "q.0.1", "q.0.1.0", "q.0.2", "q.1", "q.1.0"]
+    assert [n.id for n in walk(tree.root)][1:] == steps and list(runs) == list(ALGOS)
+    for name, trajectories in runs.items():
+        credit = step_credit(trajectories)
+        assert [None if x is None else approx(x, abs=1e-5) for x in want[name]] == [credit.get(s) for s in steps], \
+            name
+
+
 # ---- CLI ------------------------------------------------------------------------------------------------------
 
 
@@ -485,8 +516,9 @@ def test_cli_trees_budget_demo(tmp_path):
     assert out["trajectories"][0] == {"leaf": "s.0.0.0", "steps": ["s.0", "s.0.0", "s.0.0.0"],
                                       "advantages": [None, -0.25, 0.5]}
     assert json.loads(cli("--algo", "tree_grpo", "--budget", "2,2,1")) == {"rollouts": 6, "budget": 4.0}
-    demo = cli("--demo")
+    demo = cli("--demo", "--plot", str(tmp_path / "demo.png"))
     assert all(name in demo for name in ALGOS) and "[prefix_end]" in demo
+    assert (tmp_path / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_cli_reports_bad_input(tmp_path):

@@ -454,9 +454,12 @@ def test_cli_dump_feeds_advantages(env):
     dump = env / "dump.json"
     out = subprocess.run([sys.executable, str(root / "rollout.py"), "--algo", "treeps", "--dump", str(dump),
                           "--n_prompts", "2", "--model", str(env / "tiny"), "--world", str(env / "out" / "world"),
-                          "--treeps_N", "3", "--treeps_D", "2"], cwd=env, capture_output=True, text=True, timeout=300)
+                          "--treeps_N", "3", "--treeps_D", "2", "--split", "test", "--plot", str(env / "five.png"),
+                          "--plot_prompt", "1", "--grpo_G", "2", "--tree_M", "1", "--branpo_N", "2", "--carl_N", "2"],
+                         cwd=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "tree/leaves_per_prompt" in out.stdout and "engine: hf" in out.stdout
+    assert (env / "five.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # every method on test question 1
     prompts = json.loads(dump.read_text())
     assert len(prompts) == 2 and all(len(trees) == 1 for trees in prompts)
     got = subprocess.run([sys.executable, str(root / "advantages.py"), "--algo", "treeps", "--trees", str(dump),
@@ -476,18 +479,19 @@ def test_cli_checks_its_flags_before_anything_loads(tmp_path):
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, str(root / "rollout.py"), "--algo", "treeps", "--dump", "x.json",
                           "--world", str(tmp_path / "world"), "--n_prompts", "0", "--treeps_N", "0",
-                          "--treeps_train", "-1", "--treeps_D", "9"], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=120)
+                          "--treeps_train", "-1", "--treeps_D", "9", "--plot_prompt", "1"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     for message in ("--n_prompts 0: must be an integer >= 1", "--treeps_N 0: must be an integer >= 1",
                     "--treeps_train -1: must be an integer >= 0",
-                    "--treeps_D 9: TreePS-RAG's depth limit must be at most --max_turns + 1 = 5"):  # max_turns 4
+                    "--treeps_D 9: TreePS-RAG's depth limit must be at most --max_turns + 1 = 5",  # max_turns 4
+                    "--plot_prompt 1: must be in [0, --n_prompts)"):
         assert message in out.stderr, out.stderr[-2000:]
     assert not (tmp_path / "world").exists()  # stopped before the world was written
     help_ = " ".join(subprocess.run([sys.executable, str(root / "rollout.py"), "--help"], capture_output=True,
                                     text=True, timeout=120).stdout.split())
     assert "Tree-GRPO: trees per prompt (paper default (M, N, L) = (2, 2, 1)). (default: 2)" in help_ \
-        and "Train questions to roll out (spread over the hops). (default: 4)" in help_
+        and "Questions of --split to roll out (spread over the hops). (default: 4)" in help_
 
 
 def test_rollout_benchmark_refuses_an_unknown_strategy(tmp_path):

@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from tree import FLAGS, Node, Trajectory, Tree, context_ids, leaves, load_trees, path, save_trees, scored_leaves, to_samples
+from tree import (FLAGS, Node, Trajectory, Tree, context_ids, drawing, leaves, load_trees, path, save_trees,
+                  scored_leaves, step_credit, to_samples)
 
 
 def small_tree() -> Tree:
@@ -113,3 +114,28 @@ def test_samples_drop_truncated_and_untrained():
 
 def test_flag_vocabulary():
     assert set(FLAGS) == {"parse_error", "repeated_query", "too_many_calls", "max_turns", "truncated", "env_error"}
+
+
+def test_step_credit_sums_the_rows_that_train_a_step():
+    t = small_tree()
+    a0, a1 = t.find("p.0.0"), t.find("p.0.1")
+    # p.0 is trained in both rows: 0.5 + (-2.0) = -1.5; p.0.1 only in the second; None counts nothing
+    assert step_credit([Trajectory(a0, [0.5, None]), Trajectory(a1, [-2.0, 1.0])]) == {"p.0": -1.5, "p.0.1": 1.0}
+    a1.flags.append("truncated")  # to_samples drops the row: its advantages reach no token
+    assert step_credit([Trajectory(a0, [0.5, 2.0]), Trajectory(a1, [-2.0, 1.0])]) == {"p.0": 0.5, "p.0.0": 2.0}
+
+
+def test_drawing_kinds_marks_and_dropped_children():
+    t = small_tree()
+    t.find("p.0").prefix_end = True
+    t.find("p.0.1").flags.append("truncated")
+    t.root.n_sampled = 4  # two children kept of four sampled
+    rows = {r["id"]: r for r in drawing([t], [Trajectory(t.find("p.0.0"), [0.5, 2.0])])}
+    assert list(rows) == ["p", "p.0", "p.0.0", "p.0.1", "p.1"]
+    assert [r["kind"] for r in rows.values()] == ["prompt", "search", "answer", "truncated", "discarded"]
+    assert [r["credit"] for r in rows.values()] == [None, 0.5, 2.0, None, None]
+    assert [r["reward"] for r in rows.values()] == [None, None, 1.0, 0.0, 0.0]
+    assert rows["p"] | {"marks": None} == {"id": "p", "parent": None, "kind": "prompt", "credit": None,
+                                           "reward": None, "marks": None, "dropped": 2}
+    assert rows["p"]["marks"] == ["fork"] and rows["p.0"]["marks"] == ["prefix_end", "fork", "retained"]
+    assert rows["p.0.1"]["parent"] == "p.0" and rows["p.0.1"]["marks"] == []
