@@ -466,7 +466,7 @@ def test_bad_flags_stop_before_anything_loads(env):
                      "copy_loss. (default: 2000)"),
     ("data.py", "--people PEOPLE Number of real people"),
     ("advantages.py", "CARL: initial chains (1 = CARL-Lite, 8 = CARL). (default: 1)"),
-    ("rollout.py", "Train questions to roll out (spread over the hops). (default: 4)"),
+    ("rollout.py", "Questions of --split to roll out (spread over the hops). (default: 4)"),
     ("retriever.py serve", "Largest topk a request may ask for (a larger one is answered 400, not with megabytes). "
                            "(default: 100)"),
 ])
