@@ -63,7 +63,7 @@ from advantages import AlgoConfig
 from eval import evaluate
 from retriever import RetrieverConfig
 from rollout import AgentConfig
-from tree import to_samples
+from tree import to_samples, truncated
 from warmstart import WarmConfig
 
 
@@ -131,9 +131,11 @@ class Args:
     """Gradient-norm clip."""
 
     eval_every: int = 15
-    """Evaluate on test questions every this many steps (and at the start and end); 0 = never."""
+    """Evaluate on test questions every this many steps (and at the end, and at the start: --eval_start); 0 = never."""
     eval_n: int = 1000
     """Test questions per evaluation, spread evenly over the split (the world's: 250 per hop count)."""
+    eval_start: bool = True
+    """With --eval_every: evaluate the starting policy too (off where it was evaluated already, e.g. by compare.py)."""
     checkpoint_every: int = 10
     """Save model, optimizer, scheduler, RNG states and step every this many steps (the last two are
     kept), and on SIGTERM / Ctrl-C; 0 = only then."""
@@ -293,9 +295,12 @@ def rollout_step(step: int, args: Args, algo: AlgoConfig, agent: rollout.Agent, 
     batch = [train_rows[order[(at + i) % len(order)]] for i in range(args.prompts_per_step)]
     with torch.no_grad():
         prompts = rollout.grow(algo, agent, batch, rng)
-    samples = to_samples([t for trees in prompts for t in advantages.credit(algo, trees)])
+    trajectories = [t for trees in prompts for t in advantages.credit(algo, trees)]
+    samples = to_samples(trajectories)
+    # update actions (CARL's |D_upd|, counted per trajectory): trained steps of the rows to_samples keeps
+    actions = sum(a is not None for tr in trajectories if not truncated(tr.leaf) for a in tr.advantages)
     return samples, {**rollout.metrics(prompts), "train/tokens_trained": float(sum(sum(s.loss_mask) for s in samples)),
-                     "train/samples": float(len(samples))}
+                     "train/actions_trained": float(actions), "train/samples": float(len(samples))}
 
 
 def micro_batches(samples, accelerator, model, ref_model, args: Args, pad_id: int,
@@ -687,7 +692,7 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
         history = [row for row in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if row["step"] <= start]
     if main_proc:  # drop what an interrupted run logged after its checkpoint
         Path(run_dir, "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in history))
-    if start == 0 and args.eval_every and main_proc:
+    if start == 0 and args.eval_every and args.eval_start and main_proc:
         t0 = time.perf_counter()
         log(run_eval(0, eval_agent, test_rows), history, run_dir, accelerator, args)
         seconds["eval"] = time.perf_counter() - t0

@@ -1,0 +1,124 @@
+"""benchmarks/compare.py: its statistics by hand, its arms, its result keys, step 0 measured once
+by eval.py, and the --quick smoke run (end to end, resumed, refused under other settings)."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import compare
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_paired_difference_by_hand():
+    # d = a - b = [0.1, 0.2, 0.2]: mean 1/6; std = sqrt(((-1/15)^2 + 2 (1/30)^2) / 2) = 0.05774;
+    # se = 0.05774 / sqrt(3) = 1/30; t = (1/6) / (1/30) = 5 on 2 degrees of freedom: p = 0.0377
+    text, mean, se = compare.paired([0.5, 0.6, 0.7], [0.4, 0.4, 0.5])
+    assert mean == pytest.approx(1 / 6) and se == pytest.approx(1 / 30)
+    assert text == "+0.167 ± 0.033, p 0.038"
+    assert compare.verdict(mean, se) == "higher" and compare.verdict(-mean, se) == "lower"
+    assert compare.verdict(mean, se, +1) == "agrees"
+    assert compare.verdict(mean, se, -1) == "disagrees"
+    # d = [0.1, -0.1, 0.03]: mean 0.01, std 0.1015, se 0.0586; 2 se = 0.117 covers 0.01
+    _, mean, se = compare.paired([0.6, 0.5, 0.53], [0.5, 0.6, 0.5])
+    assert mean == pytest.approx(0.01) and se == pytest.approx(0.0586, abs=1e-4)
+    assert compare.verdict(mean, se) == "inconclusive" == compare.verdict(mean, se, +1)
+    text, mean, se = compare.paired([0.7], [0.5])  # one seed: no test, never a verdict
+    assert "1 seed" in text and math.isnan(se) and compare.verdict(mean, se) == "inconclusive"
+
+
+def test_every_arm_runs_once_under_its_own_name():
+    arms = compare.arms()
+    names = [compare.arm_name(f) for _, members in compare.GROUPS for f, _ in members]
+    assert sorted(arms) == sorted(set(names)) and names.count("GRPO G=4") == 2  # run once
+    assert compare.arm_name(compare.TREE + " --tree_mode intra").endswith(" intra only")
+    assert compare.arm_name("--algo carl --carl_update_all") == "CARL (1,16) update-all"  # defaults
+    for algo, flags in compare.MATCHED.items():  # the committed knobs were calibrated
+        assert flags in compare.CANDIDATES[algo]
+    with pytest.raises(ValueError, match="both named"):  # a knob the name omits: refused
+        compare.GROUPS.append(("x", [(compare.G4 + " --tree_M 3", ())]))
+        try:
+            compare.arms()
+        finally:
+            compare.GROUPS.pop()
+
+
+def test_a_result_key_names_the_code_it_ran():
+    assert {"train.py", "advantages.py", "rollout.py", "tree.py", "eval.py"} <= \
+        set(compare.code_hashes("train.py"))
+    assert "train.py" not in compare.code_hashes("eval.py")  # train.py edits keep eval.py's results
+    stored = {"command": ["train.py"], "code": {"train.py": "a", "tree.py": "b"}, "threads": 2}
+    now = {"command": ["train.py"], "code": {"train.py": "a", "tree.py": "c"}, "threads": 1}
+    assert compare.differences(stored, now) == "code (tree.py); threads (2 -> 1)"
+
+
+def metrics_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_step_zero_from_eval_py_is_what_train_py_measures(env):
+    # compare.py evaluates each warm start once, with eval.py, and trains every arm --no_eval_start
+    small = ["--max_turns", "2", "--max_step_tokens", "12"]
+    world = env / "out" / "world"
+    out = subprocess.run([sys.executable, str(ROOT / "eval.py"), "--model", str(env / "tiny"),
+                          "--data", str(world), "--corpus", str(world / "corpus.jsonl"), "--n", "6",
+                          "--out", str(env / "step0.json"), *small],
+                         cwd=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads((env / "step0.json").read_text())["report"]
+    for flag, evaluated in (("--eval_start", [0, 1]), ("--no_eval_start", [1])):
+        out = subprocess.run([sys.executable, str(ROOT / "train.py"), "--model", str(env / "tiny"),
+                              "--out_dir", str(env / "out"), "--run_name", f"step0{flag}",
+                              "--steps", "1", "--eval_every", "1", "--eval_n", "6",
+                              "--prompts_per_step", "2", "--algo", "grpo", "--grpo_G", "2", flag,
+                              *small], cwd=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        rows = metrics_rows(env / "out" / "runs" / f"step0{flag}" / "metrics.jsonl")
+        assert [r["step"] for r in rows if "eval/em" in r] == evaluated
+        step, = [r for r in rows if "train/loss" in r]
+        assert 0 < step["train/actions_trained"] <= step["train/tokens_trained"]  # >= 1 token each
+    step0, = [r for r in metrics_rows(env / "out" / "runs" / "step0--eval_start" / "metrics.jsonl")
+              if r["step"] == 0]
+    assert step0 == {"step": 0, **{f"eval/{k}": v for k, v in report.items()
+                                   if isinstance(v, (int, float))}}
+
+
+def test_quick_runs_end_to_end_then_resumes_then_refuses_other_settings(tmp_path):
+    quick = [sys.executable, str(ROOT / "benchmarks" / "compare.py"), "--quick", "--out",
+             str(tmp_path)]
+    out = subprocess.run(quick, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for table in ("Greedy test EM", "Paired differences", "claims beside ours", "Cost per arm"):
+        assert table in out.stdout and table in (tmp_path / "results.md").read_text()
+    assert (tmp_path / "curves.png").stat().st_size > 0
+    runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert sorted(runs) == ["GRPO G=2", "Tree-GRPO (1,2,1)"]
+    for (seed,) in runs.values():
+        assert sorted(map(int, seed["evals"])) == [0, 1, 2]  # 0 from eval.py; 1, 2 from train.py
+        assert seed["evals"]["0"] == runs["GRPO G=2"][0]["evals"]["0"]  # one warm start, once
+        assert seed["means"]["rollout/tokens_per_prompt"] > 0
+        assert seed["means"]["train/actions_trained"] > 0
+    # two tasks at once: the same numbers (each task on one core, one thread, as before)
+    jobs2 = subprocess.run(quick + ["--jobs", "2", "--out", str(tmp_path / "jobs2")], cwd=ROOT,
+                           capture_output=True, text=True, timeout=900)
+    assert jobs2.returncode == 0, jobs2.stderr[-3000:]
+    timing = ("time", "seconds")  # wall-clock metrics, the only ones allowed to differ
+    jobs2_runs = json.loads((tmp_path / "jobs2" / "results.json").read_text())["runs"]
+    for arm, (seed,) in jobs2_runs.items():
+        assert seed["evals"] == runs[arm][0]["evals"] and seed["tokens"] == runs[arm][0]["tokens"]
+        assert {k: v for k, v in seed["means"].items() if not any(t in k for t in timing)} == \
+            {k: v for k, v in runs[arm][0]["means"].items() if not any(t in k for t in timing)}
+    # again: every result reused, no task run
+    again = subprocess.run(quick, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "reusing 1 stored results" in again.stdout and "reusing 3 stored results" in again.stdout
+    assert "seed 0" not in again.stderr  # no progress bar: nothing ran
+    # other settings: the stored results are not silently reused
+    other = subprocess.run(quick + ["--threads", "2"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=900)
+    assert other.returncode != 0 and "--redo" in other.stderr
+    assert "made with other code or settings (nothing was run)" in other.stderr
+    assert "seed 0 warm start: threads (1 -> 2)" in other.stderr
