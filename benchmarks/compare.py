@@ -1,7 +1,7 @@
 """Which credit assignment learns more, at which rollout budget? The five methods and Tree-GRPO's
 budget sweep side by side over seeds, each arm a train.py run from the same warm start.
 
-    python benchmarks/compare.py                # seeds 0-4, every arm: the README's "Comparison"
+    python benchmarks/compare.py --jobs 2       # seeds 0-4, every arm, two at once (README)
     python benchmarks/compare.py --calibrate    # generated tokens / prompt / step of knob choices
     python benchmarks/compare.py --quick        # one seed, two arms, 2 steps, a tiny warm start
 
@@ -19,11 +19,12 @@ where a stored key differs it stops before running anything and says what differ
 recomputes those tasks instead).
 
 Threads: each task runs pinned to --threads cores (its CPU affinity, which train.py's torch threads
-follow, and OMP_NUM_THREADS) whatever --jobs is, so the figures do not depend on --jobs.
+follow, and OMP_NUM_THREADS) whatever --jobs is, so the figures do not depend on --jobs. One thread
+by default: on shared cores a second one made the tiny model 5-15x slower (README "Comparison").
 
 Outputs in OUT: results.md (every table, also printed), results.json (every seed's numbers),
 curves.png (test EM against step and against cumulative generated tokens, one line per arm, the
-seeds' min-max as a band); --calibrate writes calibration.md.
+seeds' min-max as a band); --calibrate writes calibration-STEPS-steps.md.
 """
 import ast
 import hashlib
@@ -67,13 +68,14 @@ def tree(M: int, N: int, L: int) -> str:
 
 
 # The matched budget: GRPO G=4's generated tokens per prompt per step, each method within +-15% of
-# it. Chosen among CANDIDATES from `--calibrate`'s figures (README "Comparison").
+# it. Chosen among CANDIDATES with `--calibrate` on seed 0's warm start (README "Comparison"); the
+# comments give each against GRPO G=4 over 3 steps (every candidate) and 15 steps (the nearest).
 MATCHED = {
     "grpo": grpo(4),
-    "tree_grpo": tree(2, 2, 1),
-    "branpo": "--algo branpo --branpo_N 2",
-    "carl": "--algo carl --carl_N0 1 --carl_N 8",
-    "treeps": "--algo treeps --treeps_N 4 --treeps_retain 2",
+    "tree_grpo": tree(2, 1, 1),  # -12%, -15.2%; (2,2,1) +19%, +18%; M=1: intra = inter
+    "branpo": "--algo branpo --branpo_N 2",  # +21%, +6%; N=1 -45%, N=3 +85%
+    "carl": "--algo carl --carl_N0 1 --carl_N 6",  # -1%, -3%; (1,8) +19%, +21%
+    "treeps": "--algo treeps --treeps_N 3 --treeps_retain 2",  # +9%, +2%; (4,2) +28%, +18%
 }
 CANDIDATES = {  # --calibrate's knobs per method; the budget grows with G, trees, N, forks, nodes
     "grpo": [grpo(4)],
@@ -174,9 +176,9 @@ class Args:
     out: str = ""
     """Output directory; empty = out/compare (out/compare-quick with --quick)."""
     jobs: int = 1
-    """Tasks run at once (each on --threads cores: the figures do not depend on this)."""
-    threads: int = 2
-    """CPU cores and torch threads per task; part of every result's key."""
+    """Tasks run at once, each on --threads cores (the figures do not depend on this)."""
+    threads: int = 1
+    """CPU cores and torch threads per task (README "Comparison": why 1); in every result's key."""
     redo: bool = False
     """Recompute the stored results whose key differs (code, flags, warm start, threads)."""
     calibrate: bool = False
@@ -354,6 +356,8 @@ def run_task(t: Task, key: dict, slots: Queue, a: Args):
                "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         cmd = [sys.executable, "-c", PIN.format(cores=set(cores)), os.path.join(ROOT, t.script),
                *t.flags, *t.where]
+        if t.metrics and os.path.exists(t.metrics):
+            os.remove(t.metrics)  # an earlier run's, else counted by the bar (--overwrite is later)
         t0 = time.perf_counter()
         with open(log, "w") as f:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
@@ -579,11 +583,13 @@ def calibration_table(rows: dict[str, list[dict]], steps: int) -> list[str]:
     rows = {f: [r for r in rs if "train/loss" in r] for f, rs in rows.items()}
     mean = {f: statistics.mean(r["rollout/tokens_per_prompt"] for r in rs)
             for f, rs in rows.items()}
+    if G4 not in rows:
+        raise SystemExit("--calibrate measures against GRPO G=4: add it to --arms")
     out = [f"### Calibration: generated tokens per prompt per step, {steps} RL steps from the warm "
            f"start", "", row("method", "knobs", "per step", "mean", "vs GRPO G=4", "within ±15%",
                              "s / step", "committed"), row(*["---"] * 8)]
     for algo, candidates in CANDIDATES.items():
-        for f in candidates:
+        for f in (f for f in candidates if f in rows):
             ratio = mean[f] / mean[G4] - 1
             step_s = statistics.mean(sum(r[f"train/time_{x}"] for x in
                                          ("rollout", "logprob", "update")) for r in rows[f])
@@ -622,7 +628,7 @@ def main(a: Args):
                              os.path.join(world[s], "corpus.jsonl"), "--out", report],
                             home[s], "step0", warm=warm[s], report=report)
         for name, knobs in chosen.items():
-            run = "calibrate-" * a.calibrate + slug(name)
+            run = f"calibrate{a.calibrate_steps}-" * a.calibrate + slug(name)
             flags = ["--seed", str(s), *shared.split(), *knobs.split(), "--no_eval_start",
                      "--checkpoint_every", "0"]
             parse_train(" ".join(flags))  # every arm's flags checked before anything runs
@@ -636,7 +642,7 @@ def main(a: Args):
     if a.calibrate:
         rows = {chosen[n]: load(runs[n, a.seeds[0]])["rows"] for n in chosen}
         text = "\n".join(calibration_table(rows, a.calibrate_steps))
-        outputs = [os.path.join(a.out, "calibration.md")]
+        outputs = [os.path.join(a.out, f"calibration-{a.calibrate_steps}-steps.md")]
     else:
         summaries = {n: [summarize(load(runs[n, s])["rows"], load(evals[s])["rows"][0],
                                    cfg.prompts_per_step) for s in a.seeds] for n in chosen}

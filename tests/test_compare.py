@@ -101,14 +101,24 @@ def test_quick_runs_end_to_end_then_resumes_then_refuses_other_settings(tmp_path
         assert seed["evals"]["0"] == runs["GRPO G=2"][0]["evals"]["0"]  # one warm start, once
         assert seed["means"]["rollout/tokens_per_prompt"] > 0
         assert seed["means"]["train/actions_trained"] > 0
+    # two tasks at once: the same numbers (each task on one core, one thread, as before)
+    jobs2 = subprocess.run(quick + ["--jobs", "2", "--out", str(tmp_path / "jobs2")], cwd=ROOT,
+                           capture_output=True, text=True, timeout=900)
+    assert jobs2.returncode == 0, jobs2.stderr[-3000:]
+    timing = ("time", "seconds")  # wall-clock metrics, the only ones allowed to differ
+    jobs2_runs = json.loads((tmp_path / "jobs2" / "results.json").read_text())["runs"]
+    for arm, (seed,) in jobs2_runs.items():
+        assert seed["evals"] == runs[arm][0]["evals"] and seed["tokens"] == runs[arm][0]["tokens"]
+        assert {k: v for k, v in seed["means"].items() if not any(t in k for t in timing)} == \
+            {k: v for k, v in runs[arm][0]["means"].items() if not any(t in k for t in timing)}
     # again: every result reused, no task run
     again = subprocess.run(quick, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "reusing 1 stored results" in again.stdout and "reusing 3 stored results" in again.stdout
     assert "seed 0" not in again.stderr  # no progress bar: nothing ran
     # other settings: the stored results are not silently reused
-    other = subprocess.run(quick + ["--threads", "1"], cwd=ROOT, capture_output=True, text=True,
+    other = subprocess.run(quick + ["--threads", "2"], cwd=ROOT, capture_output=True, text=True,
                            timeout=900)
     assert other.returncode != 0 and "--redo" in other.stderr
     assert "made with other code or settings (nothing was run)" in other.stderr
-    assert "seed 0 warm start: threads (2 -> 1)" in other.stderr
+    assert "seed 0 warm start: threads (1 -> 2)" in other.stderr
