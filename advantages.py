@@ -4,30 +4,33 @@ Each function (grpo, tree_grpo, branpo, carl, treeps) fills the nodes' `value` /
 defines them per node (never `reward`) and returns one `Trajectory` per trained leaf: the advantage multiplying each
 step's tokens in that trajectory's loss, None where the step is not trained there. No model or optimizer code here.
 
-Deviations from the papers:
-1. A group of one reward gets advantage 0 (its std is undefined); verl returns r itself there.
-2. BranPO Eq. 14 multiplies redundant steps' branch advantage by 0; we leave them out of the loss (None), as §4.4
-   says ("masked and excluded from gradient computation"), so they count in neither the token mean nor the KL term.
-3. BranPO's Algorithm 1 normalizes branch rewards per (prompt, trajectory), its Eq. 12 per prompt. We follow Eq. 12;
-   `branch_norm="prefix"` gives Algorithm 1.
-4. CARL's V(s) averages over the children with a defined value: a child whose every leaf was discarded (retrieval
-   failure) is left out rather than counted as 0.
-5. Tree-GRPO's text prints the expected budget E[B] = M*B + L*N*B/2; its Tables 3 and 7 fit M*B + M*L*N*B/2 (N
-   expansions in each of the M trees), which `tree_grpo_budget` implements.
-6. CARL App. C.1 leaves the N0 first-phase chains (sampled before any fork) untrained; Eq. 13 (every action with
-   a sibling) and Eq. 15's lower bound N + 1 count them. We follow Eqs. 13/15; `phase1_chains=N0`, App. C.1.
-7. A step trained once (CARL's forked action, BranPO's prefix) is trained in the first trajectory through it that
-   is not `truncated` (tree.to_samples drops those); the papers, which truncate nothing, just say "once".
-8. TreePS-RAG trains the N paths the rollout drew (leaves marked `sampled`, §2.3), or every leaf of an unmarked tree
-   (hand-built, the CLI); V(n) always averages over every leaf of the tree.
+Deviations from the papers, each cited by its name:
+- group-of-one: a group of one reward gets advantage 0 (its std is undefined); verl returns r itself.
+- rsm-excluded: BranPO Eq. 14 multiplies redundant steps' branch advantage by 0; we leave them out of
+  the loss (None), as §4.4 says ("masked and excluded from gradient computation"), so they count in
+  neither the token mean nor the KL term.
+- branch-norm: BranPO's Algorithm 1 normalizes branch rewards per (prompt, trajectory), its Eq. 12 per
+  prompt. We follow Eq. 12; `branch_norm="prefix"` gives Algorithm 1.
+- carl-defined-children: CARL's V(s) averages over the children with a defined value: a child whose
+  every leaf was discarded (retrieval failure) is left out rather than counted as 0.
+- budget-formula: Tree-GRPO's text prints the expected budget E[B] = M*B + L*N*B/2; its Tables 3 and 7
+  fit M*B + M*L*N*B/2 (N expansions in each of the M trees), which `tree_grpo_budget` implements.
+- carl-phase1: CARL App. C.1 leaves the N0 first-phase chains (sampled before any fork) untrained;
+  Eq. 13 (every action with a sibling) and Eq. 15's lower bound N + 1 count them. We follow Eqs. 13/15;
+  `phase1_chains=N0` gives App. C.1.
+- first-untruncated: a step trained once (CARL's forked action, BranPO's prefix) is trained in the
+  first trajectory through it that is not `truncated` (tree.to_samples drops those); the papers, which
+  truncate nothing, just say "once".
+- treeps-sampled: TreePS-RAG trains the N paths the rollout drew (leaves marked `sampled`, §2.3), or
+  every leaf of an unmarked tree (hand-built, the CLI); V(n) always averages over every leaf of the tree.
 - empty-prefix-stats: BranPO's Eq. 11 normalizes r_base over the N prefixes of the prompt, an empty
   one (k = 0, the whole trajectory resampled) included, and so do we; its official code leaves empty
   prefixes out of those statistics (their base mask is empty): `skip_empty_base=True`.
 - preference-mask: BranPO's official code replaces Eq. 14 by a preference mask: the losing
   continuation of a pair (the original of a redundancy pair; the lower reward of a contrastive one)
-  takes min(A_branch, 0) on every suffix step, all kept in the loss; we follow Eq. 14 (deviation 2):
+  takes min(A_branch, 0) on every suffix step, all kept in the loss; we follow Eq. 14 (rsm-excluded):
   `clip_losers=True`. With both switches BranPO's advantages are its official code's, apart from
-  deviations 1 and 7.
+  group-of-one and first-untruncated.
 """
 import json
 import math
@@ -43,7 +46,8 @@ from tree import Node, Trajectory, Tree, drawing, leaves, load_trees, path, scor
 
 
 def group_normalize(rewards: list[float]) -> list[float]:
-    """(r_i - mean) / (std + 1e-6) with the unbiased std, as verl and Tree-GRPO's code; a group of one gets 0."""
+    """(r_i - mean) / (std + 1e-6) with the unbiased std, as verl and Tree-GRPO's code; a group of one gets 0
+    (group-of-one)."""
     if len(rewards) < 2:
         return [0.0] * len(rewards)
     r = torch.tensor(rewards, dtype=torch.float64)  # (G,)
@@ -59,7 +63,7 @@ def _reset(trees: list[Tree]) -> list[Node]:
 
 
 def _first_trained(ends: list[Node]) -> dict[Node, Node]:
-    """Step -> the leaf of the trajectory that trains a step trained once (deviation 7): the first not truncated."""
+    """Step -> the leaf of the trajectory that trains a step trained once (first-untruncated): the first not truncated."""
     owner = {}
     for leaf in sorted(ends, key=truncated):  # stable: trained trajectories first, each in tree order
         for step in path(leaf):
@@ -149,8 +153,8 @@ def branpo(trees: list[Tree], branch_norm: str = "prompt", skip_empty_base: bool
         r_base(n)     = mean_{i in C_n} r_branch(n, i)                                      (Eq. 10)
         A_base(n)     = (r_base(n) - mean_j r_base(j)) / std_j r_base(j),  j over the N prefixes  (Eq. 11)
         A_branch(n,i) = (r_branch(n,i) - mean) / std over all continuations of the prompt   (Eq. 12)
-    A_base multiplies the prefix steps, trained once (deviation 7); A_branch each continuation's own steps but the
-    `redundant` ones (Eq. 14, deviation 2). `branch_norm="prefix"`: Algorithm 1 (deviation 3). With one continuation
+    A_base multiplies the prefix steps, trained once (first-untruncated); A_branch each continuation's own steps but the
+    `redundant` ones (Eq. 14, rsm-excluded). `branch_norm="prefix"`: Algorithm 1 (branch-norm). With one continuation
     for every prefix, every step gets the GRPO advantage (Theorem B.1). The official code's two
     differences: `skip_empty_base` (empty-prefix-stats), `clip_losers` (preference-mask)."""
     if branch_norm not in ("prompt", "prefix"):
@@ -182,16 +186,16 @@ def branpo(trees: list[Tree], branch_norm: str = "prompt", skip_empty_base: bool
 def carl(trees: list[Tree], update_all: bool = False, phase1_chains: int = 0) -> list[Trajectory]:
     """CARL §5: V(leaf) = R (Eq. 9), V(s) = mean of its children's V (Eq. 10, not of its descendant leaves),
     A(s -> s') = V(s') - V(s) (Eq. 11), not group-normalized. Only actions whose parent state has more than one child
-    are trained, each once (Eq. 13; deviation 7). `update_all=True` is the §6.3 ablation (Eq. 16): a single-child
+    are trained, each once (Eq. 13; first-untruncated). `update_all=True` is the §6.3 ablation (Eq. 16): a single-child
     action inherits the advantage of the edge into its parent (0 below the root). `phase1_chains=N0` leaves the N0
-    first-phase chains (the root's first N0 children, then first children down) untrained (App. C.1, deviation 6)."""
+    first-phase chains (the root's first N0 children, then first children down) untrained (App. C.1, carl-phase1)."""
     scored = _reset(trees)
     nodes = [n for t in trees for n in walk(t.root)]
     for n in reversed(nodes):  # bottom-up (App. C.2): every child before its parent
         if not n.children:
             n.value = n.reward if n.scored else None  # Eq. 9
         elif vs := [c.value for c in n.children if c.value is not None]:
-            n.value = sum(vs) / len(vs)  # Eq. 10 (deviation 4)
+            n.value = sum(vs) / len(vs)  # Eq. 10 (carl-defined-children)
     edge: dict[Node, float] = {}  # action (the node it leads to) -> its advantage
     trained: dict[Node, float] = {}  # the actions the update trains
     for s in nodes:  # top-down: every parent before its children
@@ -213,19 +217,20 @@ def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
         A(n) = (2 V(n) - V(root) - V(parent(n))) / sqrt(|L(n)|)
     i.e. global advantage V(n) - V(root) plus local advantage V(n) - V(parent), damped by sqrt(|L(n)|) because a
     node with many leaves appears in that many trajectories. Only the N trajectories drawn for training (§2.3,
-    deviation 8) are trained, each with A(n) on every step n. `process=False`: the Table 2 ablation, GRPO over them."""
+    treeps-sampled) are trained, each with A(n) on every step n. `process=False`: the Table 2 ablation, GRPO over them."""
     scored = _reset(trees)
     chosen = [leaf for leaf in scored if leaf.sampled] or scored  # Y = {y_1 .. y_N}
     if not process:
         A = group_normalize([leaf.reward for leaf in chosen])
         return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(chosen, A)])
+    A: dict[Node, float] = {}
     for t in trees:
         for n in walk(t.root):  # depth first: V(root) and V(parent(n)) are set before n is reached
             if L := scored_leaves(n):  # L(n)
                 n.value = sum(leaf.reward for leaf in L) / len(L)
                 if n.parent is not None:
-                    n.advantage = (2 * n.value - t.root.value - n.parent.value) / math.sqrt(len(L))
-    return [Trajectory(leaf, [step.advantage for step in path(leaf)]) for leaf in chosen]
+                    A[n] = (2 * n.value - t.root.value - n.parent.value) / math.sqrt(len(L))
+    return _mark_node_advantages([Trajectory(leaf, [A[step] for step in path(leaf)]) for leaf in chosen])
 
 
 # The algorithm registry, credit half: name -> (advantage function, its options from AlgoConfig); rollout.STRATEGIES
@@ -303,7 +308,7 @@ def credit(cfg: AlgoConfig, trees: list[Tree]) -> list[Trajectory]:
 
 
 def tree_grpo_budget(M: int, N: int, L: int) -> tuple[int, float]:
-    """Tree-GRPO §4.2.3 (deviation 5): M trees, L rounds of N expansions per tree, each one new leaf starting at a
+    """Tree-GRPO §4.2.3 (budget-formula): M trees, L rounds of N expansions per tree, each one new leaf starting at a
     uniform depth (B/2 on average). Returns rollouts = M (L N + 1) and E[B_tree] = M B + M L N B / 2 in units of B,
     the full trajectory: Table 3's budgets 2, 4, 8, 16 for (M,N,L) = (1,2,1) .. (8,2,1), ~16 for (6,3,1), (4,5,1)."""
     return M * (L * N + 1), M * (1 + L * N / 2)

@@ -10,36 +10,40 @@ repeated_query (5.4.1) and max_turns (5.4.3) stop with reward 0; env_error (retr
 discarded, neither trained nor in group statistics (5.4.2); truncated (token budget exceeded) stops, its reward
 counts in statistics, its tokens are not trained (5.4.4).
 
-Deviations and choices:
-1. BranPO samples the Bran(r, acc) branches of one truncation point together and keeps the first contrastive one
-   in sampling order; Algorithm 1 samples them one by one and stops at the first. Same kept branch, fewer waves,
-   but sometimes one more branch is generated and dropped.
-2. BranPO's redundancy check runs instead of the default branching for correct trajectories longer than the
-   group's mean correct length when acc > 0.5 (App. A.1); if none of its up-to-5 branches is a shorter correct
-   answer, the trajectory keeps only its original suffix, split at k = T - 2 like any original
-   whose branching found nothing (Algorithm 1: B = τ≤k_d, C = {(τ>k_d, R)}, k_d the last tried).
-3. CARL's entropy H(s) uses the rollout engine's log-probs of the sampled action tokens (length-normalised NLL,
-   Eq. 8). Forks of different prompts run in one batch, one fork per prompt per wave.
-4. TreePS-RAG keeps, per cluster of search children, the first sampled member. Search children at the depth limit
-   D = max_turns + 1 were ended by the agent (max_turns, reward 0) without retrieval: with no documents their
-   distances all tie and the clustering's merge order picks the kept ones (Alg. 1 l. 15 retrieves for them only to
-   choose which reward-0 leaves stay). With D <= max_turns they are retrieved, pruned, then ended.
-   With --retry_invalid a step that broke the format is retried, not ended: neither search nor
-   answer, it is not pruned (Alg. 1 l. 11 clusters search children only) and continues in the next
-   layer. The N training paths (§2.3) are drawn among the scored leaves; a drawn `truncated` one is
-   then not trained (Cut the Bill §5.4.4).
-5. With the format penalty on (BranPO App. A.3), tag-format breaks and answers given without any search get -0.5
-   instead of their reward; repeated queries, max turns and truncation keep reward 0.
-6. Per-prompt wall time: each wave's generation (retrieval) time is shared among prompts in proportion to the
-   tokens they generated (queries they issued) in that wave.
-7. BranPO's RSM check runs for r >= 0.8 (§4.4: "correct trajectories", with App. A.1's correctness threshold);
-   App. A.1 writes r = 1. A trajectory of T <= Recur steps is also truncated at k = 0 (resampled from the prompt;
-   its prefix is empty, so A_base trains nothing there); the paper only says "near the tail".
-8. Tree-GRPO draws the N expansion nodes without replacement (the text's "N nodes are randomly selected");
-   the official code uses random.choices, with replacement: `with_replacement=True`.
-9. The outcome reward follows SQuAD's official script (normalisation, EM, token F1) and scores the best-matching
-   golden answer; normalisation also removes Unicode punctuation (categories P*) after Unicode NFC, and token F1
-   adds HotpotQA's rule: yes / no / noanswer get no partial credit. Each leaf records both EM and F1.
+Deviations from the papers, each cited by its name:
+- branch-waves: BranPO samples the Bran(r, acc) branches of one truncation point together and keeps
+  the first contrastive one in sampling order; Algorithm 1 samples them one by one and stops at the
+  first. Same kept branch, fewer waves, but sometimes one more branch is generated and dropped.
+- rsm-fallback-split: BranPO's redundancy check runs instead of the default branching for correct
+  trajectories longer than the group's mean correct length when acc > 0.5 (App. A.1); if none of its
+  up-to-5 branches is a shorter correct answer, the trajectory keeps only its original suffix, split
+  at k = T - 2 like any original whose branching found nothing (Algorithm 1: B = τ≤k_d,
+  C = {(τ>k_d, R)}, k_d the last tried).
+- rsm-threshold: BranPO's RSM check runs for r >= 0.8 (§4.4: "correct trajectories", with App. A.1's
+  correctness threshold); App. A.1 writes r = 1. A trajectory of T <= Recur steps is also truncated at
+  k = 0 (resampled from the prompt; its prefix is empty, so A_base trains nothing there); the paper
+  only says "near the tail".
+- carl-entropy: CARL's entropy H(s) uses the rollout engine's log-probs of the sampled action tokens
+  (length-normalised NLL, Eq. 8). Forks of different prompts run in one batch, one fork per prompt
+  per wave.
+- treeps-pruning: TreePS-RAG keeps, per cluster of search children, the first sampled member. Search
+  children at the depth limit D = max_turns + 1 were ended by the agent (max_turns, reward 0) without
+  retrieval: with no documents their distances all tie and the clustering's merge order picks the
+  kept ones (Alg. 1 l. 15 retrieves for them only to choose which reward-0 leaves stay). With
+  D <= max_turns they are retrieved, pruned, then ended. With --retry_invalid a step that broke the
+  format is retried, not ended: neither search nor answer, it is not pruned (Alg. 1 l. 11 clusters
+  search children only) and continues in the next layer. The N training paths (§2.3) are drawn among
+  the scored leaves; a drawn `truncated` one is then not trained (Cut the Bill §5.4.4).
+- format-penalty: with the format penalty on (BranPO App. A.3), tag-format breaks and answers given
+  without any search get -0.5 instead of their reward; repeated queries, max turns and truncation keep
+  reward 0.
+- expand-without-replacement: Tree-GRPO draws the N expansion nodes without replacement (the text's
+  "N nodes are randomly selected"); the official code uses random.choices, with replacement:
+  `with_replacement=True`.
+- squad-reward: the outcome reward follows SQuAD's official script (normalisation, EM, token F1) and
+  scores the best-matching golden answer; normalisation also removes Unicode punctuation (categories
+  P*) after Unicode NFC, and token F1 adds HotpotQA's rule: yes / no / noanswer get no partial credit.
+  Each leaf records both EM and F1.
 """
 from __future__ import annotations
 
@@ -150,7 +154,7 @@ def instruction_template(choice: str, tokenizer) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Outcome reward: SQuAD's normalisation, EM and token F1 (deviation 9)
+# Outcome reward: SQuAD's normalisation, EM and token F1 (squad-reward)
 
 
 def normalize_answer(s):
@@ -295,8 +299,9 @@ class Agent:
             child = node.add_child(tokens=list(out.token_ids), logprobs=list(out.logprobs),
                                    text=self.tok.decode(out.token_ids))
             children.append((tree, child))
+            # a wave is one engine call: its time is shared among prompts by generated tokens
             tree.stats["generated_tokens"] += len(out.token_ids)
-            tree.stats["gen_seconds"] += gen_time * (len(out.token_ids) / total_tokens)  # its share (deviation 6)
+            tree.stats["gen_seconds"] += gen_time * (len(out.token_ids) / total_tokens)  # its share of the wave, by tokens
             self.counters["rollout/steps"] += 1
             action, content, flag = parse_action(child.text, cfg.think_tag, cfg.max_calls)
             child.action = action
@@ -311,7 +316,7 @@ class Agent:
             elif action == "answer":
                 child.answer = content
                 child.em, child.f1 = exact_match(content, tree.golden_answers), token_f1(content, tree.golden_answers)
-                penalty = cfg.format_penalty and not any(s.action == "search" for s in path(child))
+                penalty = cfg.format_penalty and not any(s.action == "search" for s in path(child))  # format-penalty
                 child.reward = -0.5 if penalty else child.f1 if cfg.reward == "f1" else child.em
             else:
                 child.query = content
@@ -394,7 +399,7 @@ def tree_grpo(agent: Agent, examples, rng: random.Random, M: int = 2, N: int = 2
               with_replacement: bool = False) -> list[list[Tree]]:
     """Tree-GRPO §4.2.3: M chains per prompt (the initial trees), then L rounds in which N nodes per tree, drawn
     uniformly among the root and the non-leaf nodes (without replacement unless the tree has fewer, or with
-    `with_replacement`: deviation 8), each get one new full continuation. M (L N + 1) leaves per prompt."""
+    `with_replacement`: expand-without-replacement), each get one new full continuation. M (L N + 1) leaves per prompt."""
     prompts = [[agent.new_tree(ex, f"p{i}.t{m}") for m in range(M)] for i, ex in enumerate(examples)]
     agent.run([(t, t.root) for trees in prompts for t in trees])  # initialization
     for _ in range(L):
@@ -425,7 +430,7 @@ def _recur(r: float, acc: float) -> int:
 
 
 def branpo(agent: Agent, examples, rng: random.Random, N: int = 4, rsm: bool = True) -> list[list[Tree]]:
-    """BranPO §4.2, App. A.1 (Algorithm 1): N chains per prompt, one tree per original trajectory; acc = their mean
+    """BranPO §4.2, App. A.1 (Algorithm 1; branch-waves, rsm-threshold, rsm-fallback-split): N chains per prompt, one tree per original trajectory; acc = their mean
     F1. Each trajectory (F1 r, T steps) is truncated at depth k = T-1, T-2, ... (Recur(r, acc) points, Eq. 16) with
     Bran(acc) continuations at each (Eq. 15) until one's correctness (F1 >= 0.8) differs from the original's: it is
     kept and its truncation node marked `prefix_end`. With `rsm` (§4.4), a correct trajectory longer than the
@@ -490,7 +495,7 @@ def _states(tree: Tree) -> list[Node]:
 
 
 def carl(agent: Agent, examples, rng: random.Random, N0: int = 1, N: int = 16) -> list[list[Tree]]:
-    """CARL App. C.1 (progressive rollout), one tree per prompt: N0 chains from the root, then N forks, each a full
+    """CARL App. C.1 (progressive rollout; carl-entropy), one tree per prompt: N0 chains from the root, then N forks, each a full
     trajectory from the state of lowest action density n(s) / H(s) (Eq. 12): n(s) actions sampled at s, H(s) their
     mean length-normalised NLL (Eq. 6-8). It samples N0/N + 1/2 of the actions of GRPO with N chains (Eq. 14: a
     fork starts halfway down, on average)."""
@@ -520,11 +525,11 @@ def jaccard_prune(children: list[Node], k: int) -> list[Node]:
 
 def treeps(agent: Agent, examples, rng: random.Random, N: int = 8, D: int = 0, N_retain: int = 2,
            N_train: int = 0) -> list[list[Tree]]:
-    """TreePS-RAG §2.2 (Algorithm 1, phase 1), layer by layer from M(0) = {root}: at depth d each retained parent gets
+    """TreePS-RAG §2.2 (Algorithm 1, phase 1; treeps-pruning), layer by layer from M(0) = {root}: at depth d each retained parent gets
     B_d = ceil(N / |M(d-1)|) children (Eq. 2), every tree's layer in one engine call; answers (and abnormal ends)
     are leaves; of each parent's search children min(N_retain, count) are kept by Jaccard clustering as M(d), the
     rest pruned (a retried invalid step joins M(d) unpruned). At the depth limit D (0: max_turns +
-    1) the kept search children end with reward 0 (Alg. 1 l. 24; deviation 4). Then N_train (0: N)
+    1) the kept search children end with reward 0 (Alg. 1 l. 24; treeps-pruning). Then N_train (0: N)
     root-to-leaf paths per tree are drawn with `rng` and their leaves marked `sampled`: the
     trajectories advantages.treeps trains (§2.3)."""
     D = D or agent.cfg.max_turns + 1

@@ -6,20 +6,18 @@
 With no --model it runs the embedded default: the generated world (data.py), BM25 and a tiny Llama warm-started on
 gold trajectories (warmstart.py); CPU only, no downloads.
 
-Deviations and choices:
-1. Loss: PPO clipped surrogate per token with the per-token advantage, token-mean over the mini-batch (verl's
-   default; "seq-mean-token-mean" optional), k3 KL to the frozen initial policy on the trained tokens as a loss
-   term (GRPO style), not a reward penalty.
-2. TIS ("Cut the Bill" §5.5.2): weight min(pi_old / pi_rollout, tis_cap) per token on the policy-gradient term;
-   pi_rollout is the engine's log-prob (engines.py note 1). pi_theta, pi_old and pi_ref share one
-   forward and precision (the accelerator's autocast under mixed precision). A float32 run on the HF
-   engine takes pi_old from the engine, whose log-probs are the trainer's (`exact_logprobs`, tested;
-   TIS weight 1); otherwise (vLLM, or mixed precision: the engine's incremental forward rounds
-   differently) the trainer recomputes pi_old and TIS corrects the engine/trainer difference.
-   BranPO Table 5's "rollout IS batch normalize" (mean-1 weights per batch) is not applied: Cut the Bill has none.
-3. Rank 0 owns the rollout engine, the retriever and logging; it broadcasts the training samples and each rank
-   updates on its shard, padded with zero-weight rows to the same number of micro-batches (DDP's collectives).
-4. A step whose loss or gradient norm is not finite is skipped (counted in train/skipped_steps), never applied.
+Deviations from the papers, each cited by its name:
+- loss-form: PPO clipped surrogate per token with the per-token advantage, token-mean over the
+  mini-batch (verl's default; "seq-mean-token-mean" optional), k3 KL to the frozen initial policy on
+  the trained tokens as a loss term (GRPO style), not a reward penalty.
+- tis-old-policy: TIS ("Cut the Bill" §5.5.2) weighs the policy-gradient term per token by
+  min(pi_old / pi_rollout, tis_cap); pi_rollout is the engine's log-prob of each sampled token.
+  pi_theta, pi_old and pi_ref share one forward and precision (the accelerator's autocast under mixed
+  precision). A float32 run on the HF engine takes pi_old from the engine, whose log-probs are the
+  trainer's (`exact_logprobs`, tested; TIS weight 1); otherwise (vLLM, or mixed precision: the
+  engine's incremental forward rounds differently) the trainer recomputes pi_old and TIS corrects the
+  engine/trainer difference. BranPO Table 5's "rollout IS batch normalize" (mean-1 weights per batch)
+  is not applied: Cut the Bill has none.
 - dual-clip (`--dual_clip c`, 0 = off by default): a token with A < 0 loses at most -A c (Ye et
   al. 2020; verl's clip_ratio_c, always on there, 3). The papers' objective has no such cap.
 - log-ratio-bound: every log ratio is clamped to [-20, 20] before its exp, as verl does: the loss
@@ -239,7 +237,8 @@ def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, entropy: bool =
 
 
 def ppo_loss(logp, old_logp, ref_logp, rollout_logp, adv, mask, args: Args, denom: float):
-    """Per-token PPO-clip surrogate x TIS weight + kl_coef x k3 KL, summed over masked tokens / `denom`.
+    """Per-token PPO-clip surrogate x TIS weight + kl_coef x k3 KL, summed over masked tokens / `denom`
+    (loss-form, tis-old-policy, dual-clip, log-ratio-bound, k3-unclamped).
 
     All inputs (B, T). ratio = exp(logp - old_logp); surrogate = max(-A ratio, -A clip(ratio,
     1-eps_l, 1+eps_h)), for A < 0 at most -A c (--dual_clip c); TIS weight w = min(exp(old_logp -
@@ -306,8 +305,9 @@ def rollout_step(step: int, args: Args, algo: AlgoConfig, agent: rollout.Agent, 
 def micro_batches(samples, accelerator, model, ref_model, args: Args, pad_id: int,
                   old_from_engine: bool):
     """This rank's shard of the samples in micro-batches, with pi_old (the trainer's before this
-    step's updates, or the engine's: deviation 2) and pi_ref log-probs by the policy's forward and
-    precision; ranks padded to equal rows with zero-weight copies (deviation 3)."""
+    step's updates, or the engine's: tis-old-policy) and pi_ref log-probs by the policy's forward and
+    precision. Rank 0 rolls out and broadcasts the samples; each rank updates on its shard, padded to
+    equal rows with zero-weight copies (DDP's collectives need the same number of micro-batches)."""
     shard = samples[accelerator.process_index::accelerator.num_processes]
     per_rank = math.ceil(len(samples) / accelerator.num_processes)
     weights = [1.0] * len(shard) + [0.0] * (per_rank - len(shard))  # padding rows carry zero loss
@@ -328,7 +328,7 @@ def micro_batches(samples, accelerator, model, ref_model, args: Args, pad_id: in
 
 def update(micro, accelerator, model, optimizer, scheduler, args: Args):
     """PPO epochs x mini-batches of micro-batches. Returns per-micro-batch stats, the gradient norms and losses of
-    the applied optimizer steps, and how many were skipped for a non-finite loss or norm (deviation 4)."""
+    the applied optimizer steps, and how many were skipped for a non-finite loss or norm (never applied)."""
     model.train()
     stats, grad_norms, losses = [], [], []
     n_mini = max(1, min(args.ppo_mini_batches, len(micro)))
@@ -668,7 +668,7 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
                                      dtype=args.vllm_dtype, gpu_memory_utilization=args.vllm_gpu_memory_utilization)
         agent = rollout.Agent(engine, search, tok, agent_cfg)
         eval_agent = rollout.Agent(engine, search, tok, rollout.for_eval(agent_cfg))
-    # are the engine's log-probs pi_old (deviation 2)? Only the HF engine's in a float32 run. Rank 0
+    # are the engine's log-probs pi_old (tis-old-policy)? Only the HF engine's in a float32 run. Rank 0
     # knows the engine; every rank's micro_batches needs the answer
     exact = broadcast_object_list([agent.engine.exact_logprobs if main_proc else None])[0]
     old_from_engine = exact and accelerator.mixed_precision == "no"

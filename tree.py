@@ -6,14 +6,16 @@ chains; the other methods differ only in where they branch).
 Token-in-token-out (Cut the Bill §5; BranPO App. A.3): a node's context is the exact concatenation of the ids on its
 path, never decoded and re-encoded.
 
-Notes and deviations:
-1. Reward, value and advantage are three fields (the rollout sets `reward` on leaves; advantages.py `value` and
-   `advantage`). The advantage multiplying a step's tokens is per trajectory (`Trajectory.advantages`): Tree-GRPO
-   trains a shared prefix once per leaf, with that leaf's advantage.
-2. A trajectory whose retrieval failed (`env_error`) stays in the tree but is not *scored*: left out of every group
-   statistic and never trained (Cut the Bill §5.4 "discard"). One cut by the token budget (`truncated`) is scored
-   but `to_samples` drops it from the loss.
-3. A `Sample`'s per-token arrays are aligned with `input_ids` (entry t describes token t); the trainer shifts by one.
+Conventions every module relies on:
+- three-fields: reward, value and advantage are three fields (the rollout sets `reward` on leaves;
+  advantages.py `value` and, for display, `advantage`). What is trained is per trajectory
+  (`Trajectory.advantages`): Tree-GRPO trains a shared prefix once per leaf, with that leaf's
+  advantage.
+- discard: a trajectory whose retrieval failed (`env_error`) stays in the tree but is not *scored*:
+  left out of every group statistic and never trained (Cut the Bill §5.4 "discard"). One cut by the
+  token budget (`truncated`) is scored, but `to_samples` drops it from the loss.
+- aligned-arrays: a `Sample`'s per-token arrays are aligned with `input_ids` (entry t describes token
+  t); the trainer shifts by one.
 """
 from __future__ import annotations
 
