@@ -74,10 +74,6 @@ def test_grpo_with_format_penalty():
     assert trees[1].find("b.0").advantage == approx(-1 / 6 / s, abs=1e-5)  # each step of a chain is in one trajectory
 
 
-def test_grpo_cites_the_section_with_its_settings():
-    assert '"Cut the Bill" §5.3' in grpo.__doc__  # §3 is Cut the Bill's data section; the GRPO settings are in §5.3
-
-
 def test_grpo_equal_single_and_discarded():
     close(by_leaf(grpo(T(chain("a", 2, 1.0), chain("b", 1, 1.0)))), {"a.0.0": [0, 0], "b.0": [0]})
     close(by_leaf(grpo(T(chain("a", 2, 1.0)))), {"a.0.0": [0, 0]})

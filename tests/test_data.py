@@ -288,7 +288,7 @@ def test_spread_takes_rows_evenly():
     assert data.spread(list(range(2)), 5) == [0, 1]  # fewer rows than asked: all of them
 
 
-# ---- malformed inputs name the file and line (issue 13)
+# ---- malformed inputs name the file and line
 
 
 @pytest.mark.parametrize("content, message", [

@@ -1,6 +1,6 @@
-"""The core's shape (STYLE.md rules 1, 4, 12, 13): imports between the top-level modules flow one way, with no
-circle (every import statement counts, wherever it sits); the infra package never imports the top level; one set
-of algorithm names; no file over 700 lines."""
+"""The core's shape: imports between the top-level modules flow one way, with no circle (every import statement
+counts, wherever it sits); the infra package never imports the top level; the rollout strategies and the credit
+functions share one set of algorithm names; no file over 700 lines."""
 import ast
 import pathlib
 

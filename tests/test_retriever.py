@@ -364,7 +364,7 @@ def test_benchmark_script_smoke(tmp_path):
     assert "[bm25] recall@3" in run.stdout and "burst of 16 simultaneous requests, no cap: 16 answered" in run.stdout
 
 
-# ---- failing loudly (issue 13)
+# ---- failing loudly
 
 
 def test_server_bounds_topk(bm25):

@@ -488,10 +488,6 @@ def test_cli_checks_its_flags_before_anything_loads(tmp_path):
                     "--plot_prompt 1: must be in [0, --n_prompts)"):
         assert message in out.stderr, out.stderr[-2000:]
     assert not (tmp_path / "world").exists()  # stopped before the world was written
-    help_ = " ".join(subprocess.run([sys.executable, str(root / "rollout.py"), "--help"], capture_output=True,
-                                    text=True, timeout=120).stdout.split())
-    assert "Tree-GRPO: trees per prompt (paper default (M, N, L) = (2, 2, 1)). (default: 2)" in help_ \
-        and "Questions of --split to roll out (spread over the hops). (default: 4)" in help_
 
 
 def test_rollout_benchmark_refuses_an_unknown_strategy(tmp_path):

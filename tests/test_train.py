@@ -210,7 +210,7 @@ def test_vllm_engine_runs_the_training_loop(tmp_path_factory, algo):
         assert r["train/skipped_steps"] == 0 and math.isfinite(r["train/loss"])
 
 
-# ---- runs fail loudly, never silently (issue 13) -----------------------------------------------------------------
+# ---- runs fail loudly, never silently ----------------------------------------------------------------------------
 
 
 def test_validate_names_each_bad_flag():
