@@ -54,7 +54,7 @@ def close(got: dict, want: dict):
 # ---- group normalization --------------------------------------------------------------------------------------
 
 
-def test_group_normalize():
+def test_group_normalize_uses_the_unbiased_std_and_gives_zero_without_spread():
     # [1,0,0,0]: mean 0.25; unbiased var = (0.75^2 + 3*0.25^2)/3 = 0.75/3 = 0.25, std 0.5
     assert group_normalize([1, 0, 0, 0]) == approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
     assert group_normalize([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]  # equal rewards: no signal
@@ -65,7 +65,7 @@ def test_group_normalize():
 # ---- GRPO -----------------------------------------------------------------------------------------------------
 
 
-def test_grpo_with_format_penalty():
+def test_grpo_normalizes_rewards_including_a_format_penalty_over_the_group():
     # rewards 1, 0, -0.5 (BranPO's format penalty): mean 1/6
     # deviations 5/6, -1/6, -2/3; var = (25/36 + 1/36 + 16/36)/2 = 42/72 = 7/12; std = 0.763763
     trees = T(chain("a", 2, 1.0), chain("b", 3, 0.0), chain("c", 1, -0.5))
@@ -74,7 +74,7 @@ def test_grpo_with_format_penalty():
     assert trees[1].find("b.0").advantage == approx(-1 / 6 / s, abs=1e-5)  # each step of a chain is in one trajectory
 
 
-def test_grpo_equal_single_and_discarded():
+def test_grpo_gives_zero_to_equal_rewards_and_leaves_out_discarded_trajectories():
     close(by_leaf(grpo(T(chain("a", 2, 1.0), chain("b", 1, 1.0)))), {"a.0.0": [0, 0], "b.0": [0]})
     close(by_leaf(grpo(T(chain("a", 2, 1.0)))), {"a.0.0": [0, 0]})
     # a discarded trajectory (retrieval failure) is neither trained nor part of the group: [1, 0] -> +-0.7071
@@ -97,7 +97,7 @@ def two_trees():
     return T(A, B)
 
 
-def test_tree_grpo_intra_plus_inter():
+def test_tree_grpo_intra_and_inter_advantages_on_two_hand_trees():
     # intra A over [1,0,1]: mean 2/3, var = (1/9+4/9+1/9)/2 = 1/3, std 0.57735 -> +0.57735, -1.15470, +0.57735
     # intra B over [0,0]: 0, 0
     # inter over [1,0,1,0,0]: mean 0.4, var = (3*0.16 + 2*0.36)/4 = 0.3, std 0.547723 -> +1.09545 / -0.73030
@@ -168,7 +168,7 @@ def test_branpo_base_and_branch_advantages():
         "z.0.0": [bz, bz]})
 
 
-def test_branpo_one_tree_layout_and_full_resample():
+def test_branpo_one_tree_per_prompt_equals_separate_trees_and_an_empty_prefix_resamples_all():
     # one tree for the prompt: each root child starts an original trajectory; same numbers as three trees
     x, y, z = (t.to_dict() for t in branpo_trees())
     one = T(n("q", *(x["children"] + y["children"] + z["children"])))
@@ -293,7 +293,7 @@ def test_branpo_prefix_trained_in_the_first_continuation_that_is_trained():
     assert row.leaf_id == "x.0.1" and row.advantages == [0.0, approx(h, abs=1e-5), approx(2 / S3, abs=1e-5)]
 
 
-def test_branpo_errors():
+def test_branpo_refuses_two_prefix_ends_a_branch_without_one_and_an_unknown_norm():
     with pytest.raises(ValueError, match="marks 2 prefix ends"):
         branpo(T(n("r", n("r.0", n("r.0.0", leaf("r.0.0.0", 1.0), prefix_end=True), prefix_end=True))))
     with pytest.raises(ValueError, match="branches into .* but marks no prefix_end"):
@@ -311,7 +311,7 @@ def carl_tree():
                          n("s.0.1", leaf("s.0.1.0", 1.0)))))
 
 
-def test_carl_values_and_selective_update():
+def test_carl_values_are_child_means_and_only_forked_actions_are_trained():
     trees = carl_tree()
     got = by_leaf(carl(trees))
     t = trees[0]
@@ -402,7 +402,7 @@ def treeps_tree():
                   leaf("r.1", -0.5)))
 
 
-def test_treeps_process_advantage():
+def test_treeps_process_advantage_on_a_hand_tree():
     trees = treeps_tree()
     got = by_leaf(treeps(trees))
     # V(r) = (1+0+1-0.5)/4 = 0.375; V(u) = 2/3; V(u1) = 0; V(v) = -0.5; leaves V = r
@@ -426,7 +426,8 @@ def test_treeps_without_process_advantage_is_grpo_over_leaves():
 
 def test_treeps_trains_only_the_sampled_paths():
     # §2.3: N paths are drawn for training (rollout.treeps marks their leaves `sampled`); here u0 and v.
-    # V still averages over every leaf: V(r) = 0.375, V(u) = 2/3 -> the same A as test_treeps_process_advantage
+    # V still averages over every leaf: V(r) = 0.375, V(u) = 2/3 -> the same A as
+    # test_treeps_process_advantage_on_a_hand_tree
     trees = treeps_tree()
     for i in ("r.0.0", "r.1"):
         trees[0].find(i).sampled = True
@@ -437,7 +438,7 @@ def test_treeps_trains_only_the_sampled_paths():
     close(by_leaf(treeps(trees, process=False)), {"r.0.0": [h, h], "r.1": [-h]})
 
 
-def test_treeps_all_equal_and_single_leaf():
+def test_treeps_gives_zero_to_equal_rewards_and_to_a_single_chain():
     close(by_leaf(treeps(T(n("r", leaf("r.0", 1.0), n("r.1", leaf("r.1.0", 1.0)))))), {"r.0": [0], "r.1.0": [0, 0]})
     close(by_leaf(treeps(T(chain("r", 3, 1.0)))), {"r.0.0.0": [0, 0, 0]})
 
@@ -457,7 +458,7 @@ def test_methods_leave_reward_untouched_and_reset_previous_values():
 @pytest.mark.parametrize("mnl,rollouts,budget", [
     ((1, 2, 1), 3, 2.0), ((2, 2, 1), 6, 4.0), ((4, 2, 1), 12, 8.0), ((8, 2, 1), 24, 16.0),
     ((6, 3, 1), 24, 15.0), ((4, 5, 1), 24, 14.0)])  # Tree-GRPO Table 3: budgets ~2, 4, 8, 16, 16, 16
-def test_tree_grpo_budget_table3(mnl, rollouts, budget):
+def test_tree_grpo_budget_matches_table3(mnl, rollouts, budget):
     # rollouts M(LN+1); budget M(1 + LN/2), e.g. (6,3,1): 6*(1+1.5) = 15; (4,5,1): 4*(1+2.5) = 14
     assert tree_grpo_budget(*mnl) == (rollouts, budget)
 
@@ -502,7 +503,7 @@ def cli(*args):
     return out.stdout
 
 
-def test_cli_trees_budget_demo(tmp_path):
+def test_cli_prints_advantages_of_a_trees_file_the_budget_and_the_demo(tmp_path):
     f = tmp_path / "trees.json"
     f.write_text(json.dumps([t.to_dict() for t in carl_tree()]))
     out = json.loads(cli("--algo", "carl", "--trees", str(f)))
@@ -517,7 +518,7 @@ def test_cli_trees_budget_demo(tmp_path):
     assert (tmp_path / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_cli_reports_bad_input(tmp_path):
+def test_cli_names_an_unknown_key_in_the_trees_file(tmp_path):
     f = tmp_path / "trees.json"
     f.write_text(json.dumps([{"id": "r", "children": [{"id": "r.0", "rewrd": 1}]}]))
     out = subprocess.run([sys.executable, "advantages.py", "--algo", "grpo", "--trees", str(f)], cwd=ROOT,
@@ -534,6 +535,6 @@ def test_cli_reports_bad_input(tmp_path):
     (["--algo", "tree_grpo", "--trees", "x.json", "--tree_mode", "intr"], "invalid choice: 'intr'"),
     (["--algo", "branpo", "--trees", "x.json", "--branpo_norm", "tree"], "invalid choice: 'tree'"),
 ])
-def test_cli_checks_its_flags(args, message):
+def test_cli_refuses_bad_flags_saying_what_is_allowed(args, message):
     out = subprocess.run([sys.executable, "advantages.py", *args], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode != 0 and message in out.stderr, out.stderr

@@ -27,7 +27,7 @@ def test_same_seed_same_world_other_seed_other_world(world):
     assert other.corpus != world.corpus
 
 
-def test_sizes_and_hops(world):
+def test_each_split_has_its_questions_per_hop_indexed_without_duplicates(world):
     for split, per_hop in ((world.train, SMALL.train_per_hop), (world.test, SMALL.test_per_hop)):
         assert [sum(r.hops == h for r in split) for h in range(1, 5)] == [per_hop] * 4
         assert [r.index for r in split] == list(range(len(split)))
@@ -165,7 +165,7 @@ def test_a_world_killed_while_written_is_written_again(tmp_path, world, monkeypa
 # ---- loaders
 
 
-def test_load_search_r1_parquet(tmp_path):
+def test_a_search_r1_parquet_loads_into_question_rows(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
     prompt = "Answer the given question... Question: who founded ravoki?\n"
@@ -204,7 +204,7 @@ def test_bad_parquet_row_names_file_and_row(tmp_path):
         load_rows(str(tmp_path / "bad.parquet"))
 
 
-def test_load_flashrag_jsonl(tmp_path):
+def test_a_flashrag_jsonl_loads_with_ids_and_a_list_of_golden_answers(tmp_path):
     path = tmp_path / "dev.jsonl"
     path.write_text('{"id": "a", "question": "q one?", "golden_answers": ["x", "y"]}\n\n'
                     '{"question": "q two?", "golden_answers": "z", "metadata": {}}\n')
@@ -228,7 +228,7 @@ def test_bad_jsonl_row_names_file_and_line(tmp_path, line, message):
         load_rows(str(path))
 
 
-def test_missing_and_empty_sources(tmp_path):
+def test_a_missing_or_empty_source_is_refused(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         load_rows(str(tmp_path / "nope.jsonl"))
     with pytest.raises(DataError, match="has no test.parquet or test.jsonl"):
@@ -238,7 +238,7 @@ def test_missing_and_empty_sources(tmp_path):
         load_rows(str(tmp_path / "empty.jsonl"))
 
 
-def test_hugging_face_dataset_name(monkeypatch):
+def test_a_hugging_face_dataset_name_loads_through_datasets(monkeypatch):
     import datasets
     calls = []
 
@@ -254,7 +254,7 @@ def test_hugging_face_dataset_name(monkeypatch):
 # ---- Cut the Bill's reject-sampling filter
 
 
-def test_reject_sampling_filter_worked_example():
+def test_reject_sampling_filter_drops_all_zero_and_all_one_groups():
     rows = [QARow(str(i), f"q{i}?", ["a"], "world", "train", i) for i in range(5)]
     rewards = [[0, 0, 0], [1, 1, 1], [0, 1, 0], [0.5, 0.5, 0.5], [1.0, 0.2, 1.0]]
     kept, report = reject_sampling_filter(rows, rewards)
@@ -263,7 +263,7 @@ def test_reject_sampling_filter_worked_example():
         (5, 3, 1, 1, 1)
 
 
-def test_reject_sampling_filter_errors():
+def test_reject_sampling_filter_refuses_mismatched_or_empty_reward_groups():
     rows = [QARow("0", "q?", ["a"], "world", "train", 0)]
     with pytest.raises(ValueError, match="1 rows but 2 reward groups"):
         reject_sampling_filter(rows, [[0], [1]])
@@ -271,7 +271,7 @@ def test_reject_sampling_filter_errors():
         reject_sampling_filter(rows, [[]])
 
 
-def test_write_world_round_trip(tmp_path, world):
+def test_a_written_world_loads_back_unchanged(tmp_path, world):
     write_world(world, tmp_path)
     assert load_rows(str(tmp_path / "train.jsonl")) == world.train
 

@@ -133,7 +133,7 @@ def test_hf_eos_finish_and_training_mode_restored(hf):
     assert tok.eos_token_id not in c.token_ids[:-1] and len(c.token_ids) == len(c.logprobs) <= 3
 
 
-def test_make_engine_choice(hf, capsys):
+def test_make_engine_refuses_an_unknown_name_and_says_which_engine_it_chose(hf, capsys):
     model, tok = hf
     with pytest.raises(ValueError, match="'auto', 'hf' or 'vllm'"):
         make_engine("gpu", model, tok, "unused")

@@ -29,7 +29,7 @@ def loss_of(logp, old, adv, args=ARGS, ref=None, rollout=None, mask=None):
     return ppo_loss(logp, old, ref, rollout, adv, mask, args, denom=mask.sum().item())
 
 
-def test_clip_both_sides():
+def test_ppo_loss_clips_the_ratio_on_both_sides_and_stops_the_gradient_there():
     old = t([0.0, 0.0, 0.0, 0.0])
     logp = t([math.log(1.5), math.log(1.5), math.log(0.5), math.log(0.5)])  # ratios 1.5, 1.5, 0.5, 0.5
     adv = t([1.0, -1.0, 1.0, -1.0])
@@ -48,7 +48,7 @@ def test_clip_both_sides():
     assert lp.grad[0].tolist() == pytest.approx([0.0, 1.5 / 4, -0.5 / 4, 0.0])
 
 
-def test_k3_kl_value():
+def test_k3_kl_on_hand_computed_log_probs():
     # logp = log 0.5, ref = log 0.25: log(ref/p) = log 0.5; k3 = 0.5 - log 0.5 - 1 = 0.5 + 0.693147 - 1 = 0.193147
     args = Args(kl_coef=1.0, tis_cap=0.0)
     logp = t([math.log(0.5)])
@@ -70,7 +70,7 @@ def test_tis_weight_is_capped_and_not_differentiated():
     assert loss_of(logp, logp, t([1.0, 1.0]), no_tis, rollout=rollout)[0].item() == pytest.approx(-1.0)
 
 
-def test_mask_and_aggregation():
+def test_masked_tokens_count_for_nothing_in_token_mean_and_seq_mean_token_mean():
     # two rows: [A=1 x 3 tokens] and [A=-1 x 1 token + 2 masked]; ratio 1 everywhere
     logp = torch.zeros(2, 3, dtype=torch.float64)
     adv = t([1.0, 1.0, 1.0], [-1.0, 5.0, 5.0])
@@ -169,7 +169,7 @@ def test_token_logprobs_equal_the_full_log_softmax(env, monkeypatch):
     assert train.token_logprobs(model, ids, attn)[1] is None  # no entropy unless asked
 
 
-def test_collate_right_pads():
+def test_collate_right_pads_with_zero_mask_advantage_and_log_probs():
     a = Sample([1, 2, 3], [0, 1, 1], [0.0, 0.5, 0.5], [0.0, -1.0, -2.0], "x")
     b = Sample([4], [0], [0.0], [0.0], "y")
     batch = collate([a, b], pad_id=9)

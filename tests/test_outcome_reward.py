@@ -15,7 +15,7 @@ from rollout import exact_match, normalize_answer, token_f1
     ("¡Hola, SEÑOR!", "hola señor"),                  # Unicode lowercase, accents kept
     ("   ", ""),
 ])
-def test_normalize_answer(raw, normalized):
+def test_normalize_answer_lowercases_and_drops_punctuation_and_articles(raw, normalized):
     assert normalize_answer(raw) == normalized
 
 
@@ -25,7 +25,7 @@ def test_normalize_composed_and_decomposed_accents_agree():
     assert exact_match(decomposed, ["cafe", "café"]) == 1.0
 
 
-def test_exact_match_any_golden_answer():
+def test_exact_match_accepts_any_golden_answer():
     golds = ["ravoki", "ravoki company"]
     assert exact_match("Ravoki Company.", golds) == 1.0
     assert exact_match("the ravoki", golds) == 1.0
@@ -50,7 +50,7 @@ def test_token_f1_worked_examples():
     assert token_f1(None, ["cat"]) == 0.0
 
 
-def test_token_f1_yes_no_and_empty():
+def test_token_f1_gives_yes_no_no_partial_credit_and_empty_matches_empty():
     assert token_f1("yes", ["yes"]) == 1.0
     assert token_f1("yes", ["yes indeed"]) == 0.0         # yes/no gets no partial credit (HotpotQA)
     assert token_f1("no way", ["no"]) == 0.0

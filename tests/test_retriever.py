@@ -65,7 +65,7 @@ def post(url, body):
 # ---- corpus
 
 
-def test_load_corpus(corpus, world):
+def test_load_corpus_keeps_ids_and_contents_in_order(corpus, world):
     assert corpus.ids == [r["id"] for r in world.corpus] and corpus.contents[0] == world.corpus[0]["contents"]
 
 
@@ -87,7 +87,7 @@ def test_missing_corpus_says_how_to_make_one(tmp_path):
         load_corpus(str(tmp_path / "none.jsonl"))
 
 
-def test_contents_split():
+def test_contents_split_into_title_and_text_at_the_first_newline():
     assert split_contents('"Paris"\nParis is a city.\nMore.') == ('"Paris"', "Paris is a city.\nMore.")
     assert split_contents("no title") == ("", "no title")
     p = Passage("0", "\nfirst line\nmore", 1.0)  # an empty title: the contents start with the newline
@@ -105,13 +105,14 @@ def test_bm25_finds_the_first_hop_passage(bm25, world):
     assert top[0].id == world.test[0].gold_doc_ids[0] and top[0].title == world.test[0].gold_queries[0]
 
 
-def test_bm25_edge_queries(bm25, corpus):
+def test_bm25_answers_empty_stopword_and_unknown_queries_with_zero_scores(bm25, corpus):
     results = bm25.search(["", "the of", "zzzz"], 2)  # empty, stopwords only, unknown word: k passages, score 0
     assert [len(r) for r in results] == [2, 2, 2] and all(p.score == 0 for r in results for p in r)
     assert len(bm25.search(["kalo"], 10 ** 6)[0]) == len(corpus.ids)  # k beyond the corpus is cut to its size
 
 
-def test_bm25_save_load(bm25, corpus, tmp_path, world):
+def test_bm25_index_loads_back_searching_the_same_and_refuses_another_corpus(bm25, corpus, tmp_path,
+                                                                            world):
     BM25Retriever(corpus, str(tmp_path / "idx"))  # builds and saves
     loaded = BM25Retriever(corpus, str(tmp_path / "idx"))  # loads
     queries = [r.question for r in world.test[:20]]
@@ -166,7 +167,8 @@ def test_dense_finds_the_first_hop_passage(dense, world):
     assert all(r[0].score >= r[-1].score and -1.0001 <= r[-1].score <= 1.0001 for r in results)  # sorted cosines
 
 
-def test_dense_save_load(dense, dense_dir, corpus, world):
+def test_dense_index_loads_back_searching_the_same_and_refuses_other_settings(dense, dense_dir, corpus,
+                                                                             world):
     assert sorted(os.listdir(dense_dir)) == ["faiss.index", "meta.json"]
     loaded = DenseRetriever(corpus, offline_encoder_dir(), dense_dir)
     queries = [r.question for r in world.test[:10]]
@@ -242,7 +244,7 @@ def test_server_sends_contents_unchanged_and_topk_0_means_its_default():
         server.server_close()
 
 
-def test_serve_command_line(world, corpus):
+def test_serve_command_line_answers_a_query_with_its_gold_passage(world, corpus):
     process = subprocess.Popen([sys.executable, "retriever.py", "serve", "--corpus", corpus.path, "--retriever",
                                 "bm25", "--port", "0", "--topk", "2"], cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
@@ -293,7 +295,7 @@ def test_client_connection_refused_after_retries():
     assert info.value.failed == [0, 1, 2] and info.value.partial == [None, None, None]
 
 
-def test_client_timeout():
+def test_client_retries_a_timeout_then_says_how_long_it_waited():
     server, url = serve(Stub(sleep_s=1.0))
     try:
         client = RemoteRetriever(url, timeout_s=0.2, retries=1, backoff_s=0.01)
@@ -355,7 +357,7 @@ def test_client_concurrency_cap_bounds_the_server_batches():
         server.server_close()
 
 
-def test_benchmark_script_smoke(tmp_path):
+def test_retrieval_benchmark_reports_recall_and_a_burst_of_requests(tmp_path):
     small = [f"--{k}={v}" for k, v in SMALL.__dict__.items()]
     run = subprocess.run([sys.executable, "benchmarks/retrieval.py", "--retrievers", "bm25", "--concurrent", "16",
                           "--single_queries", "5", "--work_dir", str(tmp_path), *small],

@@ -114,11 +114,11 @@ def one_trajectory(policy, retriever=None, **cfg):
     ("<think>open <answer>x</answer>", ("invalid", None, "parse_error")),  # unclosed <think>
     ("<search>a</search><search>b</search>", ("invalid", None, "too_many_calls")),
 ])
-def test_parse_action(text, want):
+def test_parse_action_takes_the_first_complete_tag_or_names_the_error(text, want):
     assert parse_action(text, "think", max_calls=1) == want
 
 
-def test_parse_action_renamed_think_tag():
+def test_parse_action_reads_a_renamed_think_tag():
     assert parse_action("<thinking>x</thinking><answer>y</answer>", "thinking", 1) == ("answer", "y", None)
     assert parse_action("<thinking>x<answer>y</answer>", "thinking", 1)[2] == "parse_error"
 
@@ -184,7 +184,7 @@ def test_reward_f1_em_and_format_penalty():
     (lambda c: f"<search>q{turns(c)}</search>", {"max_traj_tokens": 40}, "truncated", 0.0, 1),
     (lambda c: "<search>boom</search>", {}, "env_error", None, 1),
 ])
-def test_abnormal_outcomes(policy, cfg, flag, reward, depth):
+def test_each_abnormal_outcome_is_flagged_counted_and_scored(policy, cfg, flag, reward, depth):
     agent, tree, leaf = one_trajectory(policy, **cfg)
     assert leaf.flags == [flag] and leaf.reward == reward and leaf.depth == depth
     assert agent.counters["abnormal/" + flag] == 1
@@ -369,7 +369,7 @@ def alternating_searches():
     return policy
 
 
-def test_treeps_layers_and_pruning():
+def test_treeps_grows_eight_prompts_per_layer_and_keeps_two_per_parent():
     agent, eng = agent_with(alternating_searches(), max_turns=3)  # 3 search rounds + the answer-only step: D = 4
     [tree], = STRATEGIES["treeps"][0](agent, [EX], random.Random(0), N=8, N_retain=2)
     # B_d = ceil(8 / |M(d-1)|) with |M| = 1, 2, 4, 8 -> 8, 4, 2, 1 children per parent: 8 prompts per layer
@@ -427,7 +427,7 @@ def test_treeps_retried_invalid_step_is_not_pruned_as_a_search_child():
     assert all(x.reward == 1.0 and x.depth == 2 for x in tree.leaves())
 
 
-def test_jaccard_prune():
+def test_jaccard_prune_keeps_the_first_child_of_each_cluster():
     kids = [Node(f"c{i}", doc_ids=d) for i, d in enumerate([["a", "b"], ["a", "b"], ["c", "d"], ["a", "c"]])]
     # distances: c0-c1 0; c0-c2 1; c0-c3, c1-c3, c2-c3 = 1 - 1/3; average linkage merges c0+c1 first, then c3
     # with one side (a tie): either way the 2 clusters' first members are c0 and c2

@@ -14,7 +14,7 @@ from train import Args, summary
 from warmstart import WarmConfig
 
 
-def test_algos_pass_the_paper_options():
+def test_algo_flags_become_the_papers_options_in_the_registries():
     a = AlgoConfig(tree_replace=True, carl_train_phase1=False, carl_N0=8, treeps_D=4, treeps_train=3)
     assert rollout.STRATEGIES["tree_grpo"][1](a)["with_replacement"] is True  # the official code's random.choices
     carl_options = advantages.ALGOS["carl"][1]
@@ -62,7 +62,7 @@ def metrics(env, run):
 
 
 @pytest.mark.parametrize("algo", ["grpo", "tree_grpo", "branpo", "carl", "treeps"])
-def test_two_step_smoke_run(env, algo):
+def test_every_algo_trains_two_steps_evaluates_and_saves(env, algo):
     out = train(env, "--algo", algo, "--steps", "2", "--run_name", f"smoke_{algo}", "--eval_every", "2")
     assert out.returncode == 0, out.stderr[-3000:]
     rows = metrics(env, f"smoke_{algo}")
@@ -222,7 +222,7 @@ def test_validate_names_each_bad_flag():
     validate(*[c() for c in configs])  # the defaults pass
 
 
-def test_validate_treeps_depth_and_paths_and_the_same_train_file(tmp_path):
+def test_validate_refuses_bad_treeps_depth_and_paths_and_the_training_file_as_test_data(tmp_path):
     from train import validate
     # before: --treeps_D -1 grew no layer (range(1, 0)) and trained on nothing; --treeps_train -1 raised a bare
     # "Sample larger than population or is negative" after both models loaded; --treeps_D 6 with --max_turns 4

@@ -18,7 +18,7 @@ def small_tree() -> Tree:
     return Tree(root, question="Q?", golden_answers=["x"], stats={"generated_tokens": 6})
 
 
-def test_structure_helpers():
+def test_nodes_leaves_paths_and_depths_of_a_small_tree():
     t = small_tree()
     assert [n.id for n in t.nodes()] == ["p", "p.0", "p.0.0", "p.0.1", "p.1"]
     assert [n.id for n in leaves(t.root)] == ["p.0.0", "p.0.1", "p.1"]
@@ -37,7 +37,7 @@ def test_context_ids_are_exact_concatenation():
     assert context_ids(t.root) == [1, 2]
 
 
-def test_json_round_trip(tmp_path):
+def test_json_round_trip_keeps_every_field_in_both_file_formats(tmp_path):
     t = small_tree()
     t.find("p.0").prefix_end = True
     t.find("p.0.0").redundant = True
@@ -112,7 +112,7 @@ def test_samples_drop_truncated_and_untrained():
         to_samples([Trajectory(a0, [1.0, 1.0])])
 
 
-def test_flag_vocabulary():
+def test_the_abnormal_flags_are_the_six_outcomes():
     assert set(FLAGS) == {"parse_error", "repeated_query", "too_many_calls", "max_turns", "truncated", "env_error"}
 
 

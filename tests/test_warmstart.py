@@ -16,7 +16,7 @@ ROW = QARow(id="t", question="where is the employer of kalo mire based?", golden
             gold_relations=["works_for", "based_in"], gold_queries=["kalo mire", "ravoki"])
 
 
-def test_open_question_and_fact():
+def test_open_question_rewords_each_resolved_hop_and_fact_states_it():
     assert warmstart.open_question(ROW, 0) == ROW.question  # nothing resolved yet: the original wording
     assert warmstart.open_question(ROW, 1) == "where is ravoki based?"  # "the employer of kalo mire" -> ravoki
     assert warmstart.fact(ROW, 0) == "kalo mire works for ravoki."
@@ -62,7 +62,7 @@ def test_gold_trajectory_quotes_facts_and_masks_prompt_and_observations(setup):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_each_mistake(setup, seed):
+def test_each_deliberate_mistake_is_well_formed_and_does_what_it_says(setup, seed):
     agent, retriever, rows, _ = setup
     row = next(r for r in rows if r.hops == 3)
     other = next(r.gold_queries[0] for r in rows if r.gold_queries[0] not in row.gold_chain)
