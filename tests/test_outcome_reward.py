@@ -11,7 +11,7 @@ from rollout import exact_match, normalize_answer, token_f1
     ("an apple, a day", "apple day"),
     ("Theatre of the Absurd", "theatre of absurd"),   # "the" only as a whole word
     ("don't", "dont"),                                # SQuAD deletes punctuation, it does not split on it
-    ("«Paris» — city", "paris city"),                 # Unicode punctuation (rollout.py deviation 9)
+    ("«Paris» — city", "paris city"),                 # Unicode punctuation (rollout.py: squad-reward)
     ("¡Hola, SEÑOR!", "hola señor"),                  # Unicode lowercase, accents kept
     ("   ", ""),
 ])

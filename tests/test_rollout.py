@@ -328,7 +328,7 @@ def test_branpo_redundant_step_check():
 
 
 def test_branpo_redundant_step_check_fires_at_f1_0_8():
-    # rollout deviation 7: "correct" is F1 >= 0.8 (App. A.1's threshold), not App. A.1's r = 1.
+    # rollout rsm-threshold: "correct" is F1 >= 0.8 (App. A.1's threshold), not App. A.1's r = 1.
     # gold "Ivo Ra", answer "Ivo Ra X": common 2 tokens, P = 2/3, R = 2/2 = 1, F1 = 2 (2/3)(1) / (2/3 + 1) = 0.8
     S1, S2, P, W = "<search>q1</search>", "<search>q2</search>", "<answer>Ivo Ra X</answer>", "<answer>Oda</answer>"
     # initial: A: S1 S2 P (3 steps, F1 0.8); B: S1 P (2 steps, F1 0.8); C: S1 W (F1 0)
