@@ -37,8 +37,7 @@ from typing import Optional
 
 import torch
 
-import cli
-from infra import draw
+from infra import draw, flags
 from tree import Node, Trajectory, Tree, drawing, leaves, load_trees, path, scored_leaves, truncated, walk
 
 
@@ -290,7 +289,7 @@ class AlgoConfig:
     """TreePS-RAG: process advantage (False = GRPO over its trajectories, Table 2 ablation)."""
 
 
-RULES = [  # cli.check: (flags, what is allowed, test)
+RULES = [  # flags.check: (flags, what is allowed, test)
     ("grpo_G tree_M tree_N branpo_N carl_N0 treeps_N treeps_retain", "an integer >= 1", lambda v: v >= 1),
     ("tree_L carl_N treeps_D treeps_train", "an integer >= 0", lambda v: v >= 0),
 ]
@@ -376,8 +375,8 @@ class CreditArgs:
 
 
 def main():
-    args, algo = cli.parse(CreditArgs, AlgoConfig)
-    cli.check(algo, RULES)
+    args, algo = flags.parse(CreditArgs, AlgoConfig)
+    flags.check(algo, RULES)
     if args.demo:
         print(demo_table())
         if args.plot:
@@ -392,7 +391,7 @@ def main():
         except ValueError:
             raise SystemExit(f"--budget {args.budget!r}: must be three integers M,N,L (trees, expansions, rounds), "
                              f"e.g. 2,2,1") from None
-        cli.check(algo, [], extra=[(algo.algo != "tree_grpo", f"--budget goes with --algo tree_grpo, not {algo.algo}"),
+        flags.check(algo, [], extra=[(algo.algo != "tree_grpo", f"--budget goes with --algo tree_grpo, not {algo.algo}"),
                                    (M < 1 or min(N, L) < 0, f"--budget {args.budget!r}: M must be >= 1 and N, L >= 0")])
         rollouts, budget = tree_grpo_budget(M, N, L)
         print(json.dumps({"rollouts": rollouts, "budget": budget}))

@@ -48,7 +48,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
-import cli
+from infra import flags
 
 PROGRESS = sys.stderr.isatty()  # progress bars only for a person watching
 
@@ -95,7 +95,7 @@ def load_corpus(path):
     """Read a JSONL corpus; errors (bad JSON or UTF-8, no contents, a repeated id) name the file and line."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"corpus {path} does not exist; write the embedded one with "
-                                f"`python data.py --out DIR` and pass DIR/corpus.jsonl")
+                                f"`python -m infra.data --out DIR` and pass DIR/corpus.jsonl")
     ids, contents, seen = [], [], {}  # seen: id -> line number
     with open(path, "rb") as f:
         for line_no, line in enumerate(tqdm(f, desc=f"reading {path}", unit=" passages", disable=not PROGRESS), 1):
@@ -496,7 +496,7 @@ def health_check(retriever, where):
         raise RuntimeError(f"{where} answered a test query with no passage; is its corpus empty?")
 
 
-RULES = [  # cli.check: (flags, what is allowed, test)
+RULES = [  # flags.check: (flags, what is allowed, test)
     ("retriever_timeout_s", "> 0", lambda v: v > 0), ("retriever_retries", "an integer >= 0", lambda v: v >= 0)]
 
 
@@ -531,8 +531,8 @@ if __name__ == "__main__":
     if sys.argv[1:2] != ["serve"]:
         sys.exit("usage: python retriever.py serve --corpus FILE --retriever bm25|dense --port PORT [...]; "
                  "see `python retriever.py serve --help`")
-    serve, cfg = cli.parse(ServeConfig, RetrieverConfig, args=sys.argv[2:])
-    cli.check((serve, cfg), [("topk max_topk encode_batch_size max_length", "an integer >= 1", lambda v: v >= 1),
+    serve, cfg = flags.parse(ServeConfig, RetrieverConfig, args=sys.argv[2:])
+    flags.check((serve, cfg), [("topk max_topk encode_batch_size max_length", "an integer >= 1", lambda v: v >= 1),
                              ("port", "in 0..65535 (0: any free port)", lambda v: 0 <= v <= 65535),
                              ("corpus", "an existing JSONL file", os.path.isfile)],
               [(serve.max_topk < serve.topk, f"--max_topk {serve.max_topk} must be >= --topk {serve.topk}, the "

@@ -56,13 +56,11 @@ from dataclasses import dataclass, field, replace
 from scipy.cluster.hierarchy import cut_tree, linkage
 from scipy.spatial.distance import squareform
 
-import cli
-import data
 from advantages import RULES as ALGO_RULES
 from advantages import AlgoConfig, credit
-from engines import RULES as ENGINE_RULES
-from engines import Sampling, load_policy, make_engine, model_problem
-from infra import draw
+from infra import data, draw, flags
+from infra.engines import RULES as ENGINE_RULES
+from infra.engines import Sampling, load_policy, make_engine, model_problem
 from retriever import BM25Retriever, RetrievalError, load_corpus
 from tree import FLAGS, Node, Tree, context_ids, drawing, path, save_trees, scored_leaves, walk
 
@@ -120,7 +118,7 @@ class AgentConfig:
     """Seed of the run: data order, the engine's sampling, the strategies' random choices, the warm start."""
 
 
-RULES = [  # cli.check: (flags, what is allowed, test)
+RULES = [  # flags.check: (flags, what is allowed, test)
     ("max_turns max_step_tokens max_traj_tokens max_obs_tokens topk max_calls", "an integer >= 1", lambda v: v >= 1),
     ("temperature eval_temperature", ">= 0", lambda v: v >= 0),
     ("top_p eval_top_p", "in (0, 1]", lambda v: 0 < v <= 1),
@@ -128,7 +126,7 @@ RULES = [  # cli.check: (flags, what is allowed, test)
 
 
 def depth_rule(algo: AlgoConfig, cfg: AgentConfig) -> tuple[bool, str]:
-    """cli.check's rule that ties --treeps_D to --max_turns: (broken?, message)."""
+    """flags.check's rule that ties --treeps_D to --max_turns: (broken?, message)."""
     return (algo.treeps_D > cfg.max_turns + 1, f"--treeps_D {algo.treeps_D}: TreePS-RAG's depth limit must be at "
             f"most --max_turns + 1 = {cfg.max_turns + 1}; lower it, or raise --max_turns to {algo.treeps_D - 1}")
 
@@ -627,12 +625,12 @@ class DumpArgs:
 
 
 def main():
-    args, algo, agent_cfg = cli.parse(DumpArgs, AlgoConfig, AgentConfig)
+    args, algo, agent_cfg = flags.parse(DumpArgs, AlgoConfig, AgentConfig)
     no_model = model_problem(args.model)
     if args.model == "out/warmstart" and not os.path.exists(args.model):
         no_model = ("no policy in out/warmstart: train one first (python warmstart.py, ~5 min on 2 "
                     "cores, or any train.py run), or pass --model DIR")
-    cli.check((args, algo, agent_cfg), ALGO_RULES + RULES + ENGINE_RULES
+    flags.check((args, algo, agent_cfg), ALGO_RULES + RULES + ENGINE_RULES
               + [("n_prompts", "an integer >= 1", lambda v: v >= 1)],
               [depth_rule(algo, agent_cfg), (no_model, no_model),
                (not 0 <= args.plot_prompt < args.n_prompts,

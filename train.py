@@ -3,15 +3,15 @@
     python train.py --algo tree_grpo             # grpo | tree_grpo | branpo | carl | treeps
     accelerate launch train.py --algo tree_grpo  # under your `accelerate config` (DDP, ...)
 
-With no --model it runs the embedded default: the generated world (data.py), BM25 and a tiny Llama warm-started on
-gold trajectories (warmstart.py); CPU only, no downloads.
+With no --model it runs the embedded default: the generated world (infra/data.py), BM25 and a tiny Llama warm-started on
+gold trajectories (infra/warmstart.py); CPU only, no downloads.
 
 Deviations and choices:
 1. Loss: PPO clipped surrogate per token with the per-token advantage, token-mean over the mini-batch (verl's
    default; "seq-mean-token-mean" optional), k3 KL to the frozen initial policy on the trained tokens as a loss
    term (GRPO style), not a reward penalty.
 2. TIS ("Cut the Bill" §5.5.2): weight min(pi_old / pi_rollout, tis_cap) per token on the policy-gradient term;
-   pi_rollout is the engine's log-prob (engines.py note 1). pi_theta, pi_old and pi_ref share one
+   pi_rollout is the engine's log-prob (infra/engines.py note 1). pi_theta, pi_old and pi_ref share one
    forward and precision (the accelerator's autocast under mixed precision). A float32 run on the HF
    engine takes pi_old from the engine, whose log-probs are the trainer's (`exact_logprobs`, tested;
    TIS weight 1); otherwise (vLLM, or mixed precision: the engine's incremental forward rounds
@@ -53,14 +53,12 @@ from matplotlib.figure import Figure
 from transformers import get_constant_schedule_with_warmup
 
 import advantages
-import cli
-import data
-import engines
 import retriever
 import rollout
 import warmstart
 from advantages import AlgoConfig
 from eval import evaluate
+from infra import data, engines, flags
 from retriever import RetrieverConfig
 from rollout import AgentConfig
 from tree import to_samples, truncated
@@ -168,7 +166,7 @@ def validate(args: Args, *configs):
     one_file = args.data.endswith((".parquet", ".jsonl", ".json"))
     no_model = engines.model_problem(args.model, args.gguf_file) if args.model else ""
     rules = RULES + advantages.RULES + rollout.RULES + retriever.RULES + engines.RULES + warmstart.RULES
-    cli.check((args, *configs), rules, [
+    flags.check((args, *configs), rules, [
         (args.eval_every and one_file and not args.test_data, f"--data {args.data!r} is one file and --test_data is "
          f"empty: evaluation would score the training questions; pass --test_data FILE, or --eval_every 0"),
         (one_file and os.path.realpath(args.test_data) == os.path.realpath(args.data), f"--test_data "
@@ -699,7 +697,7 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
 
     # ---- loop (SIGTERM, Ctrl-C: the step finishes, a checkpoint is saved, the run exits)
     asked, stopped = stop_on_signals(), None
-    bar = cli.progress(range(start, args.steps), desc=algo.algo, disable=not main_proc,
+    bar = flags.progress(range(start, args.steps), desc=algo.algo, disable=not main_proc,
                        initial=start, total=args.steps)
     for step in bar:
         t0 = time.perf_counter()
@@ -755,4 +753,4 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
 
 
 if __name__ == "__main__":
-    main(*cli.parse(Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig))
+    main(*flags.parse(Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig))

@@ -30,11 +30,10 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-import cli
-import data
 import rollout
-from engines import HFEngine, model_problem
 from eval import evaluate
+from infra import data, flags
+from infra.engines import HFEngine, model_problem
 from retriever import BM25Retriever, load_corpus
 
 MISTAKES = ("early", "wrong", "repeat")
@@ -103,7 +102,7 @@ class WarmConfig:
     """Share of the demonstrations of questions longer than search_budget hops that stop at the budget."""
 
 
-RULES = [  # cli.check: (flags, what is allowed, test)
+RULES = [  # flags.check: (flags, what is allowed, test)
     ("copy_steps search_budget", "an integer >= 0", lambda v: v >= 0),
     ("copy_length sft_steps warm_batch_size val_n", "an integer >= 1", lambda v: v >= 1),
     ("warm_lr copy_loss", "> 0", lambda v: v > 0),
@@ -201,7 +200,7 @@ def fit(model, make_batch, steps, lr, pad_id, desc, floor=0.1, until=0.0) -> tup
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * (
         floor + (1 - floor) * (1 + math.cos(math.pi * s / steps)) / 2))
     model.train()
-    bar = cli.progress(range(steps), desc=desc)
+    bar = flags.progress(range(steps), desc=desc)
     losses = []
     for _ in bar:
         batch = make_batch()
@@ -238,7 +237,7 @@ def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Agen
     rows = [r for r in data.load_rows(world_dir, "train") if r.gold_queries]
     if not rows:
         raise ValueError(f"{world_dir}/train.jsonl has no rows with gold_queries; the warm start needs the "
-                         f"embedded world (python data.py --out DIR)")
+                         f"embedded world (python -m infra.data --out DIR)")
     corpus = os.path.join(world_dir, "corpus.jsonl")
     if not (isinstance(search, BM25Retriever) and search.corpus.path == corpus):
         search = BM25Retriever(load_corpus(corpus))
@@ -331,8 +330,8 @@ class Paths:
 
 
 if __name__ == "__main__":
-    cfg, paths, agent_cfg = cli.parse(WarmConfig, Paths, rollout.AgentConfig)
-    cli.check(cfg, RULES)
+    cfg, paths, agent_cfg = flags.parse(WarmConfig, Paths, rollout.AgentConfig)
+    flags.check(cfg, RULES)
     world = data.ensure_world(paths.world)
     with data.claimed(paths.out.rstrip("/") + ".lock", f"the warm start {paths.out}"):
         train(paths.out, world, cfg, agent_cfg)

@@ -47,10 +47,10 @@ from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import cli  # noqa: E402  (the project's modules, from the repository root)
-import data  # noqa: E402
-import train  # noqa: E402
+import train  # noqa: E402  (the project's modules, from the repository root)
 from advantages import AlgoConfig  # noqa: E402
+from infra import data  # noqa: E402
+from infra.flags import check, parse  # noqa: E402
 from retriever import RetrieverConfig  # noqa: E402
 from rollout import AgentConfig  # noqa: E402
 from warmstart import WarmConfig  # noqa: E402
@@ -126,7 +126,7 @@ QUICK_ARMS = [grpo(2), tree(1, 2, 1)]
 
 
 def algo_config(flags: str) -> AlgoConfig:
-    return cli.parse(AlgoConfig, args=flags.split())[0]
+    return parse(AlgoConfig, args=flags.split())[0]
 
 
 def arm_name(flags: str) -> str:
@@ -197,7 +197,7 @@ QUICK = dict(
 
 def parse_train(flags: str):
     """train.py's five configs for these flags, checked as train.py checks them."""
-    configs = cli.parse(train.Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig,
+    configs = parse(train.Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig,
                         args=flags.split())
     train.validate(*configs)
     return configs
@@ -223,7 +223,7 @@ def configure(a: Args) -> tuple[Args, dict[str, str], str]:
     own = {"seed", "model", "out_dir", "run_name", "overwrite", "resume", "eval_start",
            "checkpoint_every"} | {f.name for f in fields(AlgoConfig)}  # set per task or per arm
     taken = [x for x in a.train_flags.split() if x.lstrip("-").removeprefix("no_") in own]
-    cli.check(a, [("jobs threads calibrate_steps", "an integer >= 1", lambda v: v >= 1)], [
+    check(a, [("jobs threads calibrate_steps", "an integer >= 1", lambda v: v >= 1)], [
         (a.threads > cores, f"--threads {a.threads}: this process may use {cores} cores; pass "
                             f"--threads {cores} or fewer (results stored with another: --redo)"),
         (bool(a.warmstart) and len(a.seeds) != 1, f"--warmstart {a.warmstart!r} is one seed's warm "
@@ -268,7 +268,8 @@ class Task:
 
 
 def code_hashes(script: str) -> dict[str, str]:
-    """sha256 (16 hex digits) of `script` and of each repository module it imports, transitively."""
+    """sha256 (16 hex digits) of `script` and of each repository module it imports, transitively
+    (`from infra import data`: infra/data.py)."""
     todo, hashes = [script], {}
     while todo:
         name = todo.pop()
@@ -277,8 +278,9 @@ def code_hashes(script: str) -> dict[str, str]:
             hashes[name] = hashlib.sha256(source).hexdigest()[:16]
             for node in ast.walk(ast.parse(source)):
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                    [node.module] if isinstance(node, ast.ImportFrom) and not node.level else []
-                files = [n.split(".")[0] + ".py" for n in names]
+                    [node.module, *(f"{node.module}.{a.name}" for a in node.names)] \
+                    if isinstance(node, ast.ImportFrom) and not node.level else []
+                files = [n.replace(".", "/") + ".py" for n in names]
                 todo += [f for f in files if os.path.exists(os.path.join(ROOT, f))]
     return dict(sorted(hashes.items()))
 
@@ -668,4 +670,4 @@ def main(a: Args):
 
 
 if __name__ == "__main__":
-    main(cli.parse(Args)[0])
+    main(parse(Args)[0])

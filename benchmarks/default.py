@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import cli  # noqa: E402  (the project's modules, from the repository root)
-import train  # noqa: E402
+import train  # noqa: E402  (the project's modules, from the repository root)
+from infra import flags  # noqa: E402
 
 
 @dataclass
@@ -101,4 +101,4 @@ def main(a: Args):
 
 
 if __name__ == "__main__":
-    main(cli.parse(Args)[0])
+    main(flags.parse(Args)[0])

@@ -21,10 +21,9 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import cli  # noqa: E402
-import data  # noqa: E402
 import rollout  # noqa: E402
-from engines import load_policy, make_engine  # noqa: E402
+from infra import data, flags  # noqa: E402
+from infra.engines import load_policy, make_engine  # noqa: E402
 from retriever import BM25Retriever, load_corpus  # noqa: E402
 
 BUDGETS = {  # ~8 full-trajectory units per prompt each
@@ -107,4 +106,4 @@ def main(a: Args, cfg: rollout.AgentConfig):
 
 
 if __name__ == "__main__":
-    main(*cli.parse(Args, rollout.AgentConfig))
+    main(*flags.parse(Args, rollout.AgentConfig))

@@ -10,8 +10,8 @@ SMALL = dict(people=300, companies=60, books=120, cities=40, countries=10, train
 @pytest.fixture(scope="session")
 def env(tmp_path_factory):
     """A directory holding out/world (a small embedded world) and tiny/ (a freshly initialised tiny policy)."""
-    import data
     import warmstart
+    from infra import data
     root = tmp_path_factory.mktemp("env")
     data.write_world(data.build_world(data.WorldConfig(**SMALL)), root / "out" / "world")
     tok = warmstart.world_tokenizer()

@@ -16,7 +16,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may come from a model hub
 
-from data import WorldConfig, build_world, write_jsonl  # noqa: E402
+from infra.data import WorldConfig, build_world, write_jsonl  # noqa: E402
 from retriever import (BM25Retriever, Corpus, DenseRetriever, Passage, RemoteRetriever, RetrievalError,  # noqa: E402
                        SearchServer, load_corpus, offline_encoder_dir, split_contents)
 
@@ -83,7 +83,7 @@ def test_corpus_errors_name_the_line(tmp_path, text, message):
 
 
 def test_missing_corpus_says_how_to_make_one(tmp_path):
-    with pytest.raises(FileNotFoundError, match="python data.py --out DIR"):
+    with pytest.raises(FileNotFoundError, match="python -m infra.data --out DIR"):
         load_corpus(str(tmp_path / "none.jsonl"))
 
 

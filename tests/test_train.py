@@ -144,7 +144,7 @@ def test_token_logprobs_equal_the_full_log_softmax(env, monkeypatch):
     # (log_softmax over all positions at once, entropy from it): log-probs, entropy and the gradient
     # reaching the weights are bit for bit the same, so default runs do not move
     import train
-    from engines import load_policy
+    from infra.engines import load_policy
     model, _ = load_policy(str(env / "tiny"))
     V = model.config.vocab_size
     monkeypatch.setattr(train, "LOGP_CHUNK", 3 * V)  # 3 positions a chunk: many, a short last one
@@ -205,7 +205,7 @@ def test_hf_engine_logprobs_are_the_trainers_pi_old(env):
     # trainer's right-padded full forward pass on every trained token
     import random
 
-    from engines import HFEngine, load_policy
+    from infra.engines import HFEngine, load_policy
     from retriever import BM25Retriever, load_corpus
     from train import token_logprobs
     from tree import to_samples
@@ -464,7 +464,7 @@ def test_bad_flags_stop_before_anything_loads(env):
     ("eval.py", "--n N Questions: n spread evenly over the split. (default: 500)"),
     ("warmstart.py", "Cap on the copy task's steps (stage 1; 0 = none); it ends sooner, once its loss is below "
                      "copy_loss. (default: 2000)"),
-    ("data.py", "--people PEOPLE Number of real people"),
+    ("-m infra.data", "--people PEOPLE Number of real people"),
     ("advantages.py", "CARL: initial chains (1 = CARL-Lite, 8 = CARL). (default: 1)"),
     ("rollout.py", "Questions of --split to roll out (spread over the hops). (default: 4)"),
     ("retriever.py serve", "Largest topk a request may ask for (a larger one is answered 400, not with megabytes). "

@@ -4,11 +4,11 @@ import random
 
 import pytest
 
-import data
 import rollout
 import warmstart
-from data import QARow
-from engines import load_policy
+from infra import data
+from infra.data import QARow
+from infra.engines import load_policy
 from retriever import BM25Retriever, load_corpus
 
 ROW = QARow(id="t", question="where is the employer of kalo mire based?", golden_answers=["latori"],
