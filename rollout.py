@@ -61,7 +61,8 @@ from advantages import AlgoConfig, credit
 from infra import data, draw, flags
 from infra.engines import RULES as ENGINE_RULES
 from infra.engines import Sampling, load_policy, make_engine, model_problem
-from retriever import BM25Retriever, RetrievalError, load_corpus
+from infra.search import BM25Retriever, load_corpus
+from retriever import RetrievalError
 from tree import FLAGS, Node, Tree, context_ids, drawing, path, save_trees, scored_leaves, walk
 
 INSTRUCTION = (

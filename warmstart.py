@@ -34,7 +34,7 @@ import rollout
 from eval import evaluate
 from infra import data, flags
 from infra.engines import HFEngine, model_problem
-from retriever import BM25Retriever, load_corpus
+from infra.search import BM25Retriever, load_corpus
 
 MISTAKES = ("early", "wrong", "repeat")
 

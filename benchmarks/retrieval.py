@@ -31,13 +31,14 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from infra.data import WorldConfig, build_world, write_jsonl  # noqa: E402
-from retriever import (RemoteRetriever, RetrievalError, RetrieverConfig, load_corpus, make_retriever,  # noqa: E402
-                       offline_encoder_dir)
+from infra.search import load_corpus, make_retriever, offline_encoder_dir  # noqa: E402
+from infra.server import RemoteRetriever  # noqa: E402
+from retriever import RetrievalError, RetrieverConfig  # noqa: E402
 
 
 @dataclass
 class BenchConfig:
-    """What to measure (the world's sizes come from data.WorldConfig's flags)."""
+    """What to measure (the world's sizes come from infra.data.WorldConfig's flags)."""
     retrievers: str = "bm25,dense"
     """Comma-separated retrievers to measure."""
     encoder: str = ""

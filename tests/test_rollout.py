@@ -7,7 +7,8 @@ import pytest
 
 import advantages
 from infra.engines import Completion
-from retriever import Passage, RetrievalError
+from infra.search import Passage
+from retriever import RetrievalError
 from rollout import Agent, AgentConfig, Refiner, STRATEGIES, jaccard_prune, metrics, parse_action
 from tree import Node, context_ids, path, to_samples, walk
 

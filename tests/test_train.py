@@ -206,7 +206,7 @@ def test_hf_engine_logprobs_are_the_trainers_pi_old(env):
     import random
 
     from infra.engines import HFEngine, load_policy
-    from retriever import BM25Retriever, load_corpus
+    from infra.search import BM25Retriever, load_corpus
     from train import token_logprobs
     from tree import to_samples
 

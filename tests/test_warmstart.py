@@ -9,7 +9,7 @@ import warmstart
 from infra import data
 from infra.data import QARow
 from infra.engines import load_policy
-from retriever import BM25Retriever, load_corpus
+from infra.search import BM25Retriever, load_corpus
 
 ROW = QARow(id="t", question="where is the employer of kalo mire based?", golden_answers=["latori"],
             data_source="world", split="train", index=0, hops=2, gold_chain=["kalo mire", "ravoki", "latori"],
