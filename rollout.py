@@ -629,8 +629,8 @@ def main():
     args, algo, agent_cfg = flags.parse(DumpArgs, AlgoConfig, AgentConfig)
     no_model = model_problem(args.model)
     if args.model == "out/warmstart" and not os.path.exists(args.model):
-        no_model = ("no policy in out/warmstart: train one first (python warmstart.py, ~5 min on 2 "
-                    "cores, or any train.py run), or pass --model DIR")
+        no_model = ("no policy in out/warmstart: train one first (python train.py warmstart, ~5 min "
+                    "on 2 cores, or any train.py run), or pass --model DIR")
     flags.check((args, algo, agent_cfg), ALGO_RULES + RULES + ENGINE_RULES
               + [("n_prompts", "an integer >= 1", lambda v: v >= 1)],
               [depth_rule(algo, agent_cfg), (no_model, no_model),

@@ -2,6 +2,7 @@
 
     python train.py --algo tree_grpo             # grpo | tree_grpo | branpo | carl | treeps
     accelerate launch train.py --algo tree_grpo  # under your `accelerate config` (DDP, ...)
+    python train.py warmstart --out DIR --world DIR  # only the embedded default's warm start, retrained into DIR
 
 With no --model it runs the embedded default: the generated world (infra/data.py), BM25 and a tiny Llama warm-started on
 gold trajectories (infra/warmstart.py); CPU only, no downloads.
@@ -55,14 +56,13 @@ from transformers import get_constant_schedule_with_warmup
 import advantages
 import retriever
 import rollout
-import warmstart
 from advantages import AlgoConfig
 from eval import evaluate
-from infra import data, engines, flags
+from infra import data, engines, flags, warmstart
+from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
 from rollout import AgentConfig
 from tree import to_samples, truncated
-from warmstart import WarmConfig
 
 
 TRACKERS = {n: getattr(accelerate.utils, f"is_{n}_available") for n in (  # --log_with n: its check
@@ -651,7 +651,7 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
     if not args.model:  # the embedded default: warm-start once, in this run's agent format, and cache it
         t0 = time.perf_counter()
         if main_proc:
-            warmstart.ensure(model_path, world, warm, agent_cfg, search)  # one BM25 index per run
+            warmstart.ensure(model_path, world, warm, agent_cfg, rollout, evaluate, search)  # one BM25 index per run
         accelerator.wait_for_everyone()
         seconds["warm start"] = time.perf_counter() - t0
     model, tok = engines.load_policy(model_path, args.gguf_file or None)
@@ -753,4 +753,7 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
 
 
 if __name__ == "__main__":
-    main(*flags.parse(Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig))
+    if sys.argv[1:2] == ["warmstart"]:  # the warm start alone (infra/warmstart.py), given the agent and its eval
+        warmstart.main(sys.argv[2:], rollout, evaluate)
+    else:
+        main(*flags.parse(Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig))

@@ -5,8 +5,8 @@ budget sweep side by side over seeds, each arm a train.py run from the same warm
     python benchmarks/compare.py --calibrate    # generated tokens / prompt / step of knob choices
     python benchmarks/compare.py --quick        # one seed, two arms, 2 steps, a tiny warm start
 
-Per seed S, in OUT/seedS/: the embedded world; the warm start (`warmstart.py --seed S`, once); its
-greedy test EM (`eval.py`, once: step 0 of every arm); then one `train.py --model WARMSTART
+Per seed S, in OUT/seedS/: the embedded world; the warm start (`train.py warmstart --seed S`, once);
+its greedy test EM (`eval.py`, once: step 0 of every arm); then one `train.py --model WARMSTART
 --no_eval_start` run per arm (runs/ARM/; its output in logs/). Every arm of a seed sees the same
 questions in the same order (train.py orders them by the seed), the same steps and the same shared
 settings (train.py's defaults and --train_flags); only the arm's own knobs (GROUPS) differ. An arm
@@ -51,9 +51,9 @@ import train  # noqa: E402  (the project's modules, from the repository root)
 from advantages import AlgoConfig  # noqa: E402
 from infra import data  # noqa: E402
 from infra.flags import check, parse  # noqa: E402
+from infra.warmstart import WarmConfig  # noqa: E402
 from retriever import RetrieverConfig  # noqa: E402
 from rollout import AgentConfig  # noqa: E402
-from warmstart import WarmConfig  # noqa: E402
 
 # -------------------------------------------------------------------------------------------------
 # The arms: each one's own train.py flags
@@ -170,7 +170,7 @@ class Args:
     train_flags: str = "--eval_every 5"
     """train.py flags of every arm, as --train_flags="..." (agent format: also --warm_flags)."""
     warm_flags: str = ""
-    """warmstart.py flags of every seed's warm start, as --warm_flags="..."."""
+    """`train.py warmstart` flags of every seed's warm start, as --warm_flags="..."."""
     warmstart: str = ""
     """An existing warm start to train every arm from (one seed); empty = built in OUT/seedS."""
     out: str = ""
@@ -247,7 +247,7 @@ def configure(a: Args) -> tuple[Args, dict[str, str], str]:
 class Task:
     """`script` with `flags` (its result depends on them: in the key) and `where` (paths: not)."""
     label: str  # for bars and messages: "seed 0 GRPO G=4"
-    script: str  # warmstart.py, eval.py or train.py
+    script: str  # eval.py or train.py (the warm start: train.py warmstart)
     flags: list[str]
     where: list[str]
     home: str  # the seed's directory: result in results/NAME.json, output in logs/NAME.log
@@ -614,8 +614,8 @@ def main(a: Args):
             for s in a.seeds}
 
     # ---- the warm starts; then the step-0 evaluations and the arms (their keys hash the weights)
-    warm_tasks = [Task(f"seed {s} warm start", "warmstart.py",
-                       ["--seed", str(s), *a.warm_flags.split()],
+    warm_tasks = [Task(f"seed {s} warm start", "train.py",
+                       ["warmstart", "--seed", str(s), *a.warm_flags.split()],
                        ["--out", warm[s], "--world", world[s]], home[s], "warmstart")
                   for s in a.seeds if not a.warmstart]
     run_tasks(warm_tasks, a)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # The infrastructure package, where the path stops: today top-level modules; once moved, ("infra",)
-PACKAGE = ("infra", "warmstart")
+PACKAGE = ("infra",)
 LOOP_MODULE, LOOP_FUNCTION, LOOP_VARIABLE = "train", "main", "step"
 MAX_LINE = 100  # characters: pyproject.toml's line-length
 FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef)

@@ -7,10 +7,10 @@ import torch
 import advantages
 import rollout
 from advantages import AlgoConfig
+from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
 from rollout import AgentConfig
 from train import Args, collate, ppo_loss, summary
-from warmstart import WarmConfig
 from tree import Sample
 
 ARGS = Args(clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=0.0)
@@ -462,8 +462,8 @@ def test_bad_flags_stop_before_anything_loads(env):
 @pytest.mark.parametrize("script, text", [
     ("train.py", "Questions rolled out per step (Search-R1 / Tree-GRPO use 512 / 64 on GPUs). (default: 8)"),
     ("eval.py", "--n N Questions: n spread evenly over the split. (default: 500)"),
-    ("warmstart.py", "Cap on the copy task's steps (stage 1; 0 = none); it ends sooner, once its loss is below "
-                     "copy_loss. (default: 2000)"),
+    ("train.py warmstart", "Cap on the copy task's steps (stage 1; 0 = none); it ends sooner, once its loss is "
+                           "below copy_loss. (default: 2000)"),
     ("-m infra.data", "--people PEOPLE Number of real people"),
     ("advantages.py", "CARL: initial chains (1 = CARL-Lite, 8 = CARL). (default: 1)"),
     ("rollout.py", "Questions of --split to roll out (spread over the hops). (default: 4)"),
