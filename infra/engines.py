@@ -259,7 +259,8 @@ class VLLMEngine:
             import vllm
 
             raise RuntimeError(f"vLLM {vllm.__version__}: workers' reload_weights(weights_iterator=...) failed ({e}); "
-                               "engines.py needs a vLLM with in-place layerwise reloading (0.32 is tested)") from e
+                               "infra/engines.py needs a vLLM with in-place layerwise reloading (0.32 is "
+                               "tested)") from e
         if not self.llm.reset_prefix_cache():  # its KV was computed with the old weights
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update (requests running?); "
                                "cached KV would be stale, so call load_weights only between generate calls")

@@ -1,5 +1,5 @@
-"""The core's shape (STYLE.md rules 1, 4, 12, 13): imports between the top-level modules flow one way, with no
-circle (every import statement counts, wherever it sits); the infra package never imports the top level; one set
+"""The core's shape: the top level holds exactly the design card's modules; imports between them flow one way, with
+no circle (every import statement counts, wherever it sits); the infra package never imports the top level; one set
 of algorithm names; no file over 700 lines."""
 import ast
 import pathlib
@@ -21,6 +21,10 @@ def local_imports(path: pathlib.Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.add(node.module.split(".")[0])
     return found & set(MODULES)
+
+
+def test_the_top_level_holds_the_design_cards_modules():
+    assert sorted(MODULES) == ["advantages", "eval", "retriever", "rollout", "train", "tree"]
 
 
 def test_imports_flow_one_way():
