@@ -32,17 +32,13 @@ Deviations from the papers, each cited by its name:
   `clip_losers=True`. With both switches BranPO's advantages are its official code's, apart from
   group-of-one and first-untruncated.
 """
-import json
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
-import cli
-from infra import draw
-from tree import Node, Trajectory, Tree, drawing, leaves, load_trees, path, scored_leaves, truncated, walk
+from tree import Node, Trajectory, Tree, leaves, path, scored_leaves, truncated, walk
 
 
 def group_normalize(rewards: list[float]) -> list[float]:
@@ -295,7 +291,7 @@ class AlgoConfig:
     """TreePS-RAG: process advantage (False = GRPO over its trajectories, Table 2 ablation)."""
 
 
-RULES = [  # cli.check: (flags, what is allowed, test)
+RULES = [  # flags.check: (flags, what is allowed, test)
     ("grpo_G tree_M tree_N branpo_N carl_N0 treeps_N treeps_retain", "an integer >= 1", lambda v: v >= 1),
     ("tree_L carl_N treeps_D treeps_train", "an integer >= 0", lambda v: v >= 0),
 ]
@@ -315,16 +311,7 @@ def tree_grpo_budget(M: int, N: int, L: int) -> tuple[int, float]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# CLI
-
-
-def report(algo: str, trees: list[Tree], trajectories: list[Trajectory]) -> dict:
-    """The CLI's JSON: per-node value/advantage and per-trajectory step advantages."""
-    return {"algo": algo,
-            "nodes": {n.id: {"value": n.value, "advantage": n.advantage}
-                      for t in trees for n in walk(t.root) if n.parent is not None},
-            "trajectories": [{"leaf": tr.leaf.id, "steps": [s.id for s in tr.steps], "advantages": tr.advantages}
-                             for tr in trajectories]}
+# The worked example of `python advantages.py --demo` (infra/inspection.py)
 
 
 def demo() -> tuple[Tree, dict[str, list[Trajectory]]]:
@@ -346,69 +333,7 @@ def demo() -> tuple[Tree, dict[str, list[Trajectory]]]:
     return tree, {name: fn(chains if name == "grpo" else [tree]) for name, (fn, _) in ALGOS.items()}
 
 
-def demo_table() -> str:
-    """The worked tree, then one row per (trajectory, step) and one column per method."""
-    tree, runs = demo()
-    table = {(name, tr.leaf.id, step.id): a for name, trajectories in runs.items()
-             for tr in trajectories for step, a in zip(tr.steps, tr.advantages)}
-    treeps([tree])  # leave TreePS-RAG's V and A on the rendered tree
-    lines = ["TreePS-RAG values (V) and process advantages (A) on the tree:", tree.render(), "",
-             "Advantage multiplying each step's tokens in each trajectory ('-' = not trained there):",
-             f"{'leaf':8} {'step':8} " + " ".join(f"{k:>9}" for k in ALGOS)]
-    for leaf in scored_leaves(tree.root):
-        for step in path(leaf):
-            cells = [table.get((k, leaf.id, step.id)) for k in ALGOS]
-            lines.append(f"{leaf.id:8} {step.id:8} "
-                         + " ".join(f"{'-' if c is None else f'{c:+.3f}':>9}" for c in cells))
-    return "\n".join(lines)
-
-
-@dataclass
-class CreditArgs:
-    """`python advantages.py --algo ALGO --trees FILE.json`: per-step advantages of one prompt's rollout trees."""
-    trees: str = ""
-    """JSON list of trees for ONE prompt (see tree.py for the node format), or a rollout dump (with --prompt)."""
-    prompt: Optional[int] = None
-    """With a rollout dump (one list of trees per prompt): which prompt."""
-    budget: str = ""
-    """With --algo tree_grpo: M,N,L -> rollouts and expected budget."""
-    demo: bool = False
-    """Print a worked tree with every method side by side."""
-    render: bool = False
-    """Also print the annotated tree(s) to stderr."""
-    plot: str = ""
-    """With --demo: also draw the tree under each method, steps coloured by credit, to this PNG."""
-
-
-def main():
-    args, algo = cli.parse(CreditArgs, AlgoConfig)
-    cli.check(algo, RULES)
-    if args.demo:
-        print(demo_table())
-        if args.plot:
-            tree, runs = demo()
-            notes = {"grpo": "the tree's 4 paths as 4 chains:\na step adds up the chains through it"}
-            panels = [{"algo": k, "nodes": drawing([tree], trajectories), "note": notes.get(k, "")}
-                      for k, trajectories in runs.items()]
-            draw.figure(panels, args.plot, "python advantages.py --demo: the worked tree, each method")
-    elif args.budget:
-        try:
-            M, N, L = (int(x) for x in args.budget.split(","))
-        except ValueError:
-            raise SystemExit(f"--budget {args.budget!r}: must be three integers M,N,L (trees, expansions, rounds), "
-                             f"e.g. 2,2,1") from None
-        cli.check(algo, [], extra=[(algo.algo != "tree_grpo", f"--budget goes with --algo tree_grpo, not {algo.algo}"),
-                                   (M < 1 or min(N, L) < 0, f"--budget {args.budget!r}: M must be >= 1 and N, L >= 0")])
-        rollouts, budget = tree_grpo_budget(M, N, L)
-        print(json.dumps({"rollouts": rollouts, "budget": budget}))
-    elif args.trees:
-        trees = load_trees(args.trees, args.prompt)
-        print(json.dumps(report(algo.algo, trees, credit(algo, trees)), indent=1))
-        if args.render:
-            print("\n\n".join(t.render() for t in trees), file=sys.stderr)
-    else:
-        raise SystemExit("give --trees FILE (and --algo), or --budget, or --demo")
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python advantages.py --demo | --algo ALGO --trees FILE | --budget M,N,L
+    import tree
+    from infra import inspection
+    inspection.credit_cli(sys.modules[__name__], tree)

@@ -17,11 +17,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from functools import partial
 
-import cli
-import data
-import engines
 import retriever
 import rollout
+from infra import data, engines, flags
 from rollout import Agent, AgentConfig, chain, for_eval, normalize_answer, normalized_golds, path, user_turn_ids
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -207,10 +205,10 @@ class EvalArgs:
 
 
 def main():
-    a, agent_cfg, retriever_cfg = cli.parse(EvalArgs, AgentConfig, retriever.RetrieverConfig)
+    a, agent_cfg, retriever_cfg = flags.parse(EvalArgs, AgentConfig, retriever.RetrieverConfig)
     models = [engines.model_problem(a.model, a.gguf_file),  # checked before anything loads
               a.judge_model and engines.model_problem(a.judge_model)]
-    cli.check((a, agent_cfg, retriever_cfg), rollout.RULES + retriever.RULES + engines.RULES + [
+    flags.check((a, agent_cfg, retriever_cfg), rollout.RULES + retriever.RULES + engines.RULES + [
         ("n k", "an integer >= 1", lambda v: v >= 1)],
         [(a.k > 1 and agent_cfg.eval_temperature == 0, f"--k {a.k} needs --eval_temperature > 0: greedy samples "
                                                        f"are all equal"), *zip(models, models)])

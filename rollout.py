@@ -48,10 +48,10 @@ Deviations from the papers, each cited by its name:
 from __future__ import annotations
 
 import math
-import os
 import random
 import re
 import string
+import sys
 import time
 import unicodedata
 from collections import Counter
@@ -60,15 +60,11 @@ from dataclasses import dataclass, field, replace
 from scipy.cluster.hierarchy import cut_tree, linkage
 from scipy.spatial.distance import squareform
 
-import cli
-import data
-from advantages import RULES as ALGO_RULES
-from advantages import AlgoConfig, credit
-from engines import RULES as ENGINE_RULES
-from engines import Sampling, load_policy, make_engine, model_problem
-from infra import draw
-from retriever import BM25Retriever, RetrievalError, load_corpus
-from tree import FLAGS, Node, Tree, context_ids, drawing, path, save_trees, scored_leaves, walk
+from advantages import AlgoConfig
+from infra import data
+from infra.engines import Sampling
+from retriever import RetrievalError
+from tree import FLAGS, Node, Tree, context_ids, path, scored_leaves, walk
 
 INSTRUCTION = (
     "Answer the given question. You must conduct reasoning inside <{think}> and </{think}> first every time you "
@@ -124,7 +120,7 @@ class AgentConfig:
     """Seed of the run: data order, the engine's sampling, the strategies' random choices, the warm start."""
 
 
-RULES = [  # cli.check: (flags, what is allowed, test)
+RULES = [  # flags.check: (flags, what is allowed, test)
     ("max_turns max_step_tokens max_traj_tokens max_obs_tokens topk max_calls", "an integer >= 1", lambda v: v >= 1),
     ("temperature eval_temperature", ">= 0", lambda v: v >= 0),
     ("top_p eval_top_p", "in (0, 1]", lambda v: 0 < v <= 1),
@@ -132,7 +128,7 @@ RULES = [  # cli.check: (flags, what is allowed, test)
 
 
 def depth_rule(algo: AlgoConfig, cfg: AgentConfig) -> tuple[bool, str]:
-    """cli.check's rule that ties --treeps_D to --max_turns: (broken?, message)."""
+    """flags.check's rule that ties --treeps_D to --max_turns: (broken?, message)."""
     return (algo.treeps_D > cfg.max_turns + 1, f"--treeps_D {algo.treeps_D}: TreePS-RAG's depth limit must be at "
             f"most --max_turns + 1 = {cfg.max_turns + 1}; lower it, or raise --max_turns to {algo.treeps_D - 1}")
 
@@ -610,68 +606,8 @@ def metrics(prompts: list[list[Tree]]) -> dict[str, float]:
     return m
 
 
-@dataclass
-class DumpArgs:
-    """`python rollout.py --algo ALGO --dump FILE`: one rollout batch on the embedded default, dumped as JSON."""
-    dump: str = field(default="", metadata={"required": True})
-    """Output JSON: one list of trees per prompt (advantages.py --trees FILE --prompt I)."""
-    n_prompts: int = 4
-    """Questions of --split to roll out (spread over the hops)."""
-    model: str = "out/warmstart"
-    """Policy directory or hub name (train.py writes the warm start to out/warmstart)."""
-    world: str = "out/world"
-    """Embedded world directory (written on first use)."""
-    engine: str = field(default="auto", metadata={"choices": ["auto", "hf", "vllm"]})
-    """Generation engine."""
-    split: str = field(default="train", metadata={"choices": ["train", "dev", "test"]})
-    """Which questions of the world."""
-    plot: str = ""
-    """Also grow every other method on the same questions (at the knobs given); draw all to this PNG."""
-    plot_prompt: int = 0
-    """With --plot: which of the prompts to draw."""
-
-
-def main():
-    args, algo, agent_cfg = cli.parse(DumpArgs, AlgoConfig, AgentConfig)
-    no_model = model_problem(args.model)
-    if args.model == "out/warmstart" and not os.path.exists(args.model):
-        no_model = ("no policy in out/warmstart: train one first (python warmstart.py, ~5 min on 2 "
-                    "cores, or any train.py run), or pass --model DIR")
-    cli.check((args, algo, agent_cfg), ALGO_RULES + RULES + ENGINE_RULES
-              + [("n_prompts", "an integer >= 1", lambda v: v >= 1)],
-              [depth_rule(algo, agent_cfg), (no_model, no_model),
-               (not 0 <= args.plot_prompt < args.n_prompts,
-                f"--plot_prompt {args.plot_prompt}: must be in [0, --n_prompts)")])
-    world = data.ensure_world(args.world)
-    rows = data.spread(data.load_rows(world, args.split), args.n_prompts)
-    model, tok = load_policy(args.model)
-    engine = make_engine(args.engine, model, tok, args.model)
-    retriever = BM25Retriever(load_corpus(os.path.join(world, "corpus.jsonl")))
-    agent = Agent(engine, retriever, tok, agent_cfg)
-    t0 = time.perf_counter()
-    prompts = grow(algo, agent, rows, random.Random(agent_cfg.seed))
-    save_trees(prompts, args.dump)
-    print(f"{algo.algo} {STRATEGIES[algo.algo][1](algo)}: {len(prompts)} prompts in {time.perf_counter() - t0:.1f} s "
-          f"-> {args.dump}")
-    for k, v in {**metrics(prompts), **agent.counters}.items():
-        print(f"  {k:40} {v:10.2f}")
-    print(f"credit assignment of the first prompt: python advantages.py --algo {algo.algo} --trees {args.dump} "
-          f"--prompt 0 --render")
-    if args.plot:  # every other method on the same questions, from a fresh agent as its own dump
-        panels = []
-        for name, (_, knobs) in STRATEGIES.items():
-            cfg, fresh = replace(algo, algo=name), Agent(engine, retriever, tok, agent_cfg)
-            rng = random.Random(agent_cfg.seed)
-            batch = prompts if name == algo.algo else grow(cfg, fresh, rows, rng)
-            trees = batch[args.plot_prompt]
-            used = ", ".join(f"{k}={v}" for k, v in knobs(cfg).items())
-            tokens = sum(t.stats["generated_tokens"] for t in trees)
-            panels.append({"algo": name, "nodes": drawing(trees, credit(cfg, trees)),
-                           "note": f"{used}\n{tokens} tokens generated"})
-        ex = rows[args.plot_prompt]
-        draw.figure(panels, args.plot, f"{ex.question}  (answer: {' / '.join(ex.golden_answers)})")
-        print(f"prompt {args.plot_prompt} under every method -> {args.plot}")
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python rollout.py --algo ALGO --dump FILE [--plot PNG]
+    import advantages
+    import tree
+    from infra import inspection
+    inspection.dump_cli(sys.modules[__name__], advantages, tree)

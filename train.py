@@ -2,9 +2,10 @@
 
     python train.py --algo tree_grpo             # grpo | tree_grpo | branpo | carl | treeps
     accelerate launch train.py --algo tree_grpo  # under your `accelerate config` (DDP, ...)
+    python train.py warmstart --out DIR --world DIR  # only the embedded default's warm start, retrained into DIR
 
-With no --model it runs the embedded default: the generated world (data.py), BM25 and a tiny Llama warm-started on
-gold trajectories (warmstart.py); CPU only, no downloads.
+With no --model it runs the embedded default: the generated world (infra/data.py), BM25 and a tiny Llama warm-started on
+gold trajectories (infra/warmstart.py); CPU only, no downloads.
 
 Deviations from the papers, each cited by its name:
 - loss-form: PPO clipped surrogate per token with the per-token advantage, token-mean over the
@@ -26,48 +27,34 @@ Deviations from the papers, each cited by its name:
   gradient from exactly the tokens that moved furthest from pi_ref (ref - logp > 2.61 or < -11),
   where the anchor matters most; log-ratio-bound keeps k3 finite, grad_clip bounds the step.
 """
-import fcntl
 import json
 import math
 import os
 import random
-import re
 import shlex
-import shutil
 import signal
-import socket
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import accelerate.utils
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.commands.config import default_config_file
 from accelerate.utils import broadcast_object_list, set_seed
-from matplotlib.figure import Figure
 from transformers import get_constant_schedule_with_warmup
 
 import advantages
-import cli
-import data
-import engines
 import retriever
 import rollout
-import warmstart
 from advantages import AlgoConfig
 from eval import evaluate
+from infra import data, engines, flags, run, warmstart
+from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
 from rollout import AgentConfig
 from tree import to_samples, truncated
-from warmstart import WarmConfig
-
-
-TRACKERS = {n: getattr(accelerate.utils, f"is_{n}_available") for n in (  # --log_with n: its check
-    "tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab",
-    "trackio")}  # that the package (pip install n) imports, as accelerate checks it
 
 
 @dataclass
@@ -141,7 +128,7 @@ class Args:
     """Continue from the run's last checkpoint (from the one before when the last is unreadable)."""
     overwrite: bool = False
     """Delete what the run directory holds and start fresh (without --resume or this, a run there is refused)."""
-    log_with: str = field(default="", metadata={"choices": ["", *TRACKERS]})
+    log_with: str = field(default="", metadata={"choices": ["", *run.TRACKERS]})
     """An accelerate tracker to log to as well (pip install it: README, Metrics); empty = none."""
 
 
@@ -166,7 +153,7 @@ def validate(args: Args, *configs):
     one_file = args.data.endswith((".parquet", ".jsonl", ".json"))
     no_model = engines.model_problem(args.model, args.gguf_file) if args.model else ""
     rules = RULES + advantages.RULES + rollout.RULES + retriever.RULES + engines.RULES + warmstart.RULES
-    cli.check((args, *configs), rules, [
+    flags.check((args, *configs), rules, [
         (args.eval_every and one_file and not args.test_data, f"--data {args.data!r} is one file and --test_data is "
          f"empty: evaluation would score the training questions; pass --test_data FILE, or --eval_every 0"),
         (one_file and os.path.realpath(args.test_data) == os.path.realpath(args.data), f"--test_data "
@@ -176,7 +163,7 @@ def validate(args: Args, *configs):
         (args.gguf_file and not args.model, f"--gguf_file {args.gguf_file!r} needs --model, the directory holding it"),
         (warm.sft_max_steps < warm.sft_steps, f"--sft_max_steps {warm.sft_max_steps} must be >= --sft_steps "
          f"{warm.sft_steps}"),
-        (args.log_with and not (args.log_with in TRACKERS and TRACKERS[args.log_with]()),
+        (args.log_with and not (args.log_with in run.TRACKERS and run.TRACKERS[args.log_with]()),
          f"--log_with {args.log_with}: the {args.log_with!r} package is not installed, so nothing "
          f"would reach that tracker; pip install {args.log_with}, or drop --log_with "
          f"(metrics.jsonl and the console always log)"),
@@ -377,18 +364,7 @@ def quantiles(name: str, x: torch.Tensor) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Logging and evaluation
-
-
-def log(row: dict, history: list[dict], run_dir: str, accelerator, args: Args):
-    """Append a row to the history; rank 0 also writes it to metrics.jsonl, the trackers and curve.png."""
-    history.append(row)
-    if accelerator.is_main_process:
-        with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
-            f.write(json.dumps(row) + "\n")
-        if args.log_with:
-            accelerator.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
-        plot_curves({"": history}, os.path.join(run_dir, "curve.png"))
+# Evaluation
 
 
 def run_eval(step: int, eval_agent: rollout.Agent, test_rows) -> dict:
@@ -399,211 +375,6 @@ def run_eval(step: int, eval_agent: rollout.Agent, test_rows) -> dict:
           + (f" (by hops: {hops})" if hops else "")
           + (f" ({m['env_errors']} more lost to retrieval errors)" if m["env_errors"] else ""))
     return {"step": step, **{f"eval/{k}": v for k, v in m.items() if isinstance(v, (int, float))}}
-
-
-def summary(history: list[dict], seconds: dict[str, float], wall: float, run_dir: str) -> str:
-    """The run's last word: test EM before -> after RL (per hop), the wall time per stage, where the outputs are."""
-    evals = [h for h in history if "eval/em" in h]
-    times = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
-    where = f"outputs in {run_dir} (metrics.jsonl, curve.png, final/)"
-    if len(evals) < 2:
-        return f"done in {wall / 60:.1f} min ({times}); no evaluation before and after RL (--eval_every 0); {where}"
-    a, b = evals[0], evals[-1]
-    gain = b["eval/em"] - a["eval/em"]
-    hops = ", ".join(f"{k[len('eval/em_hop'):]}-hop {a[k]:.2f} -> {b[k]:.2f}" for k in a if k.startswith("eval/em_hop"))
-    se = math.sqrt(sum(e["eval/em"] * (1 - e["eval/em"]) / max(e["eval/n"], 1) for e in (a, b)))  # of the gain
-    verdict = ("RL improved the policy" if gain > 2 * se else "RL made the policy WORSE" if gain < -2 * se
-               else f"NO clear change from RL (the gain is within 2 standard errors, {2 * se:.3f})")
-    return (f"done: {verdict}: test EM {a['eval/em']:.3f} (step {a['step']}) -> {b['eval/em']:.3f} (step {b['step']}), "
-            f"{gain:+.3f} on {b['eval/n']:.0f} questions" + (f" ({hops})" if hops else "")
-            + f"; {wall / 60:.1f} min ({times}); {where}")
-
-
-def plot_curves(runs: dict[str, list[dict]], path: str, keys=("rollout/reward", "rollout/em", "eval/em")):
-    """Learning curves, one colour per run ({label: metrics rows}): rollout reward (line) and EM (dotted), eval EM."""
-    fig = Figure(figsize=(6 + (len(runs) > 1), 3.5))
-    ax = fig.subplots()
-    styles = {"rollout/reward": "-", "rollout/em": ":", "eval/em": "o--"}
-    for i, (name, history) in enumerate(runs.items()):
-        for key in keys:
-            pts = [(h["step"], h[key]) for h in history if key in h]
-            if pts:
-                ax.plot(*zip(*pts), styles[key], color=f"C{i}", label=f"{name} {key}".strip())
-    ax.set_xlabel("step")
-    ax.legend(fontsize=6 if len(runs) > 1 else None, ncol=1 + (len(runs) > 1))
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-
-
-def check_env_errors(history: list[dict], args: Args, where: str):
-    """Stop the run when the share of trajectories lost to retrieval errors stayed above --max_env_error_rate for
-    --env_error_patience steps in a row: it would train on almost nothing while looking like a model that fails."""
-    rates = [row["abnormal/env_error"] for row in history if "abnormal/env_error" in row][-args.env_error_patience:]
-    if len(rates) == args.env_error_patience and min(rates) > args.max_env_error_rate:
-        raise SystemExit(f"stopping: abnormal/env_error above --max_env_error_rate {args.max_env_error_rate} for "
-                         f"{len(rates)} steps in a row ({', '.join(f'{r:.2f}' for r in rates)}): the retriever "
-                         f"({where}) is failing; fix it, then rerun with --resume (from the last checkpoint)")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The run directory: one writer (run.lock), never overwritten by accident, resumable after a kill
-
-
-def claim_run_dir(run_dir: str, args: Args):
-    """Lock run_dir and refuse a run already there unless --resume or --overwrite (deletes all but the lock) says what
-    to do. Returns the open run.lock ("PID HOST"); flock frees it when the process ends, however it ends."""
-    os.makedirs(run_dir, exist_ok=True)
-    lock = open(os.path.join(run_dir, "run.lock"), "a+")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = Path(lock.name).read_text().strip() or "?"
-        lock.close()
-        raise SystemExit(f"{run_dir} is in use by process {holder} ({lock.name}): wait for it to end or stop it "
-                         f"(kill {holder.split()[0]})") from None
-    lock.truncate(0)
-    print(os.getpid(), socket.gethostname(), file=lock, flush=True)
-    held = sorted(n for n in os.listdir(run_dir) if n in ("latest", "final") or n.startswith("checkpoint-")
-                  or (n == "metrics.jsonl" and os.path.getsize(os.path.join(run_dir, n))))
-    if held and not (args.resume or args.overwrite):
-        raise SystemExit(f"{run_dir} already holds a run ({', '.join(held)}); pass --resume to continue it, "
-                         f"--overwrite to delete it and start fresh, or --run_name NAME for a new run")
-    if args.overwrite:
-        for path in [os.path.join(run_dir, n) for n in os.listdir(run_dir) if n != "run.lock"]:
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            else:
-                os.remove(path)
-    elif args.resume and held and "latest" not in held:
-        print(f"resume: no checkpoint in {run_dir} yet; starting from step 0 (the metrics logged so far are dropped)")
-    return lock
-
-
-def read_metrics(path: str) -> list[dict]:
-    """The rows of a metrics.jsonl: a missing file is empty, and a torn last line (a kill in the middle of a write)
-    is dropped, each with a note; any other line that is not JSON raises."""
-    if not os.path.exists(path):
-        print(f"resume: {path} is missing; the checkpoint is intact, the metrics before it are lost")
-        return []
-    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
-    rows = []
-    for i, line in enumerate(lines, 1):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i < len(lines):
-                raise ValueError(f"{path}: line {i} is not JSON ({line[:80]!r}); only a last line may be torn by a "
-                                 f"kill: fix or delete that line, then --resume") from None
-            print(f"resume: dropped the torn last line of {path} ({line[:40]!r})")
-    return rows
-
-
-def save_checkpoint(accelerator, run_dir: str, step: int, state: dict, main_proc: bool):
-    """Save checkpoint-STEP (accelerate state + trainer_state.json, which records every file's
-    size), point `latest` at it, then delete the checkpoints before the previous one. `latest` moves
-    only once the new checkpoint is complete (os.replace is atomic), so a run killed or out of disk
-    space while saving resumes from the previous checkpoint, never a torn one; and the previous one
-    stays, for `load_checkpoint` to fall back to."""
-    name, latest = f"checkpoint-{step}", Path(run_dir, "latest")
-    path = os.path.join(run_dir, name)
-    previous = latest.read_text().strip() if latest.exists() else ""
-    accelerator.wait_for_everyone()
-    try:
-        accelerator.save_state(path)
-        accelerator.wait_for_everyone()  # every rank's files are written
-        if main_proc:
-            files = {f: os.path.getsize(os.path.join(path, f)) for f in sorted(os.listdir(path))
-                     if f != "trainer_state.json"}
-            Path(path, "trainer_state.json").write_text(json.dumps({**state, "files": files}))
-            Path(run_dir, "latest.tmp").write_text(name)
-            os.replace(Path(run_dir, "latest.tmp"), latest)
-    except (OSError, RuntimeError) as e:  # torch reports a full disk as RuntimeError("... file write failed")
-        shutil.rmtree(path, ignore_errors=True)  # the torn checkpoint: only frees space
-        free_mib = shutil.disk_usage(run_dir).free / 2 ** 20
-        raise OSError(f"writing {name} failed ({type(e).__name__}: {e}); {free_mib:.0f} MiB free on the disk holding "
-                      f"{run_dir}: if it is full, free space, then --resume continues from "
-                      f"{previous or 'step 0 (no checkpoint yet)'} (`latest` is unchanged)") from e
-    if main_proc:  # only now delete the older ones (Accelerate's ProjectConfiguration(total_limit=...) is not used:
-        # it deletes the oldest checkpoint before writing the new one, so a failed save could leave none)
-        for old in os.listdir(run_dir):
-            if old.startswith("checkpoint-") and old not in (name, previous):
-                shutil.rmtree(os.path.join(run_dir, old))
-
-
-def checkpoint_problem(path: str) -> str:
-    """What makes the checkpoint directory `path` unreadable, found without loading it:
-    trainer_state.json missing or not JSON, a file missing or not the size it was saved with; empty
-    when nothing is found."""
-    try:
-        files = json.loads(Path(path, "trainer_state.json").read_text()).get("files", {})
-    except (OSError, ValueError) as e:
-        return f"trainer_state.json cannot be read ({type(e).__name__}: {e})"
-    for f, saved in files.items():
-        size = os.path.getsize(Path(path, f)) if Path(path, f).exists() else None
-        if size != saved:
-            return f"{f} is missing" if size is None else \
-                f"{f} has {size} bytes, {saved} when saved (truncated or overwritten)"
-    return ""
-
-
-def load_checkpoint(accelerator, run_dir: str) -> dict | None:
-    """Restore the accelerate state (model, optimizer, scheduler, RNGs) of the checkpoint `latest`
-    names and return its trainer_state.json; None when the run has no checkpoint yet. An unreadable
-    checkpoint is named with its problem, and the one before it is loaded instead (`latest` then
-    names that one); with none left, the run stops, saying what to do."""
-    latest = Path(run_dir, "latest")
-    if not latest.exists():
-        return None
-    newest = latest.read_text().strip()
-    step_of = lambda name: int(name.removeprefix("checkpoint-"))  # noqa: E731
-    names = sorted((n for n in os.listdir(run_dir) if re.fullmatch(r"checkpoint-\d+", n)
-                    and step_of(n) <= step_of(newest)), key=step_of, reverse=True)  # newest first
-    problems = [] if newest in names else [f"{newest}: missing"]
-    for name in names:
-        ckpt_dir = os.path.join(run_dir, name)
-        problem = checkpoint_problem(ckpt_dir)
-        if not problem:
-            try:
-                accelerator.load_state(ckpt_dir)
-            except Exception as e:  # any loader's (safetensors, torch, pickle): named, next one
-                problem = (f"loading it failed ({type(e).__name__}: {e}); its files have the sizes "
-                           f"they were saved with")
-        if not problem:
-            break
-        problems.append(f"{name}: {problem}")
-        accelerator.print(f"resume: {ckpt_dir} is unreadable: {problem}")
-    else:
-        raise SystemExit(f"resume: no readable checkpoint in {run_dir} ({'; '.join(problems)}): "
-                         f"put back the named files (from a backup), or start over with "
-                         f"--overwrite (deletes the run)")
-    state = json.loads(Path(ckpt_dir, "trainer_state.json").read_text())
-    if name != newest:
-        accelerator.print(f"resume: fell back to the previous checkpoint, {name}; the steps after "
-                          f"{state['step']} run again")
-        if accelerator.is_main_process:
-            Path(run_dir, "latest.tmp").write_text(name)
-            os.replace(Path(run_dir, "latest.tmp"), latest)
-    print(f"resumed from {ckpt_dir} at step {state['step']}")
-    return state
-
-
-def stop_on_signals() -> dict:
-    """From now on SIGTERM (how clusters preempt a job) and SIGINT (Ctrl-C) ask the run to stop
-    instead of ending it: the returned dict receives {"signal": the signal}, and the loop finishes
-    its step, saves a checkpoint and exits. A second signal ends the process at once (its default
-    action); the last checkpoint stays."""
-    asked = {}
-
-    def ask(signum, frame):
-        asked["signal"] = signal.Signals(signum)
-        for s in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(s, signal.SIG_DFL)
-        os.write(2, f"\n{asked['signal'].name}: finishing this step, then saving a checkpoint "
-                    f"and stopping (send it again to stop at once, without saving)\n".encode())
-    for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, ask)
-    return asked
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -624,14 +395,9 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
         # process may use every core it is allowed (taskset / cpuset)
     set_seed(agent_cfg.seed)
     if main_proc:
-        run_lock = claim_run_dir(run_dir, args)  # noqa: F841 (open, so locked, while main runs)
+        run_lock = run.claim_run_dir(run_dir, args)  # noqa: F841 (open, so locked, while main runs)
         whole = {**config, **(asdict(warm) if not args.model else {})}  # warm: embedded default
-        Path(run_dir, "config.json").write_text(json.dumps(whole, indent=1))
-        default = {k: v for c in (Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig)
-                   for k, v in asdict(c()).items()}
-        changed = " ".join(f"--{k} {shlex.quote(str(v))}" for k, v in whole.items()
-                           if v != default[k])
-        print(f"config: {run_dir}/config.json; not the defaults: {changed or 'none'}")
+        run.save_config(run_dir, whole, (Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig))
         if os.path.isfile(default_config_file) and "ACCELERATE_DYNAMO_BACKEND" not in os.environ:
             # a user's accelerate config, and no launcher (each sets that variable): not in use
             print(f"accelerate: {default_config_file} is not used by a run started without "
@@ -653,7 +419,7 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
     if not args.model:  # the embedded default: warm-start once, in this run's agent format, and cache it
         t0 = time.perf_counter()
         if main_proc:
-            warmstart.ensure(model_path, world, warm, agent_cfg, search)  # one BM25 index per run
+            warmstart.ensure(model_path, world, warm, agent_cfg, rollout, evaluate, search)  # one BM25 index per run
         accelerator.wait_for_everyone()
         seconds["warm start"] = time.perf_counter() - t0
     model, tok = engines.load_policy(model_path, args.gguf_file or None)
@@ -682,24 +448,24 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
 
     # ---- resume: the checkpoint's state, and the metrics logged up to it
     start, history, skipped = 0, [], 0
-    state = load_checkpoint(accelerator, run_dir) if args.resume else None
+    state = run.load_checkpoint(accelerator, run_dir) if args.resume else None
     if state:
         start, skipped = state["step"], state["skipped"]
         rng.setstate((state["rng"][0], tuple(state["rng"][1]), state["rng"][2]))
         if main_proc:
             agent.counters.update(state["counters"])
             agent.engine.load_weights(accelerator.unwrap_model(model))
-        history = [row for row in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if row["step"] <= start]
+        history = [row for row in run.read_metrics(os.path.join(run_dir, "metrics.jsonl")) if row["step"] <= start]
     if main_proc:  # drop what an interrupted run logged after its checkpoint
         Path(run_dir, "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in history))
     if start == 0 and args.eval_every and args.eval_start and main_proc:
         t0 = time.perf_counter()
-        log(run_eval(0, eval_agent, test_rows), history, run_dir, accelerator, args)
+        run.log(run_eval(0, eval_agent, test_rows), history, run_dir, accelerator, args)
         seconds["eval"] = time.perf_counter() - t0
 
     # ---- loop (SIGTERM, Ctrl-C: the step finishes, a checkpoint is saved, the run exits)
-    asked, stopped = stop_on_signals(), None
-    bar = cli.progress(range(start, args.steps), desc=algo.algo, disable=not main_proc,
+    asked, stopped = run.stop_on_signals(), None
+    bar = flags.progress(range(start, args.steps), desc=algo.algo, disable=not main_proc,
                        initial=start, total=args.steps)
     for step in bar:
         t0 = time.perf_counter()
@@ -719,20 +485,20 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
             "train/time_logprob": t2 - t1, "train/time_update": t3 - t2})
         for k in ("rollout", "logprob", "update"):
             seconds[f"RL {k}"] = seconds.get(f"RL {k}", 0.0) + metrics[f"train/time_{k}"]
-        log({"step": step + 1, **metrics}, history, run_dir, accelerator, args)
-        check_env_errors(history, args, where)
+        run.log({"step": step + 1, **metrics}, history, run_dir, accelerator, args)
+        run.check_env_errors(history, args, where)
         bar.set_postfix(reward=f"{metrics['rollout/reward']:.3f}", em=f"{metrics['rollout/em']:.2f}",
                         kl=f"{metrics['train/kl']:.4f}", refresh=False)
         if args.eval_every and main_proc and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
             t0 = time.perf_counter()
-            log(run_eval(step + 1, eval_agent, test_rows), history, run_dir, accelerator, args)
+            run.log(run_eval(step + 1, eval_agent, test_rows), history, run_dir, accelerator, args)
             seconds["eval"] = seconds.get("eval", 0.0) + time.perf_counter() - t0
         stop = step + 1 < args.steps and accelerator.reduce(  # one rank asked: all stop here
             torch.tensor(float(bool(asked)), device=accelerator.device), "sum").item() > 0
         if stop or args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
             state = {"step": step + 1, "skipped": skipped, "rng": rng.getstate(),
                      "counters": dict(agent.counters) if agent else {}}
-            save_checkpoint(accelerator, run_dir, step + 1, state, main_proc)
+            run.save_checkpoint(accelerator, run_dir, step + 1, state, main_proc)
         if stop:
             stopped = asked.get("signal", signal.SIGTERM)  # SIGTERM: it reached another rank only
             bar.n = step + 1  # the steps done (tqdm counts them lazily, at each redraw)
@@ -746,7 +512,7 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
     elif main_proc:
         accelerator.unwrap_model(model).save_pretrained(os.path.join(run_dir, "final"))
         tok.save_pretrained(os.path.join(run_dir, "final"))
-        print(summary(history, seconds, time.perf_counter() - t_start, run_dir))
+        print(run.summary(history, seconds, time.perf_counter() - t_start, run_dir))
     if main_proc:
         engine.close()  # before end_training tears down torch.distributed, which vLLM's shutdown still uses
     accelerator.end_training()
@@ -755,4 +521,7 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
 
 
 if __name__ == "__main__":
-    main(*cli.parse(Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig))
+    if sys.argv[1:2] == ["warmstart"]:  # the warm start alone (infra/warmstart.py), given the agent and its eval
+        warmstart.main(sys.argv[2:], rollout, evaluate)
+    else:
+        main(*flags.parse(Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig))

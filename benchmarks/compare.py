@@ -5,8 +5,8 @@ budget sweep side by side over seeds, each arm a train.py run from the same warm
     python benchmarks/compare.py --calibrate    # generated tokens / prompt / step of knob choices
     python benchmarks/compare.py --quick        # one seed, two arms, 2 steps, a tiny warm start
 
-Per seed S, in OUT/seedS/: the embedded world; the warm start (`warmstart.py --seed S`, once); its
-greedy test EM (`eval.py`, once: step 0 of every arm); then one `train.py --model WARMSTART
+Per seed S, in OUT/seedS/: the embedded world; the warm start (`train.py warmstart --seed S`, once);
+its greedy test EM (`eval.py`, once: step 0 of every arm); then one `train.py --model WARMSTART
 --no_eval_start` run per arm (runs/ARM/; its output in logs/). Every arm of a seed sees the same
 questions in the same order (train.py orders them by the seed), the same steps and the same shared
 settings (train.py's defaults and --train_flags); only the arm's own knobs (GROUPS) differ. An arm
@@ -47,13 +47,13 @@ from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import cli  # noqa: E402  (the project's modules, from the repository root)
-import data  # noqa: E402
-import train  # noqa: E402
+import train  # noqa: E402  (the project's modules, from the repository root)
 from advantages import AlgoConfig  # noqa: E402
+from infra import data  # noqa: E402
+from infra.flags import check, parse  # noqa: E402
+from infra.warmstart import WarmConfig  # noqa: E402
 from retriever import RetrieverConfig  # noqa: E402
 from rollout import AgentConfig  # noqa: E402
-from warmstart import WarmConfig  # noqa: E402
 
 # -------------------------------------------------------------------------------------------------
 # The arms: each one's own train.py flags
@@ -126,7 +126,7 @@ QUICK_ARMS = [grpo(2), tree(1, 2, 1)]
 
 
 def algo_config(flags: str) -> AlgoConfig:
-    return cli.parse(AlgoConfig, args=flags.split())[0]
+    return parse(AlgoConfig, args=flags.split())[0]
 
 
 def arm_name(flags: str) -> str:
@@ -170,7 +170,7 @@ class Args:
     train_flags: str = "--eval_every 5"
     """train.py flags of every arm, as --train_flags="..." (agent format: also --warm_flags)."""
     warm_flags: str = ""
-    """warmstart.py flags of every seed's warm start, as --warm_flags="..."."""
+    """`train.py warmstart` flags of every seed's warm start, as --warm_flags="..."."""
     warmstart: str = ""
     """An existing warm start to train every arm from (one seed); empty = built in OUT/seedS."""
     out: str = ""
@@ -197,7 +197,7 @@ QUICK = dict(
 
 def parse_train(flags: str):
     """train.py's five configs for these flags, checked as train.py checks them."""
-    configs = cli.parse(train.Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig,
+    configs = parse(train.Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig,
                         args=flags.split())
     train.validate(*configs)
     return configs
@@ -223,7 +223,7 @@ def configure(a: Args) -> tuple[Args, dict[str, str], str]:
     own = {"seed", "model", "out_dir", "run_name", "overwrite", "resume", "eval_start",
            "checkpoint_every"} | {f.name for f in fields(AlgoConfig)}  # set per task or per arm
     taken = [x for x in a.train_flags.split() if x.lstrip("-").removeprefix("no_") in own]
-    cli.check(a, [("jobs threads calibrate_steps", "an integer >= 1", lambda v: v >= 1)], [
+    check(a, [("jobs threads calibrate_steps", "an integer >= 1", lambda v: v >= 1)], [
         (a.threads > cores, f"--threads {a.threads}: this process may use {cores} cores; pass "
                             f"--threads {cores} or fewer (results stored with another: --redo)"),
         (bool(a.warmstart) and len(a.seeds) != 1, f"--warmstart {a.warmstart!r} is one seed's warm "
@@ -247,7 +247,7 @@ def configure(a: Args) -> tuple[Args, dict[str, str], str]:
 class Task:
     """`script` with `flags` (its result depends on them: in the key) and `where` (paths: not)."""
     label: str  # for bars and messages: "seed 0 GRPO G=4"
-    script: str  # warmstart.py, eval.py or train.py
+    script: str  # eval.py or train.py (the warm start: train.py warmstart)
     flags: list[str]
     where: list[str]
     home: str  # the seed's directory: result in results/NAME.json, output in logs/NAME.log
@@ -268,7 +268,8 @@ class Task:
 
 
 def code_hashes(script: str) -> dict[str, str]:
-    """sha256 (16 hex digits) of `script` and of each repository module it imports, transitively."""
+    """sha256 (16 hex digits) of `script` and of each repository module it imports, transitively
+    (`from infra import data`: infra/data.py)."""
     todo, hashes = [script], {}
     while todo:
         name = todo.pop()
@@ -277,8 +278,9 @@ def code_hashes(script: str) -> dict[str, str]:
             hashes[name] = hashlib.sha256(source).hexdigest()[:16]
             for node in ast.walk(ast.parse(source)):
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                    [node.module] if isinstance(node, ast.ImportFrom) and not node.level else []
-                files = [n.split(".")[0] + ".py" for n in names]
+                    [node.module, *(f"{node.module}.{a.name}" for a in node.names)] \
+                    if isinstance(node, ast.ImportFrom) and not node.level else []
+                files = [n.replace(".", "/") + ".py" for n in names]
                 todo += [f for f in files if os.path.exists(os.path.join(ROOT, f))]
     return dict(sorted(hashes.items()))
 
@@ -612,8 +614,8 @@ def main(a: Args):
             for s in a.seeds}
 
     # ---- the warm starts; then the step-0 evaluations and the arms (their keys hash the weights)
-    warm_tasks = [Task(f"seed {s} warm start", "warmstart.py",
-                       ["--seed", str(s), *a.warm_flags.split()],
+    warm_tasks = [Task(f"seed {s} warm start", "train.py",
+                       ["warmstart", "--seed", str(s), *a.warm_flags.split()],
                        ["--out", warm[s], "--world", world[s]], home[s], "warmstart")
                   for s in a.seeds if not a.warmstart]
     run_tasks(warm_tasks, a)
@@ -668,4 +670,4 @@ def main(a: Args):
 
 
 if __name__ == "__main__":
-    main(cli.parse(Args)[0])
+    main(parse(Args)[0])

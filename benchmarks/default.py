@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import cli  # noqa: E402  (the project's modules, from the repository root)
-import train  # noqa: E402
+from infra import flags, run  # noqa: E402  (the project's modules, from the repository root)
 
 
 @dataclass
@@ -89,7 +88,7 @@ def main(a: Args):
     for seed in a.seeds:
         with open(os.path.join(a.out, f"seed{seed}", "runs", "main", "metrics.jsonl")) as f:
             runs[f"seed {seed}"] = [json.loads(line) for line in f]
-    train.plot_curves(runs, os.path.join(a.out, "curves.png"), keys=("rollout/reward", "eval/em"))
+    run.plot_curves(runs, os.path.join(a.out, "curves.png"), keys=("rollout/reward", "eval/em"))
     print(f"curves: {os.path.join(a.out, 'curves.png')}")
     if a.check:
         bad = [f"seed {r['seed']}: warm-start EM {r['before']['eval/em']:.3f} < {a.min_warm_em}"
@@ -101,4 +100,4 @@ def main(a: Args):
 
 
 if __name__ == "__main__":
-    main(cli.parse(Args)[0])
+    main(flags.parse(Args)[0])

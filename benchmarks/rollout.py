@@ -21,11 +21,10 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import cli  # noqa: E402
-import data  # noqa: E402
 import rollout  # noqa: E402
-from engines import load_policy, make_engine  # noqa: E402
-from retriever import BM25Retriever, load_corpus  # noqa: E402
+from infra import data, flags  # noqa: E402
+from infra.engines import load_policy, make_engine  # noqa: E402
+from infra.search import BM25Retriever, load_corpus  # noqa: E402
 
 BUDGETS = {  # ~8 full-trajectory units per prompt each
     "grpo": {"G": 8},  # 8 chains
@@ -65,7 +64,8 @@ def main(a: Args, cfg: rollout.AgentConfig):
     model, tok = load_policy(a.model)
     block = {"block_size": a.vllm_block_size} if a.vllm_block_size else {}
     engine = make_engine(a.engine, model, tok, a.model, **block)
-    prefill = {}  # strategy -> (prompt tokens, of which served by vLLM's prefix cache); vLLM only (engines.py note 7)
+    # strategy -> (prompt tokens, of which served by vLLM's prefix cache); vLLM only (infra/engines.py note 7)
+    prefill = {}
     retriever = BM25Retriever(load_corpus(os.path.join(world, "corpus.jsonl")))
     print(f"\n{'strategy':10} {'tokens/prompt':>14} {'calls/prompt':>13} {'leaves/prompt':>14} "
           f"{'leaves/1k tok':>14} {'seconds':>8}")
@@ -107,4 +107,4 @@ def main(a: Args, cfg: rollout.AgentConfig):
 
 
 if __name__ == "__main__":
-    main(*cli.parse(Args, rollout.AgentConfig))
+    main(*flags.parse(Args, rollout.AgentConfig))

@@ -10,11 +10,11 @@ SMALL = dict(people=300, companies=60, books=120, cities=40, countries=10, train
 @pytest.fixture(scope="session")
 def env(tmp_path_factory):
     """A directory holding out/world (a small embedded world) and tiny/ (a freshly initialised tiny policy)."""
-    import data
-    import warmstart
+    import rollout
+    from infra import data, warmstart
     root = tmp_path_factory.mktemp("env")
     data.write_world(data.build_world(data.WorldConfig(**SMALL)), root / "out" / "world")
-    tok = warmstart.world_tokenizer()
+    tok = warmstart.world_tokenizer(rollout)
     model = warmstart.tiny_llama(tok, hidden=32, layers=1, heads=2)
     model.save_pretrained(root / "tiny")
     tok.save_pretrained(root / "tiny")

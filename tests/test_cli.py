@@ -9,7 +9,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("script", ["train.py", "eval.py", "warmstart.py", "data.py", "advantages.py", "rollout.py",
+@pytest.mark.parametrize("script", ["train.py", "eval.py", "train.py warmstart", "-m infra.data", "advantages.py", "rollout.py",
                                     "retriever.py serve"])
 def test_help_gives_every_flag_a_description_and_its_default(script):
     out = subprocess.run([sys.executable, *script.split(), "--help"], cwd=ROOT, capture_output=True, text=True,

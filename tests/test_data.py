@@ -1,4 +1,4 @@
-"""data.py: the embedded world (determinism, gold chains, split by entity, vocabulary), loaders, the filter."""
+"""infra/data.py: the embedded world (determinism, gold chains, split by entity, vocabulary), loaders, the filter."""
 import json
 import os
 import re
@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-import data
-from data import (RELATIONS, TEMPLATE_WORDS, DataError, QARow, WorldConfig, build_world, load_rows,
-                  reject_sampling_filter, syllabify, write_world)
+from infra import data
+from infra.data import (RELATIONS, TEMPLATE_WORDS, DataError, QARow, WorldConfig, build_world, load_rows,
+                        reject_sampling_filter, syllabify, write_world)
 
 SMALL = WorldConfig(people=300, companies=60, books=120, cities=30, countries=8, train_per_hop=40, test_per_hop=20, dev_per_hop=10)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -106,7 +106,7 @@ def test_distractors_are_confusable_and_never_asked(world):
 
 def test_cli_writes_the_four_files(tmp_path):
     args = [f"--{k}={v}" for k, v in SMALL.__dict__.items()]
-    subprocess.run([sys.executable, "data.py", "--out", str(tmp_path), *args], cwd=ROOT, check=True,
+    subprocess.run([sys.executable, "-m", "infra.data", "--out", str(tmp_path), *args], cwd=ROOT, check=True,
                    capture_output=True)
     assert sorted(os.listdir(tmp_path)) == ["corpus.jsonl", "dev.jsonl", "test.jsonl", "train.jsonl"]
     first = json.loads(open(tmp_path / "corpus.jsonl").readline())
@@ -117,7 +117,7 @@ def test_cli_writes_the_four_files(tmp_path):
 
 def test_cli_checks_its_flags_before_building(tmp_path):
     # before: --train_per_hop -1 wrote a world with an empty train split and exit 0 (train.py then failed on it)
-    out = subprocess.run([sys.executable, "data.py", "--out", str(tmp_path / "w"), "--train_per_hop", "-1",
+    out = subprocess.run([sys.executable, "-m", "infra.data", "--out", str(tmp_path / "w"), "--train_per_hop", "-1",
                           "--people", "0", "--test_fraction", "1"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode != 0 and not (tmp_path / "w").exists()
     for message in ("--train_per_hop -1: must be an integer >= 1", "--people 0: must be an integer >= 1",
@@ -133,7 +133,7 @@ def test_a_second_process_waits_for_the_world_then_reads_it(tmp_path, world):
         fcntl.flock(lock, fcntl.LOCK_EX)
         lock.write(f"{os.getpid()} testhost\n")
         lock.flush()
-        code = f"import data; data.ensure_world({str(out)!r}, data.WorldConfig(**{SMALL.__dict__!r}))"
+        code = f"from infra import data; data.ensure_world({str(out)!r}, data.WorldConfig(**{SMALL.__dict__!r}))"
         second = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
         said = second.stdout.readline()

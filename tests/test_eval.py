@@ -63,7 +63,7 @@ def test_check_format_detail_says_where():
 
 
 def test_evaluate_leaves_out_and_counts_questions_lost_to_retrieval_errors():
-    from data import QARow
+    from infra.data import QARow
     from eval import evaluate
     from test_rollout import agent_with, turns
     agent, _ = agent_with(lambda c: "<answer>Ivo</answer>" if turns(c) else

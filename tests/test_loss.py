@@ -12,7 +12,7 @@ from advantages import AlgoConfig
 from retriever import RetrieverConfig
 from rollout import AgentConfig
 from train import Args, collate, ppo_loss
-from warmstart import WarmConfig
+from infra.warmstart import WarmConfig
 from tree import Sample
 
 ARGS = Args(clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=0.0)
@@ -146,7 +146,7 @@ def test_token_logprobs_equal_the_full_log_softmax(env, monkeypatch):
     # (log_softmax over all positions at once, entropy from it): log-probs, entropy and the gradient
     # reaching the weights are bit for bit the same, so default runs do not move
     import train
-    from engines import load_policy
+    from infra.engines import load_policy
     model, _ = load_policy(str(env / "tiny"))
     V = model.config.vocab_size
     monkeypatch.setattr(train, "LOGP_CHUNK", 3 * V)  # 3 positions a chunk: many, a short last one
@@ -186,8 +186,8 @@ def test_hf_engine_logprobs_are_the_trainers_pi_old(env):
     # trainer's right-padded full forward pass on every trained token
     import random
 
-    from engines import HFEngine, load_policy
-    from retriever import BM25Retriever, load_corpus
+    from infra.engines import HFEngine, load_policy
+    from infra.search import BM25Retriever, load_corpus
     from train import token_logprobs
     from tree import to_samples
 

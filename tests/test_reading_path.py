@@ -17,8 +17,8 @@ spec = importlib.util.spec_from_file_location(
 reading_path = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(reading_path)
 
-TRAIN = """import engines
-import credit
+TRAIN = """import credit
+from infra import engines
 
 
 def main(args):
@@ -57,7 +57,8 @@ def unused():
 def test_a_hand_built_repository_gives_the_hand_counted_path(tmp_path):
     (tmp_path / "train.py").write_text(TRAIN)
     (tmp_path / "credit.py").write_text(CREDIT)
-    (tmp_path / "engines.py").write_text("def load():\n    return credit.first()\n")
+    (tmp_path / "infra").mkdir()
+    (tmp_path / "infra" / "engines.py").write_text("def load():\n    return credit.first()\n")
     modules = reading_path.load_modules(tmp_path)
     assert reading_path.algos(modules) == ["a", "b"]
     for algo, fn in (("a", "first"), ("b", "second")):
@@ -71,7 +72,7 @@ def test_a_hand_built_repository_gives_the_hand_counted_path(tmp_path):
             ("credit", fn, 2),
             ("train", "main (the loop)", 2),
         ]
-        assert stops == ["engines.load"]
+        assert stops == ["infra.engines"]
 
 
 def test_a_train_py_without_the_step_loop_is_a_clear_error(tmp_path):

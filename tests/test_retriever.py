@@ -1,5 +1,6 @@
-"""retriever.py: corpus loading, BM25 and dense recall on a generated world, index save/load, the Search-R1 HTTP
-server (round trip and error paths) and the client's timeout / retry / concurrency-cap / partial-failure policy."""
+"""retriever.py, infra/search.py, infra/server.py: corpus loading, BM25 and dense recall on a generated world,
+index save/load, the Search-R1 HTTP server (round trip and error paths) and the client's timeout / retry /
+concurrency-cap / partial-failure policy."""
 import importlib.util
 import json
 import os
@@ -16,9 +17,11 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may come from a model hub
 
-from data import WorldConfig, build_world, write_jsonl  # noqa: E402
-from retriever import (BM25Retriever, Corpus, DenseRetriever, Passage, RemoteRetriever, RetrievalError,  # noqa: E402
-                       SearchServer, load_corpus, offline_encoder_dir, split_contents)
+from infra.data import WorldConfig, build_world, write_jsonl  # noqa: E402
+from infra.search import (BM25Retriever, Corpus, DenseRetriever, Passage, load_corpus,  # noqa: E402
+                          offline_encoder_dir, split_contents)
+from infra.server import RemoteRetriever, SearchServer  # noqa: E402
+from retriever import RetrievalError  # noqa: E402
 
 SMALL = WorldConfig(people=300, companies=60, books=120, cities=30, countries=8, train_per_hop=40, test_per_hop=20, dev_per_hop=10)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,7 +86,7 @@ def test_corpus_errors_name_the_line(tmp_path, text, message):
 
 
 def test_missing_corpus_says_how_to_make_one(tmp_path):
-    with pytest.raises(FileNotFoundError, match="python data.py --out DIR"):
+    with pytest.raises(FileNotFoundError, match="python -m infra.data --out DIR"):
         load_corpus(str(tmp_path / "none.jsonl"))
 
 
@@ -123,15 +126,15 @@ def test_bm25_index_loads_back_searching_the_same_and_refuses_another_corpus(bm2
 
 
 def test_bm25_keeps_numba_out_for_vllm(corpus, tmp_path):
-    # retriever.py note 5: bm25s is imported with numba hidden, so BM25 runs its numpy backend and nothing numba
-    # loads is in the process when vLLM starts on CPU. A fresh interpreter, with numba importable: the real one
-    # where it is installed (the vLLM virtualenv), else a stand-in.
+    # infra/search.py's numba workaround: bm25s is imported with numba hidden, so BM25 runs its numpy backend and
+    # nothing numba loads is in the process when vLLM starts on CPU. A fresh interpreter, with numba importable: the
+    # real one where it is installed (the vLLM virtualenv), else a stand-in.
     fake = tmp_path / "fake" / "numba"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("njit = lambda f: f\n")
     script = ("import importlib.util, sys\n"
-              "import retriever\n"
-              f"r = retriever.BM25Retriever(retriever.load_corpus({corpus.path!r}))\n"
+              "from infra import search\n"
+              f"r = search.BM25Retriever(search.load_corpus({corpus.path!r}))\n"
               "assert r.bm25.backend == 'numpy', r.bm25.backend\n"
               "assert 'numba' not in sys.modules and 'llvmlite' not in sys.modules, 'numba loaded'\n"
               "assert r.search(['who'], 1)[0]\n"

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 import pytest
 
 import advantages
-from engines import Completion
-from retriever import Passage, RetrievalError
+from infra.engines import Completion
+from infra.search import Passage
+from retriever import RetrievalError
 from rollout import Agent, AgentConfig, Refiner, STRATEGIES, jaccard_prune, metrics, parse_action
 from tree import Node, context_ids, path, to_samples, walk
 

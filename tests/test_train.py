@@ -8,10 +8,11 @@ import pytest
 import advantages
 import rollout
 from advantages import AlgoConfig
+from infra.run import summary
+from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
 from rollout import AgentConfig
-from train import Args, summary
-from warmstart import WarmConfig
+from train import Args
 
 
 def test_algo_flags_become_the_papers_options_in_the_registries():
@@ -161,7 +162,7 @@ def test_pi_theta_pi_old_and_pi_ref_share_one_numeric_path(env, precision):
 def test_log_with_a_tracker_that_is_not_installed_stops_before_anything_loads(env):
     # before: the run went on and logged nothing to the tracker, with one UserWarning from
     # accelerate in the output
-    from train import TRACKERS
+    from infra.run import TRACKERS
     missing = [name for name, installed in TRACKERS.items() if not installed()]
     if not missing:
         pytest.skip("every tracker accelerate supports is installed here")
@@ -267,7 +268,7 @@ def test_dead_retriever_stops_train_and_eval_at_start(env):
 
 
 def test_env_error_rate_stops_the_run_after_patience_steps():
-    from train import check_env_errors
+    from infra.run import check_env_errors
     args = Args(max_env_error_rate=0.5, env_error_patience=3)
     rows = [{"step": i, "abnormal/env_error": r} for i, r in enumerate([0.9, 0.9, 0.1, 0.9, 0.6], 1)]
     check_env_errors(rows, args, "X")  # the last three are 0.1, 0.9, 0.6: one step was fine
@@ -305,7 +306,7 @@ def test_a_live_lock_refuses_a_second_writer(env):
 
 
 def test_read_metrics_survives_a_torn_last_line_and_a_missing_file(tmp_path):
-    from train import read_metrics
+    from infra.run import read_metrics
     assert read_metrics(str(tmp_path / "none.jsonl")) == []
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "tr')
@@ -347,7 +348,7 @@ def test_a_bad_corpus_stops_train_and_eval_before_the_model_loads(env, tmp_path)
 
 
 def test_a_full_disk_at_checkpoint_says_so_and_keeps_latest(tmp_path):
-    from train import save_checkpoint
+    from infra.run import save_checkpoint
 
     class FullDisk:  # save_state fails part-way, as torch does when the disk fills up
         def wait_for_everyone(self):
@@ -456,7 +457,7 @@ def test_an_unreadable_checkpoint_is_named_and_the_previous_one_loaded(env, stra
 
 
 def test_load_checkpoint_falls_back_then_stops_saying_what_to_do(tmp_path, capsys):
-    from train import load_checkpoint
+    from infra.run import load_checkpoint
 
     class Loader:  # accelerate's load_state, failing as it does on a file corrupt in place
         is_main_process = True

@@ -1,15 +1,15 @@
-"""warmstart.py: the thought format, every deliberate mistake, loss masks, and the cached checkpoint's contract."""
+"""infra/warmstart.py: the thought format, every deliberate mistake, loss masks, and the cached checkpoint's contract."""
 import json
 import random
 
 import pytest
 
-import data
 import rollout
-import warmstart
-from data import QARow
-from engines import load_policy
-from retriever import BM25Retriever, load_corpus
+from eval import evaluate
+from infra import data, warmstart
+from infra.data import QARow
+from infra.engines import load_policy
+from infra.search import BM25Retriever, load_corpus
 
 ROW = QARow(id="t", question="where is the employer of kalo mire based?", golden_answers=["latori"],
             data_source="world", split="train", index=0, hops=2, gold_chain=["kalo mire", "ravoki", "latori"],
@@ -27,11 +27,17 @@ def test_open_question_rewords_each_resolved_hop_and_fact_states_it():
 def setup(env):
     world = str(env / "out" / "world")
     retriever = BM25Retriever(load_corpus(f"{world}/corpus.jsonl"))
-    tok = warmstart.world_tokenizer()
+    tok = warmstart.world_tokenizer(rollout)
     agent = rollout.Agent(None, retriever, tok, rollout.AgentConfig(instruction="short", topk=2,
                                                                     max_obs_tokens=60))
     rows = data.load_rows(world, "train")
     return agent, retriever, rows, world
+
+
+def observed(agent, queries):
+    """Each query's observation ids, as the warm start caches them for its demonstrations (query -> ids)."""
+    passages = agent.retriever.search(list(queries), agent.cfg.topk)
+    return {q: agent.observation_ids(rollout.format_passages(p)) for q, p in zip(queries, passages)}
 
 
 def steps_of(agent, ids, mask):
@@ -49,7 +55,7 @@ def steps_of(agent, ids, mask):
 def test_gold_trajectory_quotes_facts_and_masks_prompt_and_observations(setup):
     agent, retriever, rows, _ = setup
     row = next(r for r in rows if r.hops == 3)
-    ids, mask = warmstart.trajectory(agent, row, random.Random(0), None, [], {})
+    ids, mask = warmstart.trajectory(agent, row, random.Random(0), None, [], observed(agent, row.gold_queries))
     runs, actions, observations = steps_of(agent, ids, mask)
     assert runs[0] == (0, agent.prompt_ids(row.question))  # the prompt is never trained
     assert actions == [("search", q, None) for q in row.gold_queries] + [("answer", row.golden_answers[0], None)]
@@ -69,7 +75,8 @@ def test_each_deliberate_mistake_is_well_formed_and_does_what_it_says(setup, see
     gold = row.gold_queries
 
     def searches(mistake):
-        ids, mask = warmstart.trajectory(agent, row, random.Random(seed), mistake, [other], {})
+        ids, mask = warmstart.trajectory(agent, row, random.Random(seed), mistake, [other],
+                                         observed(agent, [*row.gold_queries, other]))
         _, actions, _ = steps_of(agent, ids, mask)
         assert all(flag is None for _, _, flag in actions)  # every mistake is well-formed
         return [c for a, c, _ in actions if a == "search"], actions[-1]
@@ -90,22 +97,23 @@ def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, c
     cfg = warmstart.WarmConfig(copy_steps=60, copy_loss=1e9, sft_steps=2, warm_batch_size=2, target_em=0)
     out = str(tmp_path / "warm")
     capsys.readouterr()
-    warmstart.ensure(out, world, cfg, agent.cfg, retriever)  # the run's BM25 over the world corpus
+    warmstart.ensure(out, world, cfg, agent.cfg, rollout, evaluate, retriever)  # the run's BM25 over the world corpus
     assert "retriever: bm25" not in capsys.readouterr().out  # reused (before: a second index)
     saved = json.loads((tmp_path / "warm" / "warmstart.json").read_text())
     assert saved["sft_steps"] == 2 and saved["topk"] == 2 and saved["max_obs_tokens"] == 60
     assert saved["copy_steps_done"] == 50 and saved["sft_steps_done"] == 2
     model, tok = load_policy(out)
     assert rollout.is_world_tokenizer(tok)
-    warmstart.ensure(out, world, cfg, agent.cfg)
+    warmstart.ensure(out, world, cfg, agent.cfg, rollout, evaluate)
     assert "cached" in capsys.readouterr().out
     with pytest.raises(ValueError, match="topk"):  # another observation format: the checkpoint does not fit
-        warmstart.ensure(out, world, cfg, rollout.AgentConfig(**{**agent.cfg.__dict__, "topk": 3}))
+        warmstart.ensure(out, world, cfg, rollout.AgentConfig(**{**agent.cfg.__dict__, "topk": 3}), rollout,
+                         evaluate)
     (tmp_path / "warm" / "tokenizer.json").unlink()  # a cache that lost a file: said before loading
     with pytest.raises(ValueError, match=r"the cached warm start in .*warm is incomplete: .*warm "
                                          r"has no tokenizer files \(none of tokenizer.json.*delete "
                                          r".*warm to retrain it"):
-        warmstart.ensure(out, world, cfg, agent.cfg)
+        warmstart.ensure(out, world, cfg, agent.cfg, rollout, evaluate)
 
 
 def test_a_warm_start_below_target_trains_to_its_cap_then_fails_loudly_and_saves_nothing(setup, tmp_path, capsys):
@@ -116,7 +124,7 @@ def test_a_warm_start_below_target_trains_to_its_cap_then_fails_loudly_and_saves
     out = tmp_path / "warm"
     with pytest.raises(RuntimeError, match=r"warm start failed: greedy dev EM 0\.000 < target_em 0\.6 after 4 "
                                            r"trajectory steps \(sft_max_steps 5\)"):
-        warmstart.ensure(str(out), world, cfg, agent.cfg)
+        warmstart.ensure(str(out), world, cfg, agent.cfg, rollout, evaluate)
     printed = capsys.readouterr().out
     assert "greedy dev EM 0.000 after 2 trajectory steps" in printed and "after 4 trajectory steps" in printed
     assert not out.exists()  # nothing a later run could mistake for a usable warm start
@@ -128,7 +136,7 @@ def test_the_demonstrator_stops_at_its_search_budget_on_longer_questions_only(se
     other = next(r.gold_queries[0] for r in rows if r.gold_queries[0] not in four.gold_chain)
 
     def searches(row, cfg, rng):
-        ids, mask = warmstart.demonstration(agent, row, rng, cfg, [other], {})
+        ids, mask = warmstart.demonstration(agent, row, rng, cfg, [other], observed(agent, [*row.gold_queries, other]))
         _, actions, _ = steps_of(agent, ids, mask)
         return [c for a, c, _ in actions if a == "search"], actions[-1]
 

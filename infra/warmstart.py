@@ -1,6 +1,10 @@
 """Supervised warm start of the embedded default's tiny Llama, before RL (as BranPO's cold start, App. A.2).
 
-    python warmstart.py --out out/warmstart --world out/world    # the agent format: train.py's flags (AgentConfig)
+    python train.py warmstart --out out/warmstart --world out/world   # alone; the agent format: AgentConfig's flags
+
+train.py runs it (`ensure`) before RL when there is no --model. The agent it demonstrates is rollout.py's, and its
+validation is eval.py's `evaluate`: both are passed in (`rollout`: the module; `evaluate`), as this package never
+imports the top level.
 
 The model is a 3-layer, d = 128 Llama; its tokenizer's pieces are the world's syllables, syllable pairs and words,
 so it can copy a name it never saw in a training question from a passage into its next query. Two stages:
@@ -30,12 +34,9 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-import cli
-import data
-import rollout
-from engines import HFEngine, model_problem
-from eval import evaluate
-from retriever import BM25Retriever, load_corpus
+from infra import data, flags
+from infra.engines import HFEngine, model_problem
+from infra.search import BM25Retriever, load_corpus
 
 MISTAKES = ("early", "wrong", "repeat")
 
@@ -43,9 +44,10 @@ TAGS = ["<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>",
 SPECIAL = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
 
 
-def world_tokenizer() -> PreTrainedTokenizerFast:
+def world_tokenizer(rollout) -> PreTrainedTokenizerFast:
     """WordPiece over the world's syllables and syllable pairs (word-initial and '##' pieces; why pairs: README, "The
-    embedded default"), its words, the agent's words, digits, punctuation, single letters; agent tags whole."""
+    embedded default"), its words, the agent's words (`rollout`: the module rollout.py), digits, punctuation, single
+    letters; agent tags whole."""
     agent_text = " ".join([rollout.INSTRUCTION, rollout.SHORT_INSTRUCTION, rollout.RETRY, "Doc 1(Title: x) 0123456789"])
     words = set(data.TEMPLATE_WORDS) | {w.lower() for w in re.findall(r"[A-Za-z]+", agent_text)}
     symbols = set(data.PUNCTUATION) | set(re.findall(r"[^\sA-Za-z]", agent_text)) - set("<>/")
@@ -65,7 +67,7 @@ def world_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_llama(tokenizer, hidden=128, layers=3, heads=4, max_len=2048, seed=0) -> LlamaForCausalLM:
-    """A freshly initialised small Llama for the embedded default (DESIGN.md: 3 layers, d = 128)."""
+    """A freshly initialised small Llama for the embedded default (3 layers, d = 128)."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=3 * hidden,
                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
@@ -103,7 +105,7 @@ class WarmConfig:
     """Share of the demonstrations of questions longer than search_budget hops that stop at the budget."""
 
 
-RULES = [  # cli.check: (flags, what is allowed, test)
+RULES = [  # flags.check: (flags, what is allowed, test)
     ("copy_steps search_budget", "an integer >= 0", lambda v: v >= 0),
     ("copy_length sft_steps warm_batch_size val_n", "an integer >= 1", lambda v: v >= 1),
     ("warm_lr copy_loss", "> 0", lambda v: v > 0),
@@ -152,7 +154,8 @@ def trajectory(agent, row, rng, mistake, others, observations, where=None):
 
 def trajectory_ids(agent, question, steps, observations):
     """(input ids, loss mask): the prompt, then per step "<think> thought </think><tag> content </tag>" (trained)
-    and after a search the observation ids the agent would append (not trained; cached per query in `observations`)."""
+    and after a search the observation ids the agent would append (not trained; `observations`: query -> those ids,
+    for every query the demonstrations make)."""
     think = agent.cfg.think_tag
     ids = agent.prompt_ids(question)
     mask = [0] * len(ids)
@@ -160,9 +163,6 @@ def trajectory_ids(agent, question, steps, observations):
         action = agent.encode(f"<{think}> {thought} </{think}><{tag}> {content} </{tag}>")
         ids, mask = ids + action, mask + [1] * len(action)
         if tag == "search":
-            if content not in observations:
-                passages = agent.retriever.search([content], agent.cfg.topk)[0]
-                observations[content] = agent.observation_ids(rollout.format_passages(passages))
             ids, mask = ids + observations[content], mask + [0] * len(observations[content])
     return ids, mask
 
@@ -201,7 +201,7 @@ def fit(model, make_batch, steps, lr, pad_id, desc, floor=0.1, until=0.0) -> tup
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * (
         floor + (1 - floor) * (1 + math.cos(math.pi * s / steps)) / 2))
     model.train()
-    bar = cli.progress(range(steps), desc=desc)
+    bar = flags.progress(range(steps), desc=desc)
     losses = []
     for _ in bar:
         batch = make_batch()
@@ -227,18 +227,19 @@ def fit(model, make_batch, steps, lr, pad_id, desc, floor=0.1, until=0.0) -> tup
     return (losses[-1] if losses else float("nan")), len(losses)
 
 
-def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.AgentConfig,
+def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg, rollout, evaluate,
           search=None) -> str:
     """Warm-start a fresh tiny Llama on the world (the two stages, in the prompt and observation format of
-    `agent_cfg`, whose seed seeds the weights and the data) and save it with its tokenizer to
-    out_dir. `search`: the run's retriever, searched when it is BM25 over the world's corpus (one
+    `agent_cfg`, rollout.py's AgentConfig, whose seed seeds the weights and the data) and save it with its
+    tokenizer to out_dir. `rollout`: the module rollout.py (its Agent demonstrates); `evaluate`: eval.py's (the
+    validation). `search`: the run's retriever, searched when it is BM25 over the world's corpus (one
     index per run); otherwise the warm start builds its own."""
-    tok = world_tokenizer()
+    tok = world_tokenizer(rollout)
     model = tiny_llama(tok, seed=agent_cfg.seed)
     rows = [r for r in data.load_rows(world_dir, "train") if r.gold_queries]
     if not rows:
         raise ValueError(f"{world_dir}/train.jsonl has no rows with gold_queries; the warm start needs the "
-                         f"embedded world (python data.py --out DIR)")
+                         f"embedded world (python -m infra.data --out DIR)")
     corpus = os.path.join(world_dir, "corpus.jsonl")
     if not (isinstance(search, BM25Retriever) and search.corpus.path == corpus):
         search = BM25Retriever(load_corpus(corpus))
@@ -281,29 +282,30 @@ def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Agen
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     with open(os.path.join(out_dir, "warmstart.json"), "w") as f:
-        json.dump({**settings(cfg, agent_cfg), "world": world_dir, "final_loss": loss, "copy_steps_done": copy_steps,
-                   "sft_steps_done": steps, **({"dev_em": m["em"]} if cfg.target_em else {})}, f, indent=1)
+        json.dump({**settings(cfg, agent_cfg, rollout), "world": world_dir, "final_loss": loss,
+                   "copy_steps_done": copy_steps, "sft_steps_done": steps,
+                   **({"dev_em": m["em"]} if cfg.target_em else {})}, f, indent=1)
     return out_dir
 
 
-def settings(cfg: WarmConfig, agent_cfg: rollout.AgentConfig) -> dict:
+def settings(cfg: WarmConfig, agent_cfg, rollout) -> dict:
     """What a cached warm start must match: its own settings and the agent format it was trained in."""
     keep = ("think_tag", "topk", "max_obs_tokens", "seed")
     return {**asdict(cfg), **{k: v for k, v in asdict(agent_cfg).items() if k in keep},
-            "instruction": rollout.instruction_template(agent_cfg.instruction, world_tokenizer())}
+            "instruction": rollout.instruction_template(agent_cfg.instruction, world_tokenizer(rollout))}
 
 
-def ensure(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.AgentConfig,
+def ensure(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg, rollout, evaluate,
            search=None) -> str:
-    """The cached warm-start checkpoint in out_dir; trained first (`train`, with `search`) if it is
-    not there yet. Under the lock OUT_DIR.lock: a second run waits for the first's warm start, then
-    checks that its settings are this run's."""
+    """The cached warm-start checkpoint in out_dir; trained first (`train`, with `rollout`, `evaluate`
+    and `search`) if it is not there yet. Under the lock OUT_DIR.lock: a second run waits for the first's
+    warm start, then checks that its settings are this run's."""
     with data.claimed(out_dir.rstrip("/") + ".lock", f"the warm start {out_dir}"):
         saved = os.path.join(out_dir, "warmstart.json")  # written last: the warm start is complete
         if os.path.exists(saved):
             with open(saved) as f:
                 was = json.load(f)
-            differ = {k: (was.get(k), v) for k, v in settings(cfg, agent_cfg).items()
+            differ = {k: (was.get(k), v) for k, v in settings(cfg, agent_cfg, rollout).items()
                       if was.get(k) != v}
             if differ:
                 raise ValueError(f"the cached warm start in {out_dir} was trained with other "
@@ -316,23 +318,25 @@ def ensure(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg: rollout.Age
             return out_dir
         print(f"warm start: none in {out_dir}; training one (about 6 minutes on 2 CPU cores)")
         t0 = time.perf_counter()
-        train(out_dir, world_dir, cfg, agent_cfg, search)
+        train(out_dir, world_dir, cfg, agent_cfg, rollout, evaluate, search)
         print(f"warm start: saved to {out_dir} in {time.perf_counter() - t0:.0f} s")
     return out_dir
 
 
 @dataclass
 class Paths:
-    """`python warmstart.py`: where to read the world and write the checkpoint (the agent format: AgentConfig)."""
+    """`python train.py warmstart`: where to read the world and write the checkpoint (the agent format: AgentConfig)."""
     out: str = "out/warmstart"
     """Checkpoint directory (model + tokenizer + warmstart.json)."""
     world: str = "out/world"
     """Embedded world directory (written first if missing)."""
 
 
-if __name__ == "__main__":
-    cfg, paths, agent_cfg = cli.parse(WarmConfig, Paths, rollout.AgentConfig)
-    cli.check(cfg, RULES)
+def main(argv: list[str], rollout, evaluate):
+    """`python train.py warmstart ...` (`argv`: the arguments after `warmstart`): train a warm start into --out,
+    whatever is there, from the world in --world (written first if missing). `rollout`, `evaluate`: as `train`."""
+    cfg, paths, agent_cfg = flags.parse(WarmConfig, Paths, rollout.AgentConfig, args=argv)
+    flags.check(cfg, RULES)
     world = data.ensure_world(paths.world)
     with data.claimed(paths.out.rstrip("/") + ".lock", f"the warm start {paths.out}"):
-        train(paths.out, world, cfg, agent_cfg)
+        train(paths.out, world, cfg, agent_cfg, rollout, evaluate)

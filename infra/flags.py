@@ -2,7 +2,7 @@
 The scripts' progress bars (`progress`) are made here too, so that a log file can hold them.
 
 Deviation from HfArgumentParser's convention, which reads a field's `--help` only from `metadata["help"]`: `parse`
-first copies the string written under each field (STYLE.md rule 3) into that metadata, read from the source with
+first copies the string written under each field into that metadata, read from the source with
 `ast` (classes defined under `if __name__ == "__main__":` included); `--help` also shows each field's default.
 """
 import ast

@@ -207,7 +207,7 @@ class VLLMEngine:
                 loaders = sorted(m for m in ("numba", "bm25s", "llvmlite") if m in sys.modules)
                 raise RuntimeError(f"llvmlite is loaded in this process (loaded: {', '.join(loaders)}), and vLLM "
                                    "0.32's CPU start crashes on it; import numba only after the vLLM engine starts, "
-                                   "and build BM25 through retriever.py (it keeps bm25s off numba)")
+                                   "and build BM25 through infra/search.py (it keeps bm25s off numba)")
             llm_kwargs.setdefault("enable_chunked_prefill", False)  # note 10: prefill every prompt in one step
         from vllm import LLM
 
@@ -259,7 +259,8 @@ class VLLMEngine:
             import vllm
 
             raise RuntimeError(f"vLLM {vllm.__version__}: workers' reload_weights(weights_iterator=...) failed ({e}); "
-                               "engines.py needs a vLLM with in-place layerwise reloading (0.32 is tested)") from e
+                               "infra/engines.py needs a vLLM with in-place layerwise reloading (0.32 is "
+                               "tested)") from e
         if not self.llm.reset_prefix_cache():  # its KV was computed with the old weights
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update (requests running?); "
                                "cached KV would be stale, so call load_weights only between generate calls")
@@ -275,7 +276,7 @@ class VLLMEngine:
 # choosing an engine
 
 RULES = [("engine", "auto or hf: vllm is not installed (GPU: pip install -r requirements-gpu.txt; CPU: README, "
-                    "'vLLM on CPU')",  # cli.check
+                    "'vLLM on CPU')",  # flags.check
           lambda v: v != "vllm" or importlib.util.find_spec("vllm") is not None)]
 
 

@@ -5,7 +5,7 @@ and books linked by typed RELATIONS, one passage each, plus distractors one syll
 asked about). A question follows 1 to 4 relations from a subject ("where was the founder of the employer of kalo mire
 born?") and carries its answers, gold chain and gold queries (each searched entity's name, which BM25 finds first).
 Names are made of SYLLABLES and all other words are TEMPLATE_WORDS, so a tokenizer over `vocabulary()` lets a tiny
-model copy a name it never saw in training from a passage into its next query (DESIGN.md, data.py). Loaders turn
+model copy a name it never saw in training from a passage into its next query. Loaders turn
 Search-R1 parquet, FlashRAG / our JSONL and Hugging Face `datasets` into `QARow`s; `reject_sampling_filter` is the
 "Cut the Bill" data filter (its section 3, step 3). `claimed` is the lock under which runs sharing an --out_dir
 write the world (`ensure_world`) and the warm start one at a time.
@@ -34,7 +34,7 @@ from pathlib import Path
 import datasets
 import pyarrow.parquet
 
-import cli
+from infra import flags
 
 # ----------------------------------------------------------------------------------------------------------------
 # The world's alphabet: syllables for names, fixed words for everything else
@@ -109,7 +109,7 @@ class QARow:
 
 @dataclass
 class WorldConfig:
-    """Sizes and seed of the embedded world (defaults: DESIGN.md's 4,000 people, hundreds of test questions per hop)."""
+    """Sizes and seed of the embedded world (defaults: 4,000 people, hundreds of test questions per hop)."""
     seed: int = 0
     """Random seed; the same seed and sizes give byte-identical files."""
     people: int = 4000
@@ -386,7 +386,7 @@ def load_rows(source, split="train"):
             raise DataError(f"{source} has no {split}.parquet or {split}.jsonl; pass a file or another split")
         source = found[0]
     if source.endswith((".parquet", ".jsonl", ".json")) and not os.path.exists(source):
-        raise DataError(f"{source} does not exist; run `python data.py --out DIR` to write the embedded world")
+        raise DataError(f"{source} does not exist; run `python -m infra.data --out DIR` to write the embedded world")
     if source.endswith(".parquet"):
         records = pyarrow.parquet.read_table(source).to_pylist()
         rows = [row_from_record(r, f"{source}: row {i}", split, i) for i, r in enumerate(records)]
@@ -457,12 +457,12 @@ if __name__ == "__main__":
         out: str
         """Directory that receives corpus.jsonl, train.jsonl, test.jsonl and dev.jsonl."""
 
-    cfg, output = cli.parse(WorldConfig, Output)
-    cli.check(cfg, [("people companies books cities countries train_per_hop test_per_hop max_hops",
-                     "an integer >= 1", lambda v: v >= 1),
-                    ("dev_per_hop", "an integer >= 0", lambda v: v >= 0),
-                    ("distractor_fraction", "in [0, 1]", lambda v: 0 <= v <= 1),
-                    ("test_fraction", "in (0, 1)", lambda v: 0 < v < 1)])
+    cfg, output = flags.parse(WorldConfig, Output)
+    flags.check(cfg, [("people companies books cities countries train_per_hop test_per_hop max_hops",
+                       "an integer >= 1", lambda v: v >= 1),
+                      ("dev_per_hop", "an integer >= 0", lambda v: v >= 0),
+                      ("distractor_fraction", "in [0, 1]", lambda v: 0 <= v <= 1),
+                      ("test_fraction", "in (0, 1)", lambda v: 0 < v < 1)])
     print(cfg)
     world = build_world(cfg)
     write_world(world, output.out)

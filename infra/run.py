@@ -1,0 +1,248 @@
+"""A training run's bookkeeping: its directory and lock, configuration, metrics, learning curves, checkpoints and
+the signals that stop it. train.py calls these; its flags (`args`: train.py's Args) are passed in.
+"""
+import fcntl
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+from dataclasses import asdict
+from pathlib import Path
+
+import accelerate.utils
+from matplotlib.figure import Figure
+
+
+TRACKERS = {n: getattr(accelerate.utils, f"is_{n}_available") for n in (  # --log_with n: its check
+    "tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab",
+    "trackio")}  # that the package (pip install n) imports, as accelerate checks it
+
+
+def log(row: dict, history: list[dict], run_dir: str, accelerator, args):
+    """Append a row to the history; rank 0 also writes it to metrics.jsonl, the trackers and curve.png."""
+    history.append(row)
+    if accelerator.is_main_process:
+        with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if args.log_with:
+            accelerator.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+        plot_curves({"": history}, os.path.join(run_dir, "curve.png"))
+
+
+def summary(history: list[dict], seconds: dict[str, float], wall: float, run_dir: str) -> str:
+    """The run's last word: test EM before -> after RL (per hop), the wall time per stage, where the outputs are."""
+    evals = [h for h in history if "eval/em" in h]
+    times = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
+    where = f"outputs in {run_dir} (metrics.jsonl, curve.png, final/)"
+    if len(evals) < 2:
+        return f"done in {wall / 60:.1f} min ({times}); no evaluation before and after RL (--eval_every 0); {where}"
+    a, b = evals[0], evals[-1]
+    gain = b["eval/em"] - a["eval/em"]
+    hops = ", ".join(f"{k[len('eval/em_hop'):]}-hop {a[k]:.2f} -> {b[k]:.2f}" for k in a if k.startswith("eval/em_hop"))
+    se = math.sqrt(sum(e["eval/em"] * (1 - e["eval/em"]) / max(e["eval/n"], 1) for e in (a, b)))  # of the gain
+    verdict = ("RL improved the policy" if gain > 2 * se else "RL made the policy WORSE" if gain < -2 * se
+               else f"NO clear change from RL (the gain is within 2 standard errors, {2 * se:.3f})")
+    return (f"done: {verdict}: test EM {a['eval/em']:.3f} (step {a['step']}) -> {b['eval/em']:.3f} (step {b['step']}), "
+            f"{gain:+.3f} on {b['eval/n']:.0f} questions" + (f" ({hops})" if hops else "")
+            + f"; {wall / 60:.1f} min ({times}); {where}")
+
+
+def plot_curves(runs: dict[str, list[dict]], path: str, keys=("rollout/reward", "rollout/em", "eval/em")):
+    """Learning curves, one colour per run ({label: metrics rows}): rollout reward (line) and EM (dotted), eval EM."""
+    fig = Figure(figsize=(6 + (len(runs) > 1), 3.5))
+    ax = fig.subplots()
+    styles = {"rollout/reward": "-", "rollout/em": ":", "eval/em": "o--"}
+    for i, (name, history) in enumerate(runs.items()):
+        for key in keys:
+            pts = [(h["step"], h[key]) for h in history if key in h]
+            if pts:
+                ax.plot(*zip(*pts), styles[key], color=f"C{i}", label=f"{name} {key}".strip())
+    ax.set_xlabel("step")
+    ax.legend(fontsize=6 if len(runs) > 1 else None, ncol=1 + (len(runs) > 1))
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def check_env_errors(history: list[dict], args, where: str):
+    """Stop the run when the share of trajectories lost to retrieval errors stayed above --max_env_error_rate for
+    --env_error_patience steps in a row: it would train on almost nothing while looking like a model that fails."""
+    rates = [row["abnormal/env_error"] for row in history if "abnormal/env_error" in row][-args.env_error_patience:]
+    if len(rates) == args.env_error_patience and min(rates) > args.max_env_error_rate:
+        raise SystemExit(f"stopping: abnormal/env_error above --max_env_error_rate {args.max_env_error_rate} for "
+                         f"{len(rates)} steps in a row ({', '.join(f'{r:.2f}' for r in rates)}): the retriever "
+                         f"({where}) is failing; fix it, then rerun with --resume (from the last checkpoint)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The run directory: one writer (run.lock), never overwritten by accident, resumable after a kill
+
+
+def claim_run_dir(run_dir: str, args):
+    """Lock run_dir and refuse a run already there unless --resume or --overwrite (deletes all but the lock) says what
+    to do. Returns the open run.lock ("PID HOST"); flock frees it when the process ends, however it ends."""
+    os.makedirs(run_dir, exist_ok=True)
+    lock = open(os.path.join(run_dir, "run.lock"), "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = Path(lock.name).read_text().strip() or "?"
+        lock.close()
+        raise SystemExit(f"{run_dir} is in use by process {holder} ({lock.name}): wait for it to end or stop it "
+                         f"(kill {holder.split()[0]})") from None
+    lock.truncate(0)
+    print(os.getpid(), socket.gethostname(), file=lock, flush=True)
+    held = sorted(n for n in os.listdir(run_dir) if n in ("latest", "final") or n.startswith("checkpoint-")
+                  or (n == "metrics.jsonl" and os.path.getsize(os.path.join(run_dir, n))))
+    if held and not (args.resume or args.overwrite):
+        raise SystemExit(f"{run_dir} already holds a run ({', '.join(held)}); pass --resume to continue it, "
+                         f"--overwrite to delete it and start fresh, or --run_name NAME for a new run")
+    if args.overwrite:
+        for path in [os.path.join(run_dir, n) for n in os.listdir(run_dir) if n != "run.lock"]:
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+    elif args.resume and held and "latest" not in held:
+        print(f"resume: no checkpoint in {run_dir} yet; starting from step 0 (the metrics logged so far are dropped)")
+    return lock
+
+
+def save_config(run_dir: str, whole: dict, classes):
+    """Write the run's whole configuration (`whole`: flag -> value) to run_dir/config.json and print the flags
+    that differ from the defaults of `classes` (the run's flag dataclasses)."""
+    Path(run_dir, "config.json").write_text(json.dumps(whole, indent=1))
+    default = {k: v for c in classes for k, v in asdict(c()).items()}
+    changed = " ".join(f"--{k} {shlex.quote(str(v))}" for k, v in whole.items()
+                       if v != default[k])
+    print(f"config: {run_dir}/config.json; not the defaults: {changed or 'none'}")
+
+
+def read_metrics(path: str) -> list[dict]:
+    """The rows of a metrics.jsonl: a missing file is empty, and a torn last line (a kill in the middle of a write)
+    is dropped, each with a note; any other line that is not JSON raises."""
+    if not os.path.exists(path):
+        print(f"resume: {path} is missing; the checkpoint is intact, the metrics before it are lost")
+        return []
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines):
+                raise ValueError(f"{path}: line {i} is not JSON ({line[:80]!r}); only a last line may be torn by a "
+                                 f"kill: fix or delete that line, then --resume") from None
+            print(f"resume: dropped the torn last line of {path} ({line[:40]!r})")
+    return rows
+
+
+def save_checkpoint(accelerator, run_dir: str, step: int, state: dict, main_proc: bool):
+    """Save checkpoint-STEP (accelerate state + trainer_state.json, which records every file's
+    size), point `latest` at it, then delete the checkpoints before the previous one. `latest` moves
+    only once the new checkpoint is complete (os.replace is atomic), so a run killed or out of disk
+    space while saving resumes from the previous checkpoint, never a torn one; and the previous one
+    stays, for `load_checkpoint` to fall back to."""
+    name, latest = f"checkpoint-{step}", Path(run_dir, "latest")
+    path = os.path.join(run_dir, name)
+    previous = latest.read_text().strip() if latest.exists() else ""
+    accelerator.wait_for_everyone()
+    try:
+        accelerator.save_state(path)
+        accelerator.wait_for_everyone()  # every rank's files are written
+        if main_proc:
+            files = {f: os.path.getsize(os.path.join(path, f)) for f in sorted(os.listdir(path))
+                     if f != "trainer_state.json"}
+            Path(path, "trainer_state.json").write_text(json.dumps({**state, "files": files}))
+            Path(run_dir, "latest.tmp").write_text(name)
+            os.replace(Path(run_dir, "latest.tmp"), latest)
+    except (OSError, RuntimeError) as e:  # torch reports a full disk as RuntimeError("... file write failed")
+        shutil.rmtree(path, ignore_errors=True)  # the torn checkpoint: only frees space
+        free_mib = shutil.disk_usage(run_dir).free / 2 ** 20
+        raise OSError(f"writing {name} failed ({type(e).__name__}: {e}); {free_mib:.0f} MiB free on the disk holding "
+                      f"{run_dir}: if it is full, free space, then --resume continues from "
+                      f"{previous or 'step 0 (no checkpoint yet)'} (`latest` is unchanged)") from e
+    if main_proc:  # only now delete the older ones (Accelerate's ProjectConfiguration(total_limit=...) is not used:
+        # it deletes the oldest checkpoint before writing the new one, so a failed save could leave none)
+        for old in os.listdir(run_dir):
+            if old.startswith("checkpoint-") and old not in (name, previous):
+                shutil.rmtree(os.path.join(run_dir, old))
+
+
+def checkpoint_problem(path: str) -> str:
+    """What makes the checkpoint directory `path` unreadable, found without loading it:
+    trainer_state.json missing or not JSON, a file missing or not the size it was saved with; empty
+    when nothing is found."""
+    try:
+        files = json.loads(Path(path, "trainer_state.json").read_text()).get("files", {})
+    except (OSError, ValueError) as e:
+        return f"trainer_state.json cannot be read ({type(e).__name__}: {e})"
+    for f, saved in files.items():
+        size = os.path.getsize(Path(path, f)) if Path(path, f).exists() else None
+        if size != saved:
+            return f"{f} is missing" if size is None else \
+                f"{f} has {size} bytes, {saved} when saved (truncated or overwritten)"
+    return ""
+
+
+def load_checkpoint(accelerator, run_dir: str) -> dict | None:
+    """Restore the accelerate state (model, optimizer, scheduler, RNGs) of the checkpoint `latest`
+    names and return its trainer_state.json; None when the run has no checkpoint yet. An unreadable
+    checkpoint is named with its problem, and the one before it is loaded instead (`latest` then
+    names that one); with none left, the run stops, saying what to do."""
+    latest = Path(run_dir, "latest")
+    if not latest.exists():
+        return None
+    newest = latest.read_text().strip()
+    step_of = lambda name: int(name.removeprefix("checkpoint-"))  # noqa: E731
+    names = sorted((n for n in os.listdir(run_dir) if re.fullmatch(r"checkpoint-\d+", n)
+                    and step_of(n) <= step_of(newest)), key=step_of, reverse=True)  # newest first
+    problems = [] if newest in names else [f"{newest}: missing"]
+    for name in names:
+        ckpt_dir = os.path.join(run_dir, name)
+        problem = checkpoint_problem(ckpt_dir)
+        if not problem:
+            try:
+                accelerator.load_state(ckpt_dir)
+            except Exception as e:  # any loader's (safetensors, torch, pickle): named, next one
+                problem = (f"loading it failed ({type(e).__name__}: {e}); its files have the sizes "
+                           f"they were saved with")
+        if not problem:
+            break
+        problems.append(f"{name}: {problem}")
+        accelerator.print(f"resume: {ckpt_dir} is unreadable: {problem}")
+    else:
+        raise SystemExit(f"resume: no readable checkpoint in {run_dir} ({'; '.join(problems)}): "
+                         f"put back the named files (from a backup), or start over with "
+                         f"--overwrite (deletes the run)")
+    state = json.loads(Path(ckpt_dir, "trainer_state.json").read_text())
+    if name != newest:
+        accelerator.print(f"resume: fell back to the previous checkpoint, {name}; the steps after "
+                          f"{state['step']} run again")
+        if accelerator.is_main_process:
+            Path(run_dir, "latest.tmp").write_text(name)
+            os.replace(Path(run_dir, "latest.tmp"), latest)
+    print(f"resumed from {ckpt_dir} at step {state['step']}")
+    return state
+
+
+def stop_on_signals() -> dict:
+    """From now on SIGTERM (how clusters preempt a job) and SIGINT (Ctrl-C) ask the run to stop
+    instead of ending it: the returned dict receives {"signal": the signal}, and the loop finishes
+    its step, saves a checkpoint and exits. A second signal ends the process at once (its default
+    action); the last checkpoint stays."""
+    asked = {}
+
+    def ask(signum, frame):
+        asked["signal"] = signal.Signals(signum)
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, signal.SIG_DFL)
+        os.write(2, f"\n{asked['signal'].name}: finishing this step, then saving a checkpoint "
+                    f"and stopping (send it again to stop at once, without saving)\n".encode())
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, ask)
+    return asked
