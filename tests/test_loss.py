@@ -186,6 +186,7 @@ def test_hf_engine_logprobs_are_the_trainers_pi_old(env):
     # trainer's right-padded full forward pass on every trained token
     import random
 
+    from infra import data
     from infra.engines import HFEngine, load_policy
     from infra.search import BM25Retriever, load_corpus
     from train import token_logprobs
@@ -197,7 +198,7 @@ def test_hf_engine_logprobs_are_the_trainers_pi_old(env):
     assert engine.exact_logprobs
     agent = rollout.Agent(engine, BM25Retriever(load_corpus(f"{world}/corpus.jsonl")), tok, rollout.AgentConfig(
         instruction="short", max_step_tokens=12, max_turns=2, seed=3))
-    rows = __import__("data").load_rows(str(world), "train")[:4]
+    rows = data.load_rows(str(world), "train")[:4]
     prompts = rollout.tree_grpo(agent, rows, random.Random(0), M=2, N=2, L=1)
     samples = to_samples([t for trees in prompts for t in advantages.tree_grpo(trees)])
     b = collate(samples, tok.pad_token_id)
