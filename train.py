@@ -54,7 +54,7 @@ from infra import data, engines, flags, run, warmstart
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
 from rollout import AgentConfig
-from tree import to_samples, truncated
+from tree import Sample, Trajectory, to_samples, truncated
 
 
 @dataclass
@@ -272,21 +272,15 @@ def collate(samples, pad_id: int) -> dict[str, torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# One RL step: rollout (rank 0) -> log-probs -> PPO update
+# One RL step (the loop in main): grow -> credit -> samples -> log-probs -> PPO update -> sync
 
 
-def rollout_step(step: int, args: Args, algo: AlgoConfig, agent: rollout.Agent, train_rows, order, rng):
-    """This step's prompts grown into trees, credited and turned into training samples; and the batch's metrics."""
-    at = step * args.prompts_per_step
-    batch = [train_rows[order[(at + i) % len(order)]] for i in range(args.prompts_per_step)]
-    with torch.no_grad():
-        prompts = rollout.grow(algo, agent, batch, rng)
-    trajectories = [t for trees in prompts for t in advantages.credit(algo, trees)]
-    samples = to_samples(trajectories)
-    # update actions (CARL's |D_upd|, counted per trajectory): trained steps of the rows to_samples keeps
+def sample_metrics(trajectories: list[Trajectory], samples: list[Sample]) -> dict[str, float]:
+    """What the step trains: tokens, rows, and update actions (CARL's |D_upd|, counted per
+    trajectory: the trained steps of the rows `to_samples` keeps)."""
     actions = sum(a is not None for tr in trajectories if not truncated(tr.leaf) for a in tr.advantages)
-    return samples, {**rollout.metrics(prompts), "train/tokens_trained": float(sum(sum(s.loss_mask) for s in samples)),
-                     "train/actions_trained": float(actions), "train/samples": float(len(samples))}
+    return {"train/tokens_trained": float(sum(sum(s.loss_mask) for s in samples)),
+            "train/actions_trained": float(actions), "train/samples": float(len(samples))}
 
 
 def micro_batches(samples, accelerator, model, ref_model, args: Args, pad_id: int,
@@ -469,16 +463,26 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
                        initial=start, total=args.steps)
     for step in bar:
         t0 = time.perf_counter()
-        rolled_out = rollout_step(step, args, algo, agent, train_rows, order, rng) if main_proc else None
-        samples, metrics = broadcast_object_list([rolled_out])[0]  # rank 0's, on every rank
+        if main_proc:  # rank 0 rolls out and credits; every rank gets the samples
+            at = step * args.prompts_per_step
+            batch = [train_rows[order[(at + i) % len(order)]] for i in range(args.prompts_per_step)]
+            with torch.no_grad():
+                prompts = rollout.grow(algo, agent, batch, rng)  # 1. grow the trees (rollout.py)
+            # ---- EDIT HERE: the credit, one function per paper (advantages.py) -----------------
+            trajectories = [t for trees in prompts for t in advantages.credit(algo, trees)]  # 2. credit
+            samples = to_samples(trajectories)  # 3. training samples: token ids, mask, advantages
+            rolled_out = samples, {**rollout.metrics(prompts), **sample_metrics(trajectories, samples)}
+        samples, metrics = broadcast_object_list([rolled_out if main_proc else None])[0]
         t1 = time.perf_counter()
         micro = micro_batches(samples, accelerator, model, ref_model, args, tok.pad_token_id,
-                              old_from_engine)
+                              old_from_engine)  # 4. log-probs of pi_old and pi_ref
         t2 = time.perf_counter()
-        stats, grad_norms, losses, n_skipped = update(micro, accelerator, model, optimizer, scheduler, args)
+        # ---- EDIT HERE: the loss (ppo_loss above) ----------------------------------------------
+        stats, grad_norms, losses, n_skipped = update(micro, accelerator, model, optimizer, scheduler,
+                                                      args)  # 5. the PPO update
         skipped += n_skipped
         t3 = time.perf_counter()
-        if main_proc:  # sync: the rollout engine samples from the new weights from the next step on
+        if main_proc:  # 6. weight sync: the engine samples from the new weights from the next step on
             agent.engine.load_weights(accelerator.unwrap_model(model))
         metrics.update(train_metrics(stats, grad_norms, losses, args), **{
             "train/skipped_steps": skipped, "train/lr": scheduler.get_last_lr()[0], "train/time_rollout": t1 - t0,
