@@ -64,7 +64,8 @@ def main(a: Args, cfg: rollout.AgentConfig):
     model, tok = load_policy(a.model)
     block = {"block_size": a.vllm_block_size} if a.vllm_block_size else {}
     engine = make_engine(a.engine, model, tok, a.model, **block)
-    # strategy -> (prompt tokens, of which served by vLLM's prefix cache); vLLM only (infra/engines.py note 7)
+    # strategy -> (prompt tokens, of which served by vLLM's prefix cache); vLLM only (HF's engine
+    # has no prefix cache)
     prefill = {}
     retriever = BM25Retriever(load_corpus(os.path.join(world, "corpus.jsonl")))
     print(f"\n{'strategy':10} {'tokens/prompt':>14} {'calls/prompt':>13} {'leaves/prompt':>14} "

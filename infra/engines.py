@@ -1,27 +1,15 @@
 """Generation engines: token-id prompts in, completions with per-token log-probs out.
 
-rollout.py talks to the `Engine` protocol; `VLLMEngine` (offline `vllm.LLM`, prefix caching, in-process weight
-update) and `HFEngine` (batched `model.generate`, the CPU / no-vLLM fallback) implement it, and `make_engine` picks
-one and says which and why. Completions are the exact sampled ids: a context is extended, never re-tokenized.
+rollout.py talks to the `Engine` protocol; `VLLMEngine` (offline `vllm.LLM`, prefix caching,
+in-process weight update) and `HFEngine` (batched `model.generate`, the CPU / no-vLLM fallback)
+implement it, and `make_engine` picks one and says which and why. Completions are the exact sampled
+ids: a context is extended, never re-tokenized.
 
-Notes and deviations, numbered:
-1. Log-probs are log_softmax(raw logits)[sampled id] whatever temperature / top_p sampled the token (vLLM's
-   "raw_logprobs", HF's `output_logits`), as the trainer recomputes them. At T=1, top_p=1 (the papers' setting) that
-   is log pi_old; otherwise the PPO ratio is taken at T=1 (verl divides the trainer's logits by T instead).
-2. Stop strings are matched on the decoded completion alone, across tokens, as in vLLM; the token that completes one
-   is kept. HF uses our criterion: transformers' `stop_strings` also match across the prompt/completion boundary.
-3. An EOS that ended a completion is kept (finish_reason "eos"); EOS ids: the tokenizer's and generation_config's.
-4. HF ignores the checkpoint's generation_config sampling defaults, as vLLM does given `SamplingParams`.
-5. A seed makes one `generate` call reproducible on one engine: HF seeds once per call, vLLM gives prompt i seed + i
-   (so a node's identical branch prompts differ). The engines' samples differ; HF's depend on `max_batch_size`.
-6. `VLLMEngine.load_weights` hands the HF state dict to the workers' `reload_weights` and resets the prefix cache;
-   in one process that is an in-memory copy; tensor parallel weights go through vLLM's RPC (no NCCL broadcast).
-7. The HF engine has no prefix cache; the vLLM engine counts the prompt tokens its cache served.
-8. vLLM 0.32's CPU start crashes when numba's llvmlite is loaded; `VLLMEngine` then refuses to start, naming it.
-9. The vLLM engine's dtype defaults to the policy's, so that rounding does not spread pi_old / pi_rollout.
-   `close()` shuts vLLM down while the torch.distributed it set up still exists (before Accelerate's end_training).
-10. On CPU, chunked prefill is off: vLLM 0.32 cannot rewind a seeded request's CPU generator after a partial
-   prefill. A prompt must then fit max_num_batched_tokens (default 4,096; raise it with a longer max_model_len).
+Deviations from the papers, each cited by its name:
+- raw-logprobs: log-probs are log_softmax(raw logits)[sampled id] whatever temperature / top_p
+  sampled the token (vLLM's "raw_logprobs", HF's `output_logits`), as the trainer recomputes them.
+  At T=1, top_p=1 (the papers' setting) that is log pi_old; otherwise the PPO ratio is taken at T=1
+  (verl divides the trainer's logits by T instead).
 """
 
 import fnmatch
@@ -46,7 +34,9 @@ class Sampling:
     temperature: float = 1.0  # softmax temperature; 0 = greedy
     top_p: float = 1.0  # nucleus mass in (0, 1]; 1 keeps the whole distribution; ignored when greedy
     max_tokens: int = 512  # most generated tokens per completion
-    stop: list[str] = field(default_factory=list)  # stop strings, matched on the decoded completion (note 2)
+    # Stop strings, matched on the decoded completion alone (prompt excluded), across tokens, as
+    # vLLM does; the token that completes one is kept.
+    stop: list[str] = field(default_factory=list)
     seed: int | None = None  # seed for this call (None: the engine's running RNG); vLLM: seed + i for prompt i
 
     def __post_init__(self):
@@ -65,7 +55,7 @@ class Completion:
     """One generated continuation of one prompt."""
 
     token_ids: list[int]  # the sampled ids, up to and including the one that completed a stop string or the EOS
-    logprobs: list[float]  # log pi_old(token | context) of each: log_softmax of the raw logits (note 1)
+    logprobs: list[float]  # log_softmax(raw logits)[token]: log pi_old at T=1 (raw-logprobs)
     finish_reason: str  # "stop" (a stop string completed), "eos" (an EOS was sampled) or "length" (max_tokens)
 
 
@@ -88,7 +78,9 @@ def _check_prompts(prompts: list[list[int]]) -> None:
 
 
 class _StopOnText(StoppingCriteria):
-    """Stops a row once its decoded completion (prompt excluded) contains a stop string; remembers where."""
+    """Stops a row once its decoded completion (prompt excluded) contains a stop string; remembers
+    where. transformers' own `stop_strings` also match across the prompt/completion boundary, unlike
+    vLLM's: hence this criterion, the same in both engines."""
 
     def __init__(self, tokenizer, stop: list[str], prompt_len: int):
         self.tokenizer, self.stop, self.prompt_len = tokenizer, stop, prompt_len
@@ -123,6 +115,8 @@ class HFEngine:
         self.model, self.tokenizer, self.max_batch_size = model, tokenizer, max_batch_size
         model_eos = model.generation_config.eos_token_id  # None, one id or a list of ids
         eos = {tokenizer.eos_token_id, *(model_eos if isinstance(model_eos, (list, tuple)) else [model_eos])}
+        # EOS ids: the tokenizer's and generation_config's; an EOS that ends a completion is kept
+        # (finish_reason "eos").
         self.eos_ids = sorted(i for i in eos if i is not None)
         if not self.eos_ids:
             raise ValueError("neither the tokenizer nor model.generation_config defines an EOS token id; set one")
@@ -140,6 +134,8 @@ class HFEngine:
         self.model.eval()  # no dropout while sampling; restored below
         devices = [self.model.device] if self.model.device.type == "cuda" else []
         try:
+            # A seed makes one call reproducible on this engine: seeded once per call, so the
+            # samples depend on max_batch_size (the chunks), and differ from vLLM's.
             with torch.random.fork_rng(devices=devices, enabled=sampling.seed is not None):
                 if sampling.seed is not None:
                     torch.manual_seed(sampling.seed)
@@ -154,12 +150,13 @@ class HFEngine:
         attention_mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])  # (B, P)
         stop = _StopOnText(self.tokenizer, sampling.stop, P) if sampling.stop else None
         greedy = sampling.temperature == 0
-        config = GenerationConfig(  # top_k 0 = off (the global default would be 50); output_logits: raw, note 1
+        config = GenerationConfig(  # top_k 0 = off (default 50); output_logits: raw-logprobs
             max_new_tokens=sampling.max_tokens, do_sample=not greedy, top_k=None if greedy else 0,
             temperature=None if greedy else sampling.temperature, top_p=None if greedy else sampling.top_p,
             eos_token_id=self.eos_ids, pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True)
-        # generate() fills every unset field from model.generation_config (the checkpoint's sampling defaults);
-        # swap in an empty one for the call so that only `config` applies (note 4).
+        # generate() fills every unset field from model.generation_config (the checkpoint's
+        # sampling defaults); swap in an empty one for the call so that only `config` applies, as
+        # vLLM ignores them given SamplingParams.
         saved, self.model.generation_config = self.model.generation_config, GenerationConfig()
         try:
             out = self.model.generate(input_ids=input_ids.to(self.model.device), generation_config=config,
@@ -199,23 +196,31 @@ class VLLMEngine:
                  **llm_kwargs):
         """`model_path`: an HF model directory or hub name; `gpu_memory_utilization`: vLLM's share of GPU memory (leave
         the trainer room; on CPU, VLLM_CPU_KVCACHE_SPACE in GiB sizes the KV cache); the rest go to `vllm.LLM`."""
-        # One process: the engine core lives in this process, so load_weights is an in-memory copy (note 6).
+        # One process: the engine core lives in this process, so load_weights is an in-memory copy
+        # (with tensor parallel, the weights go through vLLM's RPC, no NCCL broadcast).
         # Read by vLLM when the engine starts, so it must be set before `LLM(...)`; an explicit value is kept.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if not torch.cuda.is_available():
-            if "llvmlite" in sys.modules:  # note 8: vLLM's CPU start scans every loaded module and crashes on it
+            # vLLM 0.32's CPU start scans every loaded module and crashes on numba's llvmlite:
+            # refuse to start, naming it (infra/search.py keeps bm25s off numba: its numba
+            # workaround).
+            if "llvmlite" in sys.modules:
                 loaders = sorted(m for m in ("numba", "bm25s", "llvmlite") if m in sys.modules)
                 raise RuntimeError(f"llvmlite is loaded in this process (loaded: {', '.join(loaders)}), and vLLM "
                                    "0.32's CPU start crashes on it; import numba only after the vLLM engine starts, "
                                    "and build BM25 through infra/search.py (it keeps bm25s off numba)")
-            llm_kwargs.setdefault("enable_chunked_prefill", False)  # note 10: prefill every prompt in one step
+            # Chunked prefill off: vLLM 0.32 cannot rewind a seeded request's CPU generator after a
+            # partial prefill. Every prompt is prefilled in one step, so it must fit
+            # max_num_batched_tokens (default 4,096; raise it with a longer max_model_len).
+            llm_kwargs.setdefault("enable_chunked_prefill", False)
         from vllm import LLM
 
-        self.llm = LLM(  # prefix caching: tree branches share their prefixes; raw_logprobs: T=1, before top-p (note 1)
+        # prefix caching: tree branches share their prefixes; logprobs_mode: raw-logprobs
+        self.llm = LLM(
             model=model_path, tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
             dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager, seed=seed,
             enable_prefix_caching=True, logprobs_mode="raw_logprobs", **llm_kwargs)
-        self.prefill_tokens = 0  # prompt tokens given to generate (note 7)
+        self.prefill_tokens = 0  # prompt tokens given to generate (HF's engine has no prefix cache)
         self.cached_prefill_tokens = 0  # of those, served from the prefix cache instead of recomputed
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]:
@@ -227,8 +232,10 @@ class VLLMEngine:
         common = dict(  # top_k 0: off; logprobs 0: the sampled token's only; include_stop_str: affects .text only
             temperature=sampling.temperature, top_p=1.0 if greedy else sampling.top_p, top_k=0, logprobs=0,
             max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None, include_stop_str_in_output=True)
+        # seed + i for prompt i, so that a node's identical branch prompts differ; one call is then
+        # reproducible on this engine, its samples differ from HF's.
         sampling_params = SamplingParams(**common, seed=None) if sampling.seed is None else \
-            [SamplingParams(**common, seed=sampling.seed + i) for i in range(len(prompts))]  # note 5
+            [SamplingParams(**common, seed=sampling.seed + i) for i in range(len(prompts))]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sampling_params,
                                     use_tqdm=False)
         completions = []
@@ -246,14 +253,15 @@ class VLLMEngine:
         return completions
 
     def load_weights(self, model: torch.nn.Module) -> None:
-        """Copy an unwrapped HF causal LM's state dict into the running engine, then drop the stale prefix cache."""
+        """Copy an unwrapped HF causal LM's state dict into the running engine (the workers'
+        `reload_weights`), then drop the stale prefix cache."""
         state = model.state_dict()
         wrapped = [n for n in state if n.startswith(("module.", "_orig_mod."))]
         if wrapped:
             raise ValueError(f"load_weights got a wrapped model (parameter {wrapped[0]!r}); pass the unwrapped "
                              "HF model, e.g. accelerator.unwrap_model(model), with full (not sharded) weights")
         weights = [(name, tensor.detach()) for name, tensor in state.items()]  # references, no copies
-        try:  # vLLM renames and fuses q/k/v and gate/up itself (note 6)
+        try:  # vLLM renames and fuses q/k/v and gate/up itself
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         except (TypeError, NotImplementedError) as e:
             import vllm
@@ -266,7 +274,9 @@ class VLLMEngine:
                                "cached KV would be stale, so call load_weights only between generate calls")
 
     def close(self) -> None:
-        """Shut the in-process engine core down, with the torch.distributed groups it made (note 9). Idempotent."""
+        """Shut the in-process engine core down, with the torch.distributed groups it made: call it
+        while the torch.distributed vLLM set up still exists (before Accelerate's end_training).
+        Idempotent."""
         if self.llm is not None:
             self.llm.llm_engine.engine_core.shutdown()
             self.llm = None
@@ -284,7 +294,8 @@ def make_engine(kind: str, model: torch.nn.Module, tokenizer, model_path: str, h
                 dtype: str = "", **vllm_kwargs) -> Engine:
     """`kind`: "auto" (vLLM when it imports and CUDA is present, else HF), "hf" or "vllm"; prints the choice once.
     `model` / `tokenizer`: the trainer's policy. A vLLM engine loads `model_path`, then syncs to `model` at once.
-    `dtype`: the vLLM engine's ("float32", ...; empty = `model`'s, note 9); `vllm_kwargs` go to `VLLMEngine`."""
+    `dtype`: the vLLM engine's ("float32", ...; empty = `model`'s, so that rounding does not spread
+    pi_old / pi_rollout); `vllm_kwargs` go to `VLLMEngine`."""
     if kind not in ("auto", "hf", "vllm"):
         raise ValueError(f"engine kind must be 'auto', 'hf' or 'vllm', got {kind!r}")
     try:

