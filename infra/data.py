@@ -1,24 +1,30 @@
-"""Questions for the search agent: the embedded multi-hop world, real-dataset loaders, and the reject-sampling filter.
+"""Questions for the search agent: the embedded multi-hop world, real-dataset loaders, and the
+reject-sampling filter.
 
-The embedded world is a fictional encyclopedia generated from a seed in seconds: people, cities, countries, companies
-and books linked by typed RELATIONS, one passage each, plus distractors one syllable away from a real name (never
-asked about). A question follows 1 to 4 relations from a subject ("where was the founder of the employer of kalo mire
-born?") and carries its answers, gold chain and gold queries (each searched entity's name, which BM25 finds first).
-Names are made of SYLLABLES and all other words are TEMPLATE_WORDS, so a tokenizer over `vocabulary()` lets a tiny
+The embedded world is a fictional encyclopedia generated from a seed in seconds: people, cities,
+countries, companies and books linked by typed RELATIONS, one passage each, plus distractors one
+syllable away from a real name (never asked about). A question follows 1 to 4 relations from a
+subject ("where was the founder of the employer of kalo mire born?") and carries its answers, gold
+chain and gold queries (each searched entity's name, which BM25 finds first). Names are made of
+SYLLABLES and all other words are TEMPLATE_WORDS, so a tokenizer over `vocabulary()` lets a tiny
 model copy a name it never saw in training from a passage into its next query. Loaders turn
-Search-R1 parquet, FlashRAG / our JSONL and Hugging Face `datasets` into `QARow`s; `reject_sampling_filter` is the
-"Cut the Bill" data filter (its section 3, step 3). `claimed` is the lock under which runs sharing an --out_dir
-write the world (`ensure_world`) and the warm start one at a time.
+Search-R1 parquet, FlashRAG / our JSONL and Hugging Face `datasets` into `QARow`s;
+`reject_sampling_filter` is the "Cut the Bill" data filter (its section 3, step 3). `claimed` is the
+lock under which runs sharing an --out_dir write the world (`ensure_world`) and the warm start one
+at a time.
 
-Deviations from the papers:
-1. The world is split by entity, not by question: every entity but the countries is drawn to the train or test side,
-   relations stay inside a side, and a question's subject and intermediate entities come from its side, so no test
-   question mentions or needs an entity a train question touched. Only country answers are shared (never searched).
-2. Search-R1 parquet rows without a `question` column get theirs from the prompt: the text after the last
-   "Question:" in the last user message (Search-R1's own template ends that way), else the whole message.
-3. Cut the Bill drops groups whose rewards are all 0 or all 1 (it uses 8 rollouts, reward F1). We compare with
-   `== 0` and `== 1` exactly; other constant groups (all 0.5) carry no GRPO signal either, but are kept and counted
-   (`kept_constant`) so a user can choose to drop them too.
+Deviations from the papers, each cited by its name:
+- entity-split: the world is split by entity, not by question: every entity but the countries is
+  drawn to the train or test side, relations stay inside a side, and a question's subject and
+  intermediate entities come from its side, so no test question mentions or needs an entity a train
+  question touched. Only country answers are shared (never searched).
+- question-from-prompt: Search-R1 parquet rows without a `question` column get theirs from the
+  prompt: the text after the last "Question:" in the last user message (Search-R1's own template
+  ends that way), else the whole message.
+- constant-groups-kept: Cut the Bill drops groups whose rewards are all 0 or all 1 (it uses 8
+  rollouts, reward F1). We compare with `== 0` and `== 1` exactly; other constant groups (all 0.5)
+  carry no GRPO signal either, but are kept and counted (`kept_constant`) so a user can choose to
+  drop them too.
 """
 import contextlib
 import fcntl
@@ -197,7 +203,8 @@ def _confusable(rng, name, kind, owner, taken):
 
 
 def _pick(rng, by_side_kind, side, kind):
-    """A random object of `kind` on `side` (relations stay inside a side; countries are shared)."""
+    """A random object of `kind` on `side` (entity-split: relations stay inside a side; countries
+    are shared)."""
     pool = by_side_kind.get(("shared" if kind == "country" else side, kind))
     if not pool:
         raise ValueError(f"no {kind} on the {side} side; raise the {kind} count or move test_fraction off 0 and 1")
@@ -339,7 +346,7 @@ def _question_from_prompt(prompt, where):
     if not isinstance(prompt, str) and not users:
         raise DataError(f"{where}: 'prompt' must be a string or chat messages with a user turn, got {prompt!r:.200}")
     text = prompt if isinstance(prompt, str) else users[-1].get("content", "")
-    return text.rsplit("Question:", 1)[-1].strip()  # deviation 2
+    return text.rsplit("Question:", 1)[-1].strip()  # question-from-prompt
 
 
 def _integer(value, name, where):
@@ -426,7 +433,7 @@ class FilterReport:
     kept: int  # questions whose group has mixed rewards (they carry a GRPO signal)
     dropped_all_zero: int  # groups with every reward 0: too hard, bad label, or retrieval finds nothing
     dropped_all_one: int  # groups with every reward 1: too easy, no multi-turn search needed
-    kept_constant: int  # kept groups whose rewards are all equal but neither 0 nor 1 (deviation 3)
+    kept_constant: int  # kept groups of equal rewards, not all 0 or all 1 (constant-groups-kept)
 
 
 def reject_sampling_filter(rows, rewards):

@@ -1,9 +1,11 @@
-"""In-process retrieval over a Search-R1 / FlashRAG JSONL corpus: BM25 (bm25s) or dense retrieval (a Hugging Face
-encoder with E5's conventions, FAISS inner product), one flag choosing from RETRIEVERS; both save and load their
-index. retriever.py's `connect` builds one for a run; infra/server.py serves one over HTTP.
+"""In-process retrieval over a Search-R1 / FlashRAG JSONL corpus: BM25 (bm25s) or dense retrieval
+(a Hugging Face encoder with E5's conventions, FAISS inner product), one flag choosing from
+RETRIEVERS; both save and load their index. retriever.py's `connect` builds one for a run;
+infra/server.py serves one over HTTP.
 
-Deviation from Search-R1's retrieval server:
-1. A passage whose contents has no newline gets an empty title (Search-R1 takes the whole line as the title).
+Deviations from Search-R1's retrieval server, each cited by its name:
+- empty-title: a passage whose contents has no newline gets an empty title (Search-R1 takes the
+  whole line as the title).
 """
 import hashlib
 import importlib.util
@@ -41,7 +43,7 @@ class Passage:
     score: float  # BM25 score or inner product, higher is better; NaN when the server sent none
 
     @property
-    def title(self):  # the first line; empty if there is only one (deviation 1)
+    def title(self):  # the first line; empty if there is only one (empty-title)
         return split_contents(self.contents)[0]
 
     @property

@@ -1,14 +1,17 @@
-"""Search-R1's retrieval API over HTTP. `SearchServer` answers `POST /retrieve` from any object with
-`search(queries, k)` (`python retriever.py serve`: `main`); its client `RemoteRetriever` adds a timeout, retries with
-backoff and a concurrency cap, failing with a countable `RetrievalError` ("Cut the Bill" §5.4.2, §8.2: environment
-errors are discarded and counted; one runaway trajectory must not starve the batch).
+"""Search-R1's retrieval API over HTTP. `SearchServer` answers `POST /retrieve` from any object
+with `search(queries, k)` (`python retriever.py serve`: `main`); its client `RemoteRetriever` adds
+a timeout, retries with backoff and a concurrency cap, failing with a countable `RetrievalError`
+("Cut the Bill" §5.4.2, §8.2: environment errors are discarded and counted; one runaway trajectory
+must not starve the batch).
 
-Deviations from Search-R1's retrieval server:
-1. `return_scores: false` answers `[{"document": {...}}, ...]` per query; Search-R1's server crashes on that path
-   (it unpacks scores that batch_search did not return).
-2. Concurrent requests are searched in one call (dynamic batching): the same results (exact top-k, cut to each
-   request's topk), but a search that raises fails every request batched with it (each answers 500; clients retry).
-3. Standard-library HTTP (ThreadingHTTPServer, urllib) instead of FastAPI + uvicorn: no extra dependency.
+Deviations from Search-R1's retrieval server, each cited by its name:
+- scoreless-answer: `return_scores: false` answers `[{"document": {...}}, ...]` per query;
+  Search-R1's server crashes on that path (it unpacks scores that batch_search did not return).
+- dynamic-batching: concurrent requests are searched in one call: the same results (exact top-k,
+  cut to each request's topk), but a search that raises fails every request batched with it (each
+  answers 500; clients retry).
+- stdlib-http: standard-library HTTP (ThreadingHTTPServer, urllib) instead of FastAPI + uvicorn: no
+  extra dependency.
 """
 import http.client
 import http.server
@@ -30,7 +33,8 @@ from infra.search import Passage, load_corpus, make_retriever
 # HTTP server: Search-R1's POST /retrieve
 
 class _Batcher:
-    """Runs the searches of concurrent requests as one batched call on one thread (deviation 2)."""
+    """Runs the searches of concurrent requests as one batched call on one thread
+    (dynamic-batching)."""
 
     def __init__(self, retriever, max_queries=1024):
         self.retriever, self.max_queries, self.inbox = retriever, max_queries, queue.Queue()
@@ -125,7 +129,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 def _document(p, with_scores):
-    """One entry of Search-R1's answer: the corpus row, and its score if scores were asked for."""
+    """One entry of Search-R1's answer: the corpus row, and its score if scores were asked for
+    (scoreless-answer)."""
     return {"document": {"id": p.id, "contents": p.contents}} | ({"score": p.score} if with_scores else {})
 
 
