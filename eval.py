@@ -1,13 +1,17 @@
-"""Evaluation: roll out test questions with the agent and score them (`evaluate`, per-dataset table, pass@k,
-optional LLM judge), with the metrics beyond rollout.py's EM/F1 reward: cover EM, answer extraction, the format check.
+"""Evaluation: roll out test questions with the agent and score them (`evaluate`, per-dataset table,
+pass@k, optional LLM judge), with the metrics beyond rollout.py's EM/F1 reward: cover EM, answer
+extraction, the format check.
 
     python eval.py --model out/runs/tree_grpo-seed0/final --n 400
 
-Deviations from the papers' code:
-1. Cover EM matches whole tokens: gold "art" is in "modern art" but not in "party" (Search-R1 tests substrings).
-2. `extract_answer` takes the last <answer> of the response; Search-R1's returns None when there is at most one
-   match, because its text still contains the prompt's example answer. Pass only the response here.
-3. The format check (FORMAT_RULES) does not require <think> blocks: a tiny model may act without them.
+Deviations from the papers' code, each cited by its name:
+- cover-em-tokens: cover EM matches whole tokens: gold "art" is in "modern art" but not in "party"
+  (Search-R1 tests substrings).
+- last-answer: `extract_answer` takes the last <answer> of the response; Search-R1's returns None
+  when there is at most one match, because its text still contains the prompt's example answer.
+  Pass only the response here.
+- think-optional: the format check (FORMAT_RULES) does not require <think> blocks: a tiny model may
+  act without them.
 """
 import json
 import os
@@ -40,7 +44,8 @@ FORMAT_RULES = {
 
 
 def cover_exact_match(prediction, golden_answers):
-    """1.0 if any non-empty golden answer appears, as whole tokens, inside the normalised prediction."""
+    """1.0 if any non-empty golden answer appears, as whole tokens, inside the normalised prediction
+    (cover-em-tokens)."""
     golds = normalized_golds(golden_answers)
     if prediction is None:
         return 0.0
@@ -49,7 +54,8 @@ def cover_exact_match(prediction, golden_answers):
 
 
 def extract_answer(response):
-    """Text of the last <answer>...</answer> in the response (stripped), or None if there is none."""
+    """Text of the last <answer>...</answer> in the response (stripped), or None if there is none
+    (last-answer)."""
     matches = ANSWER_RE.findall(response)
     return matches[-1].strip() if matches else None
 

@@ -1,9 +1,6 @@
-"""Command-line flags for every script: dataclasses parsed by HfArgumentParser, then checked against a table of rules.
-The scripts' progress bars (`progress`) are made here too, so that a log file can hold them.
-
-Deviation from HfArgumentParser's convention, which reads a field's `--help` only from `metadata["help"]`: `parse`
-first copies the string written under each field into that metadata, read from the source with
-`ast` (classes defined under `if __name__ == "__main__":` included); `--help` also shows each field's default.
+"""Command-line flags for every script: dataclasses parsed by HfArgumentParser, then checked against
+a table of rules. The scripts' progress bars (`progress`) are made here too, so that a log file can
+hold them.
 """
 import ast
 import dataclasses
@@ -17,7 +14,12 @@ from transformers import HfArgumentParser
 
 
 def parse(*classes, args=None):
-    """Parse the command line (or `args`) into one instance per dataclass; `--help` gives docstrings, defaults."""
+    """Parse the command line (or `args`) into one instance per dataclass; `--help` gives
+    docstrings, defaults.
+
+    HfArgumentParser reads a field's `--help` only from `metadata["help"]`: first copy the string
+    written under each field into that metadata, read from the source with `ast` (classes defined
+    under `if __name__ == "__main__":` included); `--help` also shows each field's default."""
     for cls in classes:
         docs = {}  # field name -> the string literal written right under it, in cls and its dataclass bases
         for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):

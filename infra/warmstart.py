@@ -1,25 +1,32 @@
-"""Supervised warm start of the embedded default's tiny Llama, before RL (as BranPO's cold start, App. A.2).
+"""Supervised warm start of the embedded default's tiny Llama, before RL (as BranPO's cold start,
+App. A.2).
 
-    python train.py warmstart --out out/warmstart --world out/world   # alone; the agent format: AgentConfig's flags
+    python train.py warmstart --out out/warmstart --world out/world   # alone
 
-train.py runs it (`ensure`) before RL when there is no --model. The agent it demonstrates is rollout.py's, and its
-validation is eval.py's `evaluate`: both are passed in (`rollout`: the module; `evaluate`), as this package never
+So it runs alone, its agent format set by AgentConfig's flags; train.py runs it (`ensure`) before
+RL when there is no --model. The agent it demonstrates is rollout.py's, and its validation is
+eval.py's `evaluate`: both are passed in (`rollout`: the module; `evaluate`), as this package never
 imports the top level.
 
-The model is a 3-layer, d = 128 Llama; its tokenizer's pieces are the world's syllables, syllable pairs and words,
-so it can copy a name it never saw in a training question from a passage into its next query. Two stages:
-1. copy: random pieces, a gap, the same pieces twice more, loss on the repeats, until the loss shows the induction
-   heads (find the earlier occurrence of the current token, copy what followed) that a real base model arrives
-   with and that every later step needs: copying a name, or the question's wording into a thought.
-2. trajectories: the world's gold chains in the agent's exact token format (`trajectory`), loss on the model's
-   tokens only. A share carries one mistake (MISTAKES), and the demonstrator answers most questions of more than
-   --search_budget hops after that many searches, so the warm-started policy answers early: the error RL is to fix.
+The model is a 3-layer, d = 128 Llama; its tokenizer's pieces are the world's syllables, syllable
+pairs and words, so it can copy a name it never saw in a training question from a passage into its
+next query. Two stages:
+1. copy: random pieces, a gap, the same pieces twice more, loss on the repeats, until the loss shows
+   the induction heads (find the earlier occurrence of the current token, copy what followed) that
+   a real base model arrives with and that every later step needs: copying a name, or the
+   question's wording into a thought.
+2. trajectories: the world's gold chains in the agent's exact token format (`trajectory`), loss on
+   the model's tokens only. A share carries one mistake (MISTAKES), and the demonstrator answers
+   most questions of more than --search_budget hops after that many searches, so the warm-started
+   policy answers early: the error RL is to fix.
 
-Deviations:
-1. BranPO's cold start keeps correct trajectories of a zero-RL run of the model itself; a model trained from
-   scratch has no such run, so its trajectories come from the gold chains, with a thought format of our own.
-2. The tokenizer lowercases (the world is lowercase) and splits on whitespace and punctuation; decoding joins
-   words with single spaces. Decoded text is for parsing tags and reading only: the rollout never re-encodes it.
+Deviations from the papers, each cited by its name:
+- gold-cold-start: BranPO's cold start keeps correct trajectories of a zero-RL run of the model
+  itself; a model trained from scratch has no such run, so its trajectories come from the gold
+  chains, with a thought format of our own.
+- lowercase-tokenizer: the tokenizer lowercases (the world is lowercase) and splits on whitespace
+  and punctuation; decoding joins words with single spaces. Decoded text is for parsing tags and
+  reading only: the rollout never re-encodes it.
 """
 import json
 import math
@@ -56,7 +63,7 @@ def world_tokenizer(rollout) -> PreTrainedTokenizerFast:
     starts = sorted(syllables | words | letters)
     pieces = SPECIAL + starts + sorted(symbols) + ["##" + s for s in sorted(syllables | letters)]
     tok = Tokenizer(models.WordPiece({p: i for i, p in enumerate(pieces)}, unk_token="[UNK]"))
-    tok.normalizer = normalizers.Lowercase()
+    tok.normalizer = normalizers.Lowercase()  # lowercase-tokenizer
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation(),
                                                  pre_tokenizers.Digits(individual_digits=True)])
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)

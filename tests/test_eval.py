@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_cover_exact_match_whole_tokens():
     assert cover_exact_match("It is in modern art.", ["Art"]) == 1.0
-    assert cover_exact_match("a great party", ["art"]) == 0.0         # substring but not a token (eval.py deviation 1)
+    assert cover_exact_match("a great party", ["art"]) == 0.0         # not a token: cover-em-tokens
     assert cover_exact_match("born in vosa republic", ["mosa", "vosa"]) == 1.0
     assert cover_exact_match("anything", ["", "the"]) == 0.0         # empty golds never match everything
     assert cover_exact_match(None, ["x"]) == 0.0
