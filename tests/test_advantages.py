@@ -67,7 +67,7 @@ def test_group_normalize_uses_the_unbiased_std_and_gives_zero_without_spread():
 
 def test_grpo_normalizes_rewards_including_a_format_penalty_over_the_group():
     # rewards 1, 0, -0.5 (BranPO's format penalty): mean 1/6
-    # deviations 5/6, -1/6, -2/3; var = (25/36 + 1/36 + 16/36)/2 = 42/72 = 7/12; std = 0.763763
+    # r - mean = 5/6, -1/6, -2/3; var = (25/36 + 1/36 + 16/36)/2 = 42/72 = 7/12; std = 0.763763
     trees = T(chain("a", 2, 1.0), chain("b", 3, 0.0), chain("c", 1, -0.5))
     s = math.sqrt(7 / 12)
     close(by_leaf(grpo(trees)), {"a.0.0": [5 / 6 / s] * 2, "b.0.0.0": [-1 / 6 / s] * 3, "c.0": [-2 / 3 / s]})
