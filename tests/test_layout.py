@@ -1,4 +1,4 @@
-"""The core's shape: the top level holds exactly the design card's modules; imports between them flow one way, with
+"""The core's shape: the top level holds exactly the six core modules; imports between them flow one way, with
 no circle (every import statement counts, wherever it sits); the infra package never imports the top level; the
 rollout strategies and the credit functions share one set of algorithm names; no file over 700 lines."""
 import ast
@@ -23,7 +23,7 @@ def local_imports(path: pathlib.Path) -> set[str]:
     return found & set(MODULES)
 
 
-def test_the_top_level_holds_the_design_cards_modules():
+def test_the_top_level_holds_the_six_core_modules():
     assert sorted(MODULES) == ["advantages", "eval", "retriever", "rollout", "train", "tree"]
 
 
