@@ -32,6 +32,7 @@ Deviations from the papers, each cited by its name:
   `clip_losers=True`. With both switches BranPO's advantages are its official code's, apart from
   group-of-one and first-untruncated.
 """
+
 import math
 import sys
 from dataclasses import dataclass, field
@@ -61,7 +62,9 @@ def _reset(trees: list[Tree]) -> list[Node]:
 def _first_trained(ends: list[Node]) -> dict[Node, Node]:
     """Step -> the leaf of the trajectory that trains a step trained once (first-untruncated): the first not truncated."""
     owner = {}
-    for leaf in sorted(ends, key=truncated):  # stable: trained trajectories first, each in tree order
+    for leaf in sorted(
+        ends, key=truncated
+    ):  # stable: trained trajectories first, each in tree order
         for step in path(leaf):
             owner.setdefault(step, leaf)
     return owner
@@ -89,8 +92,10 @@ def grpo(trees: list[Tree]) -> list[Trajectory]:
     scored = _reset(trees)
     for t in trees:
         if branching := [n.id for n in walk(t.root) if len(n.children) > 1]:
-            raise ValueError(f"grpo expects chains, but tree {t.root.id!r} branches at {branching}; "
-                             f"use tree_grpo (or treeps with process=False) for trees")
+            raise ValueError(
+                f"grpo expects chains, but tree {t.root.id!r} branches at {branching}; "
+                f"use tree_grpo (or treeps with process=False) for trees"
+            )
     A = group_normalize([leaf.reward for leaf in scored])  # one A_i per trajectory, G = len(scored)
     return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(scored, A)])
 
@@ -104,7 +109,9 @@ def tree_grpo(trees: list[Tree], mode: str = "both") -> list[Trajectory]:
         raise ValueError(f"tree_grpo mode must be 'both', 'intra' or 'inter', got {mode!r}")
     scored = _reset(trees)
     inter = group_normalize([leaf.reward for leaf in scored])  # G_inter: the leaves of all M trees
-    intra = [a for t in trees for a in group_normalize([leaf.reward for leaf in scored_leaves(t.root)])]  # G_intra(T_i)
+    intra = [
+        a for t in trees for a in group_normalize([leaf.reward for leaf in scored_leaves(t.root)])
+    ]  # G_intra(T_i)
     A = {"both": [a + b for a, b in zip(intra, inter)], "intra": intra, "inter": inter}[mode]
     return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(scored, A)])
 
@@ -125,11 +132,15 @@ def _prefix_ends(trees: list[Tree]) -> list[Node]:
         for child in t.root.children:
             marked = [n for n in walk(child) if n.prefix_end]
             if len(marked) > 1:
-                raise ValueError(f"original trajectory {child.id!r} marks {len(marked)} prefix ends "
-                                 f"{[n.id for n in marked]}; BranPO truncates it once, so mark exactly one node")
+                raise ValueError(
+                    f"original trajectory {child.id!r} marks {len(marked)} prefix ends "
+                    f"{[n.id for n in marked]}; BranPO truncates it once, so mark exactly one node"
+                )
             if not marked and len(tips := leaves(child)) > 1:
-                raise ValueError(f"original trajectory {child.id!r} branches into {[n.id for n in tips]} but marks "
-                                 f"no prefix_end; mark the node its continuations share")
+                raise ValueError(
+                    f"original trajectory {child.id!r} branches into {[n.id for n in tips]} but marks "
+                    f"no prefix_end; mark the node its continuations share"
+                )
             ends.append(marked[0] if marked else tips[0])
     return ends
 
@@ -137,13 +148,17 @@ def _prefix_ends(trees: list[Tree]) -> list[Node]:
 def _losers(end: Node, C: list[Node]) -> list[Node]:
     """The official code's preference -1 among the continuations C of `end` (preference-mask): those
     through a `redundant` step, else those below the best reward of C (none if all are equal)."""
-    redundant = [leaf for leaf in C if any(step.redundant for step in path(leaf)[end.depth:])]
+    redundant = [leaf for leaf in C if any(step.redundant for step in path(leaf)[end.depth :])]
     best = max(leaf.reward for leaf in C)
     return redundant or [leaf for leaf in C if leaf.reward < best]
 
 
-def branpo(trees: list[Tree], branch_norm: str = "prompt", skip_empty_base: bool = False,
-           clip_losers: bool = False) -> list[Trajectory]:
+def branpo(
+    trees: list[Tree],
+    branch_norm: str = "prompt",
+    skip_empty_base: bool = False,
+    clip_losers: bool = False,
+) -> list[Trajectory]:
     """BranPO §4.3 (Eqs. 8-12) with Redundant Step Masking §4.4 (Eq. 14). Each original trajectory n was grown into
     a prefix B_n (root .. the `prefix_end` node, Eq. 8) and continuations C_n, the leaves under it (Eq. 9):
         r_base(n)     = mean_{i in C_n} r_branch(n, i)                                      (Eq. 10)
@@ -154,7 +169,9 @@ def branpo(trees: list[Tree], branch_norm: str = "prompt", skip_empty_base: bool
     for every prefix, every step gets the GRPO advantage (Theorem B.1). The official code's two
     differences: `skip_empty_base` (empty-prefix-stats), `clip_losers` (preference-mask)."""
     if branch_norm not in ("prompt", "prefix"):
-        raise ValueError(f"branpo branch_norm must be 'prompt' (Eq. 12) or 'prefix' (Algorithm 1), got {branch_norm!r}")
+        raise ValueError(
+            f"branpo branch_norm must be 'prompt' (Eq. 12) or 'prefix' (Algorithm 1), got {branch_norm!r}"
+        )
     _reset(trees)
     # (B_n's last node, C_n); an original trajectory whose continuations were all discarded (env_error) is dropped
     groups = [(end, C) for end in _prefix_ends(trees) if (C := scored_leaves(end))]
@@ -163,18 +180,22 @@ def branpo(trees: list[Tree], branch_norm: str = "prompt", skip_empty_base: bool
     based = [end for end, _ in groups if end.depth or not skip_empty_base]  # empty-prefix-stats
     A_base = dict(zip(based, group_normalize([end.value for end in based])))  # Eq. 11, N prefixes
     continuations = [leaf for _, C in groups for leaf in C]
-    branch_groups = [continuations] if branch_norm == "prompt" else [C for _, C in groups]  # Eq. 12 or Algorithm 1
-    A_branch = {leaf: a for G in branch_groups for leaf, a in zip(G, group_normalize([x.reward for x in G]))}
+    branch_groups = (
+        [continuations] if branch_norm == "prompt" else [C for _, C in groups]
+    )  # Eq. 12 or Algorithm 1
+    A_branch = {
+        leaf: a for G in branch_groups for leaf, a in zip(G, group_normalize([x.reward for x in G]))
+    }
     losers = {leaf for end, C in groups for leaf in _losers(end, C)} if clip_losers else set()
     owner, trajectories = _first_trained(continuations), []
     for end, C in groups:
         for leaf in C:
             steps = path(leaf)
-            prefix = [A_base[end] if owner[step] is leaf else None for step in steps[:end.depth]]
+            prefix = [A_base[end] if owner[step] is leaf else None for step in steps[: end.depth]]
             if leaf in losers:  # preference-mask: every suffix step in the loss, A_branch <= 0
                 suffix = [min(A_branch[leaf], 0.0)] * (len(steps) - end.depth)
             else:  # Eq. 14
-                suffix = [None if step.redundant else A_branch[leaf] for step in steps[end.depth:]]
+                suffix = [None if step.redundant else A_branch[leaf] for step in steps[end.depth :]]
             trajectories.append(Trajectory(leaf, prefix + suffix))
     return _mark_node_advantages(trajectories)
 
@@ -202,10 +223,22 @@ def carl(trees: list[Tree], update_all: bool = False, phase1_chains: int = 0) ->
                 trained[c] = edge[c]  # Eq. 13
             elif update_all:
                 trained[c] = edge[c] = edge.get(s, 0.0)  # Eq. 16: the edge above; 0 below the root
-    phase1 = {step for t in trees for c in t.root.children[:phase1_chains] for step in path(leaves(c)[0])}  # App. C.1
+    phase1 = {
+        step for t in trees for c in t.root.children[:phase1_chains] for step in path(leaves(c)[0])
+    }  # App. C.1
     owner = _first_trained(scored)
-    return _mark_node_advantages([Trajectory(leaf, [trained.get(s) if owner[s] is leaf and s not in phase1 else None
-                                                    for s in path(leaf)]) for leaf in scored])
+    return _mark_node_advantages(
+        [
+            Trajectory(
+                leaf,
+                [
+                    trained.get(s) if owner[s] is leaf and s not in phase1 else None
+                    for s in path(leaf)
+                ],
+            )
+            for leaf in scored
+        ]
+    )
 
 
 def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
@@ -218,7 +251,9 @@ def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
     chosen = [leaf for leaf in scored if leaf.sampled] or scored  # Y = {y_1 .. y_N}
     if not process:
         A = group_normalize([leaf.reward for leaf in chosen])
-        return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(chosen, A)])
+        return _mark_node_advantages(
+            [Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(chosen, A)]
+        )
     A: dict[Node, float] = {}
     for t in trees:
         for n in walk(t.root):  # depth first: V(root) and V(parent(n)) are set before n is reached
@@ -226,7 +261,9 @@ def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
                 n.value = sum(leaf.reward for leaf in L) / len(L)
                 if n.parent is not None:
                     A[n] = (2 * n.value - t.root.value - n.parent.value) / math.sqrt(len(L))
-    return _mark_node_advantages([Trajectory(leaf, [A[step] for step in path(leaf)]) for leaf in chosen])
+    return _mark_node_advantages(
+        [Trajectory(leaf, [A[step] for step in path(leaf)]) for leaf in chosen]
+    )
 
 
 # The algorithm registry, credit half: name -> (advantage function, its options from AlgoConfig); rollout.STRATEGIES
@@ -234,11 +271,21 @@ def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
 ALGOS = {
     "grpo": (grpo, lambda c: {}),
     "tree_grpo": (tree_grpo, lambda c: {"mode": c.tree_mode}),
-    "branpo": (branpo, lambda c: {"branch_norm": c.branpo_norm,
-                                  "skip_empty_base": c.branpo_skip_empty_base,
-                                  "clip_losers": c.branpo_clip_losers}),
-    "carl": (carl, lambda c: {"update_all": c.carl_update_all,
-                              "phase1_chains": 0 if c.carl_train_phase1 else c.carl_N0}),
+    "branpo": (
+        branpo,
+        lambda c: {
+            "branch_norm": c.branpo_norm,
+            "skip_empty_base": c.branpo_skip_empty_base,
+            "clip_losers": c.branpo_clip_losers,
+        },
+    ),
+    "carl": (
+        carl,
+        lambda c: {
+            "update_all": c.carl_update_all,
+            "phase1_chains": 0 if c.carl_train_phase1 else c.carl_N0,
+        },
+    ),
     "treeps": (treeps, lambda c: {"process": c.treeps_process}),
 }
 
@@ -292,7 +339,11 @@ class AlgoConfig:
 
 
 RULES = [  # flags.check: (flags, what is allowed, test)
-    ("grpo_G tree_M tree_N branpo_N carl_N0 treeps_N treeps_retain", "an integer >= 1", lambda v: v >= 1),
+    (
+        "grpo_G tree_M tree_N branpo_N carl_N0 treeps_N treeps_retain",
+        "an integer >= 1",
+        lambda v: v >= 1,
+    ),
     ("tree_L carl_N treeps_D treeps_train", "an integer >= 0", lambda v: v >= 0),
 ]
 
@@ -318,14 +369,46 @@ def demo() -> tuple[Tree, dict[str, list[Trajectory]]]:
     """A worked tree (one prompt, two original trajectories: one with branches and a redundant step,
     one split at its last step with no branch kept) and every method's trajectories on it (GRPO's on
     the tree's root-to-leaf paths, each copied into a chain of its own)."""
-    tree = Tree.from_dict({"id": "q", "children": [
-        {"id": "q.0", "action": "search", "query": "who founded Acme", "prefix_end": True, "children": [
-            {"id": "q.0.0", "action": "answer", "answer": "Ivo", "reward": 1.0},
-            {"id": "q.0.1", "action": "search", "query": "Ivo Ra birthplace", "redundant": True, "children": [
-                {"id": "q.0.1.0", "action": "answer", "answer": "Ivo", "reward": 1.0}]},
-            {"id": "q.0.2", "action": "answer", "answer": "Oda", "reward": 0.0}]},
-        {"id": "q.1", "action": "search", "query": "Acme founder", "prefix_end": True, "children": [
-            {"id": "q.1.0", "action": "answer", "answer": "Oda", "reward": 0.0}]}]})
+    tree = Tree.from_dict(
+        {
+            "id": "q",
+            "children": [
+                {
+                    "id": "q.0",
+                    "action": "search",
+                    "query": "who founded Acme",
+                    "prefix_end": True,
+                    "children": [
+                        {"id": "q.0.0", "action": "answer", "answer": "Ivo", "reward": 1.0},
+                        {
+                            "id": "q.0.1",
+                            "action": "search",
+                            "query": "Ivo Ra birthplace",
+                            "redundant": True,
+                            "children": [
+                                {
+                                    "id": "q.0.1.0",
+                                    "action": "answer",
+                                    "answer": "Ivo",
+                                    "reward": 1.0,
+                                }
+                            ],
+                        },
+                        {"id": "q.0.2", "action": "answer", "answer": "Oda", "reward": 0.0},
+                    ],
+                },
+                {
+                    "id": "q.1",
+                    "action": "search",
+                    "query": "Acme founder",
+                    "prefix_end": True,
+                    "children": [
+                        {"id": "q.1.0", "action": "answer", "answer": "Oda", "reward": 0.0}
+                    ],
+                },
+            ],
+        }
+    )
     chains = [Tree.from_dict(tree.to_dict()) for _ in scored_leaves(tree.root)]
     for chain, leaf in zip(chains, scored_leaves(tree.root)):
         for step in path(chain.find(leaf.id)):
@@ -333,7 +416,10 @@ def demo() -> tuple[Tree, dict[str, list[Trajectory]]]:
     return tree, {name: fn(chains if name == "grpo" else [tree]) for name, (fn, _) in ALGOS.items()}
 
 
-if __name__ == "__main__":  # python advantages.py --demo | --algo ALGO --trees FILE | --budget M,N,L
+if (
+    __name__ == "__main__"
+):  # python advantages.py --demo | --algo ALGO --trees FILE | --budget M,N,L
     import tree
     from infra import inspection
+
     inspection.credit_cli(sys.modules[__name__], tree)

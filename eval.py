@@ -13,6 +13,7 @@ Deviations from the papers' code, each cited by its name:
 - think-optional: the format check (FORMAT_RULES) does not require <think> blocks: a tiny model may
   act without them.
 """
+
 import json
 import os
 import random
@@ -24,7 +25,16 @@ from functools import partial
 import retriever
 import rollout
 from infra import data, engines, flags
-from rollout import Agent, AgentConfig, chain, for_eval, normalize_answer, normalized_golds, path, user_turn_ids
+from rollout import (
+    Agent,
+    AgentConfig,
+    chain,
+    for_eval,
+    normalize_answer,
+    normalized_golds,
+    path,
+    user_turn_ids,
+)
 
 # ----------------------------------------------------------------------------------------------------------------
 # The response: final answer and format, and cover EM (beyond the reward's EM and F1)
@@ -63,6 +73,7 @@ def extract_answer(response):
 @dataclass
 class FormatCheck:
     """Result of `check_format`."""
+
     ok: bool  # every rule in FORMAT_RULES holds
     rule: str  # the first rule that failed (a key of FORMAT_RULES); empty when ok
     detail: str  # where and how it failed, for logs; empty when ok
@@ -77,31 +88,48 @@ def check_format(response):
             if closing:
                 return FormatCheck(False, "unbalanced_tag", f"</{tag}> at char {at} closes nothing")
             if response[pos:at].strip():
-                return FormatCheck(False, "text_outside_tags", f"{response[pos:at].strip()[:50]!r} before char {at}")
+                return FormatCheck(
+                    False,
+                    "text_outside_tags",
+                    f"{response[pos:at].strip()[:50]!r} before char {at}",
+                )
             open_tag, open_at = tag, m.end()
         elif closing and tag == open_tag:
             blocks.append((tag, response[open_at:at]))
             open_tag, pos = None, m.end()
         else:
-            return FormatCheck(False, "unbalanced_tag", f"{m.group(0)} at char {at} inside <{open_tag}>")
+            return FormatCheck(
+                False, "unbalanced_tag", f"{m.group(0)} at char {at} inside <{open_tag}>"
+            )
     if open_tag is not None:
-        return FormatCheck(False, "unbalanced_tag", f"<{open_tag}> opened before char {open_at} is never closed")
+        return FormatCheck(
+            False, "unbalanced_tag", f"<{open_tag}> opened before char {open_at} is never closed"
+        )
     if response[pos:].strip():
-        return FormatCheck(False, "text_outside_tags", f"{response[pos:].strip()[:50]!r} after the last block")
+        return FormatCheck(
+            False, "text_outside_tags", f"{response[pos:].strip()[:50]!r} after the last block"
+        )
     for i, (tag, body) in enumerate(blocks):
         if tag == "search" and (i + 1 == len(blocks) or blocks[i + 1][0] != "information"):
-            return FormatCheck(False, "search_without_information", f"block {i}, <search>{body[:50]}</search>, "
-                                                                    f"is not followed by <information>")
+            return FormatCheck(
+                False,
+                "search_without_information",
+                f"block {i}, <search>{body[:50]}</search>, is not followed by <information>",
+            )
         if tag == "information" and (i == 0 or blocks[i - 1][0] != "search"):
             before = "nothing" if i == 0 else f"<{blocks[i - 1][0]}>"
-            return FormatCheck(False, "information_without_search", f"block {i} is <information> after {before}")
+            return FormatCheck(
+                False, "information_without_search", f"block {i} is <information> after {before}"
+            )
         if tag in ("search", "answer") and not body.strip():
             return FormatCheck(False, "empty_block", f"block {i} is an empty <{tag}>")
     answers = [i for i, (tag, _) in enumerate(blocks) if tag == "answer"]
     if not answers:
         return FormatCheck(False, "no_answer", f"{len(blocks)} blocks, none of them <answer>")
     if answers != [len(blocks) - 1]:
-        return FormatCheck(False, "answer_not_last", f"<answer> at block(s) {answers} of {len(blocks)}")
+        return FormatCheck(
+            False, "answer_not_last", f"<answer> at block(s) {answers} of {len(blocks)}"
+        )
     return FormatCheck(True, "", "")
 
 
@@ -111,29 +139,44 @@ def check_format(response):
 JUDGE_PROMPT = (  # BranPO Table 7
     "You are an evaluation assistant. Please determine if the predicted answer is equivalent to any of the labeled "
     "answers.\n\nQuestion: {question}\n\nLabeled Answers: {answers}\n\nPredicted Answer: {prediction}\n\n"
-    "Did the model give an answer **equivalent** to any of the labeled answers? Respond with \"Correct\" if "
-    "equivalent to at least one, otherwise \"Incorrect\".\n\nOutput in JSON format:\n```json\n{{\n  "
-    "\"rationale\": \"your rationale\",\n  \"judgement\": \"Correct\" or \"Incorrect\"\n}}\n```")
+    'Did the model give an answer **equivalent** to any of the labeled answers? Respond with "Correct" if '
+    'equivalent to at least one, otherwise "Incorrect".\n\nOutput in JSON format:\n```json\n{{\n  '
+    '"rationale": "your rationale",\n  "judgement": "Correct" or "Incorrect"\n}}\n```'
+)
 
 
 def judge(engine, tokenizer, items):
     """LLM-as-judge (BranPO Table 7) with a local model: 1.0 where its judgement says "Correct". `items` are
     (question, golden answers, prediction); a missing prediction is judged incorrect without asking."""
     asks = [i for i, (_, _, p) in enumerate(items) if p]
-    prompts = [user_turn_ids(tokenizer, JUDGE_PROMPT.format(question=q, answers="; ".join(golds), prediction=p))
-               for q, golds, p in items if p]
-    outs = engine.generate(prompts, engines.Sampling(temperature=0.0, max_tokens=256)) if prompts else []
+    prompts = [
+        user_turn_ids(
+            tokenizer, JUDGE_PROMPT.format(question=q, answers="; ".join(golds), prediction=p)
+        )
+        for q, golds, p in items
+        if p
+    ]
+    outs = (
+        engine.generate(prompts, engines.Sampling(temperature=0.0, max_tokens=256))
+        if prompts
+        else []
+    )
     scores = [0.0] * len(items)
     for i, out in zip(asks, outs):
-        verdict = re.search(r'"judgement"\s*:\s*"(\w+)"', tokenizer.decode(out.token_ids, skip_special_tokens=True))
+        verdict = re.search(
+            r'"judgement"\s*:\s*"(\w+)"', tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        )
         scores[i] = float(verdict is not None and verdict.group(1).lower() == "correct")
     return scores
 
 
 def means(metrics, keys, lost):
     """n, env_errors and the mean of each of `keys` over `metrics` (one dict per scored question; 0.0 if none)."""
-    return {"n": len(metrics), "env_errors": lost,
-            **{key: sum(m[key] for m in metrics) / len(metrics) if metrics else 0.0 for key in keys}}
+    return {
+        "n": len(metrics),
+        "env_errors": lost,
+        **{key: sum(m[key] for m in metrics) / len(metrics) if metrics else 0.0 for key in keys},
+    }
 
 
 def evaluate(agent, rows, k=1, seed=0, judge_fn=None):
@@ -150,17 +193,30 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None):
             lost[row.data_source] += 1
             continue
         first, steps = samples[0], path(samples[0])
-        scored.append((row, first.answer, {
-            "em": first.em or 0.0, "f1": first.f1 or 0.0,
-            "cover_em": cover_exact_match(first.answer, row.golden_answers),
-            f"pass@{k}": max(s.em or 0.0 for s in samples),
-            "format": float(check_format("".join(s.text + s.obs_text for s in steps)).ok),
-            "turns": float(len(steps)), "searches": float(sum(s.action == "search" for s in steps))}))
+        scored.append(
+            (
+                row,
+                first.answer,
+                {
+                    "em": first.em or 0.0,
+                    "f1": first.f1 or 0.0,
+                    "cover_em": cover_exact_match(first.answer, row.golden_answers),
+                    f"pass@{k}": max(s.em or 0.0 for s in samples),
+                    "format": float(check_format("".join(s.text + s.obs_text for s in steps)).ok),
+                    "turns": float(len(steps)),
+                    "searches": float(sum(s.action == "search" for s in steps)),
+                },
+            )
+        )
     if not scored:
-        raise RuntimeError(f"all {len(rows)} evaluation questions were lost to retrieval errors (env_error); "
-                           f"the retriever is down or overloaded: check it, then evaluate again")
+        raise RuntimeError(
+            f"all {len(rows)} evaluation questions were lost to retrieval errors (env_error); "
+            f"the retriever is down or overloaded: check it, then evaluate again"
+        )
     if judge_fn is not None:
-        verdicts = judge_fn([(row.question, row.golden_answers, answer) for row, answer, _ in scored])
+        verdicts = judge_fn(
+            [(row.question, row.golden_answers, answer) for row, answer, _ in scored]
+        )
         for (_, _, metrics), verdict in zip(scored, verdicts):
             metrics["judge"] = verdict
     by_source, by_hops = {src: [] for src in lost}, {}
@@ -169,9 +225,11 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None):
         if row.hops:  # the embedded world's rows know their hop count
             by_hops.setdefault(row.hops, []).append(metrics["em"])
     keys = list(scored[0][2])
-    return {**means([metrics for _, _, metrics in scored], keys, sum(lost.values())),
-            **{f"em_hop{h}": sum(ems) / len(ems) for h, ems in sorted(by_hops.items())},
-            "by_source": {src: means(ms, keys, lost[src]) for src, ms in sorted(by_source.items())}}
+    return {
+        **means([metrics for _, _, metrics in scored], keys, sum(lost.values())),
+        **{f"em_hop{h}": sum(ems) / len(ems) for h, ems in sorted(by_hops.items())},
+        "by_source": {src: means(ms, keys, lost[src]) for src, ms in sorted(by_source.items())},
+    }
 
 
 def table(report):
@@ -179,8 +237,13 @@ def table(report):
     keys = [key for key in report if key != "by_source" and not key.startswith("em_hop")]
     lines = [f"{'dataset':14}" + "".join(f"{key:>10}" for key in keys)]
     for name, m in [*report["by_source"].items(), ("all", report)]:
-        lines.append(f"{name:14}" + "".join(f"{m[key]:>10d}" if key in ("n", "env_errors") else f"{m[key]:>10.3f}"
-                                            for key in keys))
+        lines.append(
+            f"{name:14}"
+            + "".join(
+                f"{m[key]:>10d}" if key in ("n", "env_errors") else f"{m[key]:>10.3f}"
+                for key in keys
+            )
+        )
     hops = [f"{key[6:]}-hop {v:.3f}" for key, v in report.items() if key.startswith("em_hop")]
     return "\n".join(lines + ([f"EM by hops: {', '.join(hops)}"] if hops else []))
 
@@ -188,6 +251,7 @@ def table(report):
 @dataclass
 class EvalArgs:
     """`python eval.py --model DIR --data NAME|PATH`: a policy under train.py's agent settings and retriever."""
+
     model: str = "out/warmstart"
     """Policy: a checkpoint directory (e.g. out/runs/tree_grpo-seed0/final) or a hub name."""
     gguf_file: str = ""
@@ -212,12 +276,24 @@ class EvalArgs:
 
 def main():
     a, agent_cfg, retriever_cfg = flags.parse(EvalArgs, AgentConfig, retriever.RetrieverConfig)
-    models = [engines.model_problem(a.model, a.gguf_file),  # checked before anything loads
-              a.judge_model and engines.model_problem(a.judge_model)]
-    flags.check((a, agent_cfg, retriever_cfg), rollout.RULES + retriever.RULES + engines.RULES + [
-        ("n k", "an integer >= 1", lambda v: v >= 1)],
-        [(a.k > 1 and agent_cfg.eval_temperature == 0, f"--k {a.k} needs --eval_temperature > 0: greedy samples "
-                                                       f"are all equal"), *zip(models, models)])
+    models = [
+        engines.model_problem(a.model, a.gguf_file),  # checked before anything loads
+        a.judge_model and engines.model_problem(a.judge_model),
+    ]
+    flags.check(
+        (a, agent_cfg, retriever_cfg),
+        rollout.RULES
+        + retriever.RULES
+        + engines.RULES
+        + [("n k", "an integer >= 1", lambda v: v >= 1)],
+        [
+            (
+                a.k > 1 and agent_cfg.eval_temperature == 0,
+                f"--k {a.k} needs --eval_temperature > 0: greedy samples are all equal",
+            ),
+            *zip(models, models),
+        ],
+    )
     world = data.ensure_world("out/world") if not (a.data and a.corpus) else ""
     rows = data.spread(data.load_rows(a.data or world, a.split), a.n)
     search, _ = retriever.connect(retriever_cfg, a.corpus or os.path.join(world, "corpus.jsonl"))
@@ -226,13 +302,25 @@ def main():
     judge_fn = None
     if a.judge_model:
         judge_model, judge_tok = engines.load_policy(a.judge_model)
-        judge_fn = partial(judge, engines.make_engine(a.engine, judge_model, judge_tok, a.judge_model), judge_tok)
-    report = evaluate(Agent(engine, search, tok, for_eval(agent_cfg)), rows, k=a.k, judge_fn=judge_fn)
+        judge_fn = partial(
+            judge, engines.make_engine(a.engine, judge_model, judge_tok, a.judge_model), judge_tok
+        )
+    report = evaluate(
+        Agent(engine, search, tok, for_eval(agent_cfg)), rows, k=a.k, judge_fn=judge_fn
+    )
     print(table(report))
     out = a.out or os.path.join(a.model if os.path.isdir(a.model) else ".", f"eval_{a.split}.json")
     with open(out, "w") as f:
-        json.dump({"args": vars(a), "agent": asdict(agent_cfg), "retriever": asdict(retriever_cfg),
-                   "report": report}, f, indent=1)
+        json.dump(
+            {
+                "args": vars(a),
+                "agent": asdict(agent_cfg),
+                "retriever": asdict(retriever_cfg),
+                "report": report,
+            },
+            f,
+            indent=1,
+        )
     print(f"report: {out}")
 
 

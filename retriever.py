@@ -7,6 +7,7 @@ answer raise `RetrievalError`, which the agent counts ("Cut the Bill" §5.4.2: e
 
     python retriever.py serve --corpus FILE --port 8000   # Search-R1's POST /retrieve (infra/server.py)
 """
+
 import sys
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ from infra.server import RemoteRetriever, RetrievalError
 @dataclass
 class RetrieverConfig:
     """Which in-process retriever to build, and how."""
+
     retriever: str = field(default="bm25", metadata={"choices": ["bm25", "dense"]})
     """In-process retriever when --retriever_url is empty: bm25 (bm25s) or dense (HF encoder + FAISS)."""
     retriever_url: str = ""
@@ -52,7 +54,9 @@ def health_check(retriever, where):
 
 
 RULES = [  # flags.check: (flags, what is allowed, test)
-    ("retriever_timeout_s", "> 0", lambda v: v > 0), ("retriever_retries", "an integer >= 0", lambda v: v >= 0)]
+    ("retriever_timeout_s", "> 0", lambda v: v > 0),
+    ("retriever_retries", "an integer >= 0", lambda v: v >= 0),
+]
 
 
 def connect(cfg: RetrieverConfig, corpus_path: str):
@@ -62,7 +66,10 @@ def connect(cfg: RetrieverConfig, corpus_path: str):
         search = RemoteRetriever(cfg.retriever_url, cfg.retriever_timeout_s, cfg.retriever_retries)
         where = f"the retrieval server {cfg.retriever_url}"
     else:
-        search, where = make_retriever(load_corpus(corpus_path), cfg), f"the in-process {cfg.retriever}"
+        search, where = (
+            make_retriever(load_corpus(corpus_path), cfg),
+            f"the in-process {cfg.retriever}",
+        )
     health_check(search, where)
     return search, where
 

@@ -45,6 +45,7 @@ Deviations from the papers, each cited by its name:
   P*) after Unicode NFC, and token F1 adds HotpotQA's rule: yes / no / noanswer get no partial credit.
   Each leaf records both EM and F1.
 """
+
 from __future__ import annotations
 
 import math
@@ -72,12 +73,17 @@ INSTRUCTION = (
     "<search> query </search> and it will return the top searched results between <information> and "
     "</information>. You can search as many times as your want. If you find no further external knowledge "
     "needed, you can directly provide the answer inside <answer> and </answer>, without detailed illustrations. "
-    "For example, <answer> Beijing </answer>. Question: {question}\n")
-SHORT_INSTRUCTION = ("Answer the question. Think inside <{think}> </{think}>, search with <search> query </search>, "
-                     "read <information> </information>, answer inside <answer> </answer>. Question: {question}\n")
-RETRY = ("\nMy previous action is invalid. If I want to search, I should put the query between <search> and "
-         "</search>. If I want to give the final answer, I should put the answer between <answer> and </answer>. "
-         "Let me try again.\n")
+    "For example, <answer> Beijing </answer>. Question: {question}\n"
+)
+SHORT_INSTRUCTION = (
+    "Answer the question. Think inside <{think}> </{think}>, search with <search> query </search>, "
+    "read <information> </information>, answer inside <answer> </answer>. Question: {question}\n"
+)
+RETRY = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and "
+    "</search>. If I want to give the final answer, I should put the answer between <answer> and </answer>. "
+    "Let me try again.\n"
+)
 CORRECT_F1 = 0.8  # BranPO App. A.1: "an F1 score of 0.8 is used as a threshold" for correctness
 INSTRUCTIONS = {"search_r1": INSTRUCTION, "short": SHORT_INSTRUCTION}
 
@@ -121,7 +127,11 @@ class AgentConfig:
 
 
 RULES = [  # flags.check: (flags, what is allowed, test)
-    ("max_turns max_step_tokens max_traj_tokens max_obs_tokens topk max_calls", "an integer >= 1", lambda v: v >= 1),
+    (
+        "max_turns max_step_tokens max_traj_tokens max_obs_tokens topk max_calls",
+        "an integer >= 1",
+        lambda v: v >= 1,
+    ),
     ("temperature eval_temperature", ">= 0", lambda v: v >= 0),
     ("top_p eval_top_p", "in (0, 1]", lambda v: 0 < v <= 1),
 ]
@@ -129,8 +139,11 @@ RULES = [  # flags.check: (flags, what is allowed, test)
 
 def depth_rule(algo: AlgoConfig, cfg: AgentConfig) -> tuple[bool, str]:
     """flags.check's rule that ties --treeps_D to --max_turns: (broken?, message)."""
-    return (algo.treeps_D > cfg.max_turns + 1, f"--treeps_D {algo.treeps_D}: TreePS-RAG's depth limit must be at "
-            f"most --max_turns + 1 = {cfg.max_turns + 1}; lower it, or raise --max_turns to {algo.treeps_D - 1}")
+    return (
+        algo.treeps_D > cfg.max_turns + 1,
+        f"--treeps_D {algo.treeps_D}: TreePS-RAG's depth limit must be at "
+        f"most --max_turns + 1 = {cfg.max_turns + 1}; lower it, or raise --max_turns to {algo.treeps_D - 1}",
+    )
 
 
 def for_eval(cfg: AgentConfig) -> AgentConfig:
@@ -146,7 +159,10 @@ def is_world_tokenizer(tokenizer) -> bool:
 
 def instruction_template(choice: str, tokenizer) -> str:
     """AgentConfig.instruction's template ("auto": short for the embedded default's tokenizer, else Search-R1's)."""
-    return INSTRUCTIONS.get(choice) or INSTRUCTIONS["short" if is_world_tokenizer(tokenizer) else "search_r1"]
+    return (
+        INSTRUCTIONS.get(choice)
+        or INSTRUCTIONS["short" if is_world_tokenizer(tokenizer) else "search_r1"]
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -156,7 +172,11 @@ def instruction_template(choice: str, tokenizer) -> str:
 def normalize_answer(s):
     """SQuAD normalisation: lowercase, drop punctuation, drop articles (a, an, the), collapse whitespace."""
     s = unicodedata.normalize("NFC", s).lower()
-    s = "".join(ch for ch in s if ch not in string.punctuation and not unicodedata.category(ch).startswith("P"))
+    s = "".join(
+        ch
+        for ch in s
+        if ch not in string.punctuation and not unicodedata.category(ch).startswith("P")
+    )
     s = re.sub(r"\b(a|an|the)\b", " ", s)
     return " ".join(s.split())
 
@@ -165,7 +185,9 @@ def normalized_golds(golden_answers):
     """The normalised golden answers (a single string is one answer); none raises."""
     golds = [golden_answers] if isinstance(golden_answers, str) else list(golden_answers)
     if not golds:
-        raise ValueError("golden_answers is empty; every question needs at least one accepted answer")
+        raise ValueError(
+            "golden_answers is empty; every question needs at least one accepted answer"
+        )
     return [normalize_answer(g) for g in golds]
 
 
@@ -183,7 +205,9 @@ def token_f1(prediction, golden_answers):
     pred = normalize_answer(prediction)
     best = 0.0
     for gold in golds:
-        if (pred in ("yes", "no", "noanswer") or gold in ("yes", "no", "noanswer")) and pred != gold:
+        if (
+            pred in ("yes", "no", "noanswer") or gold in ("yes", "no", "noanswer")
+        ) and pred != gold:
             continue  # HotpotQA: a yes/no answer gets no partial credit
         p, g = pred.split(), gold.split()
         same = sum((Counter(p) & Counter(g)).values())
@@ -209,7 +233,7 @@ def parse_action(text: str, think: str, max_calls: int) -> tuple[str, str | None
         return "invalid", None, "parse_error"
     start, tag = min(found)
     end = text.find(f"</{tag}>", start)
-    content = text[start + len(tag) + 2:end].strip()
+    content = text[start + len(tag) + 2 : end].strip()
     if end < 0 or not content:
         return "invalid", None, "parse_error"
     return tag, content, None
@@ -223,8 +247,14 @@ def format_passages(passages) -> str:
 def user_turn_ids(tokenizer, text: str) -> list[int]:
     """`text` as a user turn: the chat template (generation prompt added) if the tokenizer has one, else plain."""
     if getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
-                                                  add_generation_prompt=True, return_dict=False))
+        return list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}],
+                tokenize=True,
+                add_generation_prompt=True,
+                return_dict=False,
+            )
+        )
     return tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -236,8 +266,10 @@ class Refiner:
     """Cut the Bill §6: a second, frozen model reads each query's retrieved passages and writes a query-relevant
     summary; only the summary is appended to the agent's context. It is never trained."""
 
-    PROMPT = ("Summarize the information in the passages below that is relevant to the query, in a few "
-              "sentences. Keep names exactly as written.\nQuery: {query}\nPassages:\n{passages}\nSummary:")
+    PROMPT = (
+        "Summarize the information in the passages below that is relevant to the query, in a few "
+        "sentences. Keep names exactly as written.\nQuery: {query}\nPassages:\n{passages}\nSummary:"
+    )
 
     def __init__(self, engine, tokenizer, max_tokens: int = 128):
         self.engine, self.tok = engine, tokenizer
@@ -246,8 +278,12 @@ class Refiner:
     def summarize(self, queries: list[str], results: list[list | None]) -> list[str | None]:
         """One summary per query (None where retrieval failed), one batched engine call."""
         todo = [i for i, r in enumerate(results) if r is not None]
-        prompts = [self.tok.encode(self.PROMPT.format(query=queries[i], passages=format_passages(results[i])))
-                   for i in todo]
+        prompts = [
+            self.tok.encode(
+                self.PROMPT.format(query=queries[i], passages=format_passages(results[i]))
+            )
+            for i in todo
+        ]
         summaries: list[str | None] = [None] * len(queries)
         for i, out in zip(todo, self.engine.generate(prompts, self.sampling) if prompts else []):
             summaries[i] = self.tok.decode(out.token_ids, skip_special_tokens=True).strip()
@@ -258,10 +294,21 @@ class Agent:
     """Generates, parses, executes and scores agent steps for frontiers of nodes, batched across prompts."""
 
     def __init__(self, engine, retriever, tokenizer, cfg: AgentConfig, refiner=None):
-        self.engine, self.retriever, self.tok, self.cfg, self.refiner = engine, retriever, tokenizer, cfg, refiner
+        self.engine, self.retriever, self.tok, self.cfg, self.refiner = (
+            engine,
+            retriever,
+            tokenizer,
+            cfg,
+            refiner,
+        )
         self.template = instruction_template(cfg.instruction, tokenizer)
-        self.sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_step_tokens,
-                                 stop=["</search>", "</answer>"], seed=cfg.seed)
+        self.sampling = Sampling(
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_tokens=cfg.max_step_tokens,
+            stop=["</search>", "</answer>"],
+            seed=cfg.seed,
+        )
         self.counters = Counter()  # abnormal/<flag>, rollout/steps, rollout/waves, ...
         self.obs_open = self.encode("\n\n<information>")
         self.obs_close = self.encode("</information>\n\n")
@@ -271,12 +318,18 @@ class Agent:
 
     def prompt_ids(self, question: str) -> list[int]:
         """The instruction (Search-R1's by default) as one user turn."""
-        return user_turn_ids(self.tok, self.template.format(think=self.cfg.think_tag, question=question.strip()))
+        return user_turn_ids(
+            self.tok, self.template.format(think=self.cfg.think_tag, question=question.strip())
+        )
 
     def new_tree(self, example, tree_id: str) -> Tree:
         """An empty tree for one prompt: the root holds the prompt's token ids; `stats` counts from 0 (a Counter)."""
-        return Tree(Node(tree_id, tokens=self.prompt_ids(example.question)), question=example.question,
-                    golden_answers=list(example.golden_answers), stats=Counter())
+        return Tree(
+            Node(tree_id, tokens=self.prompt_ids(example.question)),
+            question=example.question,
+            golden_answers=list(example.golden_answers),
+            stats=Counter(),
+        )
 
     # ---- one step for a frontier --------------------------------------------------------------------------------
 
@@ -285,19 +338,26 @@ class Agent:
         frontier order. A child that ended carries its reward and flags; an open one has its observation."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        sampling = replace(self.sampling, seed=cfg.seed + 7919 * self.counters["rollout/waves"])  # fresh per wave
+        sampling = replace(
+            self.sampling, seed=cfg.seed + 7919 * self.counters["rollout/waves"]
+        )  # fresh per wave
         outs = self.engine.generate([context_ids(node) for _, node in frontier], sampling)
         gen_time = time.perf_counter() - t0
         self.counters["rollout/waves"] += 1
         total_tokens = sum(len(o.token_ids) for o in outs) or 1
         children, searching = [], []  # searching: (tree, child, query)
         for (tree, node), out in zip(frontier, outs):
-            child = node.add_child(tokens=list(out.token_ids), logprobs=list(out.logprobs),
-                                   text=self.tok.decode(out.token_ids))
+            child = node.add_child(
+                tokens=list(out.token_ids),
+                logprobs=list(out.logprobs),
+                text=self.tok.decode(out.token_ids),
+            )
             children.append((tree, child))
             # a wave is one engine call: its time is shared among prompts by generated tokens
             tree.stats["generated_tokens"] += len(out.token_ids)
-            tree.stats["gen_seconds"] += gen_time * (len(out.token_ids) / total_tokens)  # its share of the wave, by tokens
+            tree.stats["gen_seconds"] += gen_time * (
+                len(out.token_ids) / total_tokens
+            )  # its share of the wave, by tokens
             self.counters["rollout/steps"] += 1
             action, content, flag = parse_action(child.text, cfg.think_tag, cfg.max_calls)
             child.action = action
@@ -311,8 +371,13 @@ class Agent:
                 self._end(child, flag, -0.5 if cfg.format_penalty else 0.0)
             elif action == "answer":
                 child.answer = content
-                child.em, child.f1 = exact_match(content, tree.golden_answers), token_f1(content, tree.golden_answers)
-                penalty = cfg.format_penalty and not any(s.action == "search" for s in path(child))  # format-penalty
+                child.em, child.f1 = (
+                    exact_match(content, tree.golden_answers),
+                    token_f1(content, tree.golden_answers),
+                )
+                penalty = cfg.format_penalty and not any(
+                    s.action == "search" for s in path(child)
+                )  # format-penalty
                 child.reward = -0.5 if penalty else child.f1 if cfg.reward == "f1" else child.em
             else:
                 child.query = content
@@ -339,11 +404,15 @@ class Agent:
         t0 = time.perf_counter()
         try:
             results = self.retriever.search(queries, self.cfg.topk)
-        except RetrievalError as e:  # carries the passages of the queries that did succeed, None for the others
+        except (
+            RetrievalError
+        ) as e:  # carries the passages of the queries that did succeed, None for the others
             self.counters["rollout/retrieval_failed_queries"] += len(e.failed)
             results = e.partial
         bodies = [None if r is None else format_passages(r) for r in results]
-        if self.refiner is not None:  # Cut the Bill §6: only the frozen model's summary reaches the agent
+        if (
+            self.refiner is not None
+        ):  # Cut the Bill §6: only the frozen model's summary reaches the agent
             bodies = self.refiner.summarize(queries, results)
         retrieval_time = time.perf_counter() - t0
         for (tree, child, _), passages, body in zip(searching, results, bodies):
@@ -362,7 +431,7 @@ class Agent:
     def observation_ids(self, body: str) -> list[int]:
         """<information> body </information> as token ids, the body cut to fit max_obs_tokens."""
         room = self.cfg.max_obs_tokens - len(self.obs_open) - len(self.obs_close)
-        return self.obs_open + self.encode(body)[:max(room, 0)] + self.obs_close
+        return self.obs_open + self.encode(body)[: max(room, 0)] + self.obs_close
 
     def run(self, frontier: list[tuple[Tree, Node]]) -> list[Node]:
         """Continue every frontier entry to its end, one `step` per wave; return the leaves in frontier order."""
@@ -386,23 +455,40 @@ def ended(node: Node) -> bool:
 
 def chain(agent: Agent, examples, rng: random.Random, G: int = 8) -> list[list[Tree]]:
     """GRPO: G independent trajectories per prompt, each a chain-shaped tree of its own."""
-    prompts = [[agent.new_tree(ex, f"p{i}.g{j}") for j in range(G)] for i, ex in enumerate(examples)]
+    prompts = [
+        [agent.new_tree(ex, f"p{i}.g{j}") for j in range(G)] for i, ex in enumerate(examples)
+    ]
     agent.run([(t, t.root) for trees in prompts for t in trees])
     return prompts
 
 
-def tree_grpo(agent: Agent, examples, rng: random.Random, M: int = 2, N: int = 2, L: int = 1,
-              with_replacement: bool = False) -> list[list[Tree]]:
+def tree_grpo(
+    agent: Agent,
+    examples,
+    rng: random.Random,
+    M: int = 2,
+    N: int = 2,
+    L: int = 1,
+    with_replacement: bool = False,
+) -> list[list[Tree]]:
     """Tree-GRPO §4.2.3: M chains per prompt (the initial trees), then L rounds in which N nodes per tree, drawn
     uniformly among the root and the non-leaf nodes (without replacement unless the tree has fewer, or with
     `with_replacement`: expand-without-replacement), each get one new full continuation. M (L N + 1) leaves per prompt."""
-    prompts = [[agent.new_tree(ex, f"p{i}.t{m}") for m in range(M)] for i, ex in enumerate(examples)]
+    prompts = [
+        [agent.new_tree(ex, f"p{i}.t{m}") for m in range(M)] for i, ex in enumerate(examples)
+    ]
     agent.run([(t, t.root) for trees in prompts for t in trees])  # initialization
     for _ in range(L):
         frontier = []
         for t in (t for trees in prompts for t in trees):
-            inner = [n for n in walk(t.root) if n.children]  # root + intermediate steps (never a final answer)
-            picks = rng.choices(inner, k=N) if with_replacement or len(inner) < N else rng.sample(inner, N)
+            inner = [
+                n for n in walk(t.root) if n.children
+            ]  # root + intermediate steps (never a final answer)
+            picks = (
+                rng.choices(inner, k=N)
+                if with_replacement or len(inner) < N
+                else rng.sample(inner, N)
+            )
             frontier += [(t, n) for n in picks]
         agent.run(frontier)  # expansion: all trees of all prompts in one batch
     return prompts
@@ -425,7 +511,9 @@ def _recur(r: float, acc: float) -> int:
     return 2 if acc < 1 or r < CORRECT_F1 else 1
 
 
-def branpo(agent: Agent, examples, rng: random.Random, N: int = 4, rsm: bool = True) -> list[list[Tree]]:
+def branpo(
+    agent: Agent, examples, rng: random.Random, N: int = 4, rsm: bool = True
+) -> list[list[Tree]]:
     """BranPO §4.2, App. A.1 (Algorithm 1; branch-waves, rsm-threshold, rsm-fallback-split): N chains per prompt, one tree per original trajectory; acc = their mean
     F1. Each trajectory (F1 r, T steps) is truncated at depth k = T-1, T-2, ... (Recur(r, acc) points, Eq. 16) with
     Bran(acc) continuations at each (Eq. 15) until one's correctness (F1 >= 0.8) differs from the original's: it is
@@ -435,7 +523,9 @@ def branpo(agent: Agent, examples, rng: random.Random, N: int = 4, rsm: bool = T
     removed (their tokens still count in the stats). An original with no branch kept stays split at
     the last truncation point tried (Algorithm 1): marked `prefix_end`, its one continuation the
     original suffix."""
-    prompts = [[agent.new_tree(ex, f"p{i}.n{j}") for j in range(N)] for i, ex in enumerate(examples)]
+    prompts = [
+        [agent.new_tree(ex, f"p{i}.n{j}") for j in range(N)] for i, ex in enumerate(examples)
+    ]
     agent.run([(t, t.root) for trees in prompts for t in trees])
     jobs = []  # (tree, original leaf, plan: the truncations still to try, each (depth k, n branches, mode))
     for trees in prompts:
@@ -451,24 +541,44 @@ def branpo(agent: Agent, examples, rng: random.Random, N: int = 4, rsm: bool = T
             if rsm and acc > 0.5 and r >= CORRECT_F1 and T > mean_len and T >= 2:
                 plan = [(T - 2, 5, "shorter")]
             else:
-                plan = [(T - d, _bran(acc), "contrast") for d in range(1, _recur(r, acc) + 1) if T - d >= 0]
+                plan = [
+                    (T - d, _bran(acc), "contrast")
+                    for d in range(1, _recur(r, acc) + 1)
+                    if T - d >= 0
+                ]
             jobs.append((t, leaf, plan))
     while jobs:  # one wave of truncation points: each job's next one, all jobs in one batch
-        starts = [([t.root] + path(leaf))[plan[0][0]] for t, leaf, plan in jobs]  # the truncation nodes
-        ends = agent.run([(t, start) for (t, _, plan), start in zip(jobs, starts) for _ in range(plan[0][1])])
+        starts = [
+            ([t.root] + path(leaf))[plan[0][0]] for t, leaf, plan in jobs
+        ]  # the truncation nodes
+        ends = agent.run(
+            [(t, start) for (t, _, plan), start in zip(jobs, starts) for _ in range(plan[0][1])]
+        )
         for (_, leaf, plan), start in zip(jobs, starts):
             k, n_branches, mode = plan.pop(0)
             mine, ends = ends[:n_branches], ends[n_branches:]
             correct = _f1(leaf) >= CORRECT_F1
-            keep = next((e for e in mine if e.scored and (
-                (_f1(e) >= CORRECT_F1) != correct if mode == "contrast"
-                else _f1(e) >= CORRECT_F1 and e.depth < leaf.depth)), None)
+            keep = next(
+                (
+                    e
+                    for e in mine
+                    if e.scored
+                    and (
+                        (_f1(e) >= CORRECT_F1) != correct
+                        if mode == "contrast"
+                        else _f1(e) >= CORRECT_F1 and e.depth < leaf.depth
+                    )
+                ),
+                None,
+            )
             for e in mine:  # prune the branches that are not kept
                 if e is not keep:
                     start.children.remove(path(e)[k])
             if keep is not None:
                 if mode == "shorter":
-                    path(leaf)[k].redundant = True  # the original's extra step (its penultimate one)
+                    path(leaf)[
+                        k
+                    ].redundant = True  # the original's extra step (its penultimate one)
                 agent.counters["rollout/branpo_" + mode] += 1
                 plan.clear()
             if not plan:  # kept one, or the last truncation point tried: B = τ≤k (Algorithm 1)
@@ -498,7 +608,9 @@ def carl(agent: Agent, examples, rng: random.Random, N0: int = 1, N: int = 16) -
     prompts = [[agent.new_tree(ex, f"p{i}")] for i, ex in enumerate(examples)]
     agent.run([(trees[0], trees[0].root) for trees in prompts for _ in range(N0)])
     for _ in range(N):  # lowest n/H = highest H/n
-        agent.run([(t, max(_states(t), key=lambda s: s.entropy / len(s.children))) for [t] in prompts])
+        agent.run(
+            [(t, max(_states(t), key=lambda s: s.entropy / len(s.children))) for [t] in prompts]
+        )
     for [t] in prompts:
         _states(t)  # the final H(s), kept on the tree
     return prompts
@@ -512,15 +624,24 @@ def jaccard_prune(children: list[Node], k: int) -> list[Node]:
         return children
     sets = [set(c.doc_ids) for c in children]
     dist = [[1 - len(a & b) / len(a | b) if a | b else 0.0 for b in sets] for a in sets]
-    labels = cut_tree(linkage(squareform(dist, checks=False), method="average"), n_clusters=k).ravel()
+    labels = cut_tree(
+        linkage(squareform(dist, checks=False), method="average"), n_clusters=k
+    ).ravel()
     first = {}
     for c, label in zip(children, labels):
         first.setdefault(label, c)  # the first sampled member represents its cluster
     return list(first.values())
 
 
-def treeps(agent: Agent, examples, rng: random.Random, N: int = 8, D: int = 0, N_retain: int = 2,
-           N_train: int = 0) -> list[list[Tree]]:
+def treeps(
+    agent: Agent,
+    examples,
+    rng: random.Random,
+    N: int = 8,
+    D: int = 0,
+    N_retain: int = 2,
+    N_train: int = 0,
+) -> list[list[Tree]]:
     """TreePS-RAG §2.2 (Algorithm 1, phase 1; treeps-pruning), layer by layer from M(0) = {root}: at depth d each retained parent gets
     B_d = ceil(N / |M(d-1)|) children (Eq. 2), every tree's layer in one engine call; answers (and abnormal ends)
     are leaves; of each parent's search children min(N_retain, count) are kept by Jaccard clustering as M(d), the
@@ -530,30 +651,44 @@ def treeps(agent: Agent, examples, rng: random.Random, N: int = 8, D: int = 0, N
     trajectories advantages.treeps trains (§2.3)."""
     D = D or agent.cfg.max_turns + 1
     if D > agent.cfg.max_turns + 1:
-        raise ValueError(f"treeps depth limit D={D} exceeds the agent's max_turns + 1 = {agent.cfg.max_turns + 1} "
-                         f"steps; lower D or raise max_turns to {D - 1}")
+        raise ValueError(
+            f"treeps depth limit D={D} exceeds the agent's max_turns + 1 = {agent.cfg.max_turns + 1} "
+            f"steps; lower D or raise max_turns to {D - 1}"
+        )
     trees = [agent.new_tree(ex, f"p{i}") for i, ex in enumerate(examples)]
     retained = [[t.root] for t in trees]  # M(d-1) per tree
     for d in range(1, D + 1):
-        frontier = [(t, p) for t, parents in zip(trees, retained) for p in parents
-                    for _ in range(math.ceil(N / len(parents)))]
+        frontier = [
+            (t, p)
+            for t, parents in zip(trees, retained)
+            for p in parents
+            for _ in range(math.ceil(N / len(parents)))
+        ]
         if not frontier:
             break
         agent.step(frontier)
         for i, parents in enumerate(retained):
             kept = []
             for p in parents:
-                search = [c for c in p.children if c.action == "search"  # Alg. 1 l. 11
-                          and (not ended(c) or c.flags == ["max_turns"])]  # the limit ended too
+                search = [
+                    c
+                    for c in p.children
+                    if c.action == "search"  # Alg. 1 l. 11
+                    and (not ended(c) or c.flags == ["max_turns"])
+                ]  # the limit ended too
                 keep = jaccard_prune(search, N_retain)
                 p.children = [c for c in p.children if c not in search or c in keep]
                 kept += [c for c in p.children if c in keep or not ended(c)]  # + retried invalid
-            for c in [c for c in kept if d == D and not ended(c)]:  # Alg. 1 l. 24: leaves at D, reward 0
+            for c in [
+                c for c in kept if d == D and not ended(c)
+            ]:  # Alg. 1 l. 24: leaves at D, reward 0
                 agent._end(c, "max_turns", 0.0)
             retained[i] = kept
     for t in trees:
         pool = scored_leaves(t.root)
-        for leaf in rng.sample(pool, min(N_train or N, len(pool))):  # §2.3: "randomly sample N trajectories"
+        for leaf in rng.sample(
+            pool, min(N_train or N, len(pool))
+        ):  # §2.3: "randomly sample N trajectories"
             leaf.sampled = True
     return [[t] for t in trees]
 
@@ -562,12 +697,21 @@ def treeps(agent: Agent, examples, rng: random.Random, N: int = 8, D: int = 0, N
 # advantages.ALGOS holds the credit half under the same names.
 STRATEGIES = {
     "grpo": (chain, lambda c: {"G": c.grpo_G}),
-    "tree_grpo": (tree_grpo, lambda c: {"M": c.tree_M, "N": c.tree_N, "L": c.tree_L,
-                                        "with_replacement": c.tree_replace}),
+    "tree_grpo": (
+        tree_grpo,
+        lambda c: {"M": c.tree_M, "N": c.tree_N, "L": c.tree_L, "with_replacement": c.tree_replace},
+    ),
     "branpo": (branpo, lambda c: {"N": c.branpo_N, "rsm": c.branpo_rsm}),
     "carl": (carl, lambda c: {"N0": c.carl_N0, "N": c.carl_N}),
-    "treeps": (treeps, lambda c: {"N": c.treeps_N, "D": c.treeps_D, "N_retain": c.treeps_retain,
-                                  "N_train": c.treeps_train}),
+    "treeps": (
+        treeps,
+        lambda c: {
+            "N": c.treeps_N,
+            "D": c.treeps_D,
+            "N_retain": c.treeps_retain,
+            "N_train": c.treeps_train,
+        },
+    ),
 }
 
 
@@ -587,20 +731,32 @@ def metrics(prompts: list[list[Tree]]) -> dict[str, float]:
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
     stat = lambda key: sum(t.stats.get(key, 0) for trees in prompts for t in trees) / n  # noqa: E731
     groups = [[x.reward for t in trees for x in t.leaves() if x.scored] for trees in prompts]
-    m = {"rollout/reward": mean([x.reward for x in scored]), "rollout/em": mean(em),
-         "rollout/f1": mean([x.f1 or 0.0 for x in scored]),
-         "rollout/effective_groups": mean([float(len(set(g)) > 1) for g in groups])}
-    for name, values in (("turns", [float(x.depth) for x in scored]),
-                         ("searches", [float(sum(s.action == "search" for s in path(x))) for x in scored])):
+    m = {
+        "rollout/reward": mean([x.reward for x in scored]),
+        "rollout/em": mean(em),
+        "rollout/f1": mean([x.f1 or 0.0 for x in scored]),
+        "rollout/effective_groups": mean([float(len(set(g)) > 1) for g in groups]),
+    }
+    for name, values in (
+        ("turns", [float(x.depth) for x in scored]),
+        ("searches", [float(sum(s.action == "search" for s in path(x))) for x in scored]),
+    ):
         correct = [v for v, e in zip(values, em) if e == 1]
         for suffix, picked in (("", values), ("_correct", correct)):
-            m[f"rollout/{name}_median{suffix}"] = sorted(picked)[len(picked) // 2] if picked else 0.0  # upper median
+            m[f"rollout/{name}_median{suffix}"] = (
+                sorted(picked)[len(picked) // 2] if picked else 0.0
+            )  # upper median
             m[f"rollout/{name}_max{suffix}"] = max(picked, default=0.0)
-    m.update({"rollout/tokens_per_prompt": stat("generated_tokens"),
-              "rollout/tool_calls_per_prompt": stat("tool_calls"), "tree/leaves_per_prompt": len(leaves) / n,
-              "rollout/gen_seconds_per_prompt": stat("gen_seconds"),
-              "rollout/retrieval_seconds_per_prompt": stat("retrieval_seconds"),
-              "rollout/retrieval_failed_queries": stat("failed_queries") * n})
+    m.update(
+        {
+            "rollout/tokens_per_prompt": stat("generated_tokens"),
+            "rollout/tool_calls_per_prompt": stat("tool_calls"),
+            "tree/leaves_per_prompt": len(leaves) / n,
+            "rollout/gen_seconds_per_prompt": stat("gen_seconds"),
+            "rollout/retrieval_seconds_per_prompt": stat("retrieval_seconds"),
+            "rollout/retrieval_failed_queries": stat("failed_queries") * n,
+        }
+    )
     for flag in FLAGS:  # share of trajectories with that outcome on any of their steps
         m[f"abnormal/{flag}"] = mean([float(any(flag in s.flags for s in path(x))) for x in leaves])
     return m
@@ -610,4 +766,5 @@ if __name__ == "__main__":  # python rollout.py --algo ALGO --dump FILE [--plot 
     import advantages
     import tree
     from infra import inspection
+
     inspection.dump_cli(sys.modules[__name__], advantages, tree)

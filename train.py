@@ -27,6 +27,7 @@ Deviations from the papers, each cited by its name:
   gradient from exactly the tokens that moved furthest from pi_ref (ref - logp > 2.61 or < -11),
   where the anchor matters most; log-ratio-bound keeps k3 finite, grad_clip bounds the step.
 """
+
 import json
 import math
 import os
@@ -79,7 +80,9 @@ class Args:
     """Rollout engine: vLLM when installed with CUDA, else Hugging Face generate (printed once at start)."""
     vllm_gpu_memory_utilization: float = 0.3
     """Share of rank 0's GPU memory vLLM may take (the trainer's replica shares that GPU)."""
-    vllm_dtype: str = field(default="", metadata={"choices": ["", "float32", "bfloat16", "float16"]})
+    vllm_dtype: str = field(
+        default="", metadata={"choices": ["", "float32", "bfloat16", "float16"]}
+    )
     """vLLM's dtype; empty = the policy's, so TIS corrects kernel differences, not rounding to a narrower type."""
     out_dir: str = "out"
     """Where the world, warm start, runs (metrics.jsonl, curve.png, checkpoints) go."""
@@ -110,7 +113,9 @@ class Args:
     """Weight of the k3 KL to the frozen initial policy (Search-R1, BranPO Table 5: 0.001)."""
     tis_cap: float = 2.0
     """TIS cap C on pi_old / pi_rollout (BranPO Table 5: 2.0; its batch-normalize option: README); 0 disables TIS."""
-    loss_agg: str = field(default="token-mean", metadata={"choices": ["token-mean", "seq-mean-token-mean"]})
+    loss_agg: str = field(
+        default="token-mean", metadata={"choices": ["token-mean", "seq-mean-token-mean"]}
+    )
     """How per-token losses are averaged."""
     grad_clip: float = 1.0
     """Gradient-norm clip."""
@@ -133,8 +138,11 @@ class Args:
 
 
 RULES = [  # (flags, what is allowed, test): checked right after parsing, before any file or model is read
-    ("steps prompts_per_step ppo_mini_batches ppo_epochs micro_batch_size eval_n env_error_patience",
-     "an integer >= 1", lambda v: v >= 1),
+    (
+        "steps prompts_per_step ppo_mini_batches ppo_epochs micro_batch_size eval_n env_error_patience",
+        "an integer >= 1",
+        lambda v: v >= 1,
+    ),
     ("warmup_steps eval_every checkpoint_every", "an integer >= 0", lambda v: v >= 0),
     ("lr grad_clip", "> 0", lambda v: v > 0),
     ("clip_high kl_coef tis_cap", ">= 0", lambda v: v >= 0),
@@ -142,32 +150,61 @@ RULES = [  # (flags, what is allowed, test): checked right after parsing, before
     ("dual_clip", "0 (off) or > 1", lambda v: v == 0 or v > 1),
     ("vllm_gpu_memory_utilization", "in (0, 1]", lambda v: 0 < v <= 1),
     ("max_env_error_rate", "in [0, 1]", lambda v: 0 <= v <= 1),
-    ("data test_data corpus", "an existing file, a directory or a datasets name",
-     lambda v: os.path.exists(v) or not v.endswith((".parquet", ".jsonl", ".json"))),
+    (
+        "data test_data corpus",
+        "an existing file, a directory or a datasets name",
+        lambda v: os.path.exists(v) or not v.endswith((".parquet", ".jsonl", ".json")),
+    ),
 ]
 
 
 def validate(args: Args, *configs):
     """Every flag against its module's RULES, and the rules that tie flags together; one message lists all broken."""
-    algo, agent, warm = (next(c for c in configs if isinstance(c, t)) for t in (AlgoConfig, AgentConfig, WarmConfig))
+    algo, agent, warm = (
+        next(c for c in configs if isinstance(c, t)) for t in (AlgoConfig, AgentConfig, WarmConfig)
+    )
     one_file = args.data.endswith((".parquet", ".jsonl", ".json"))
     no_model = engines.model_problem(args.model, args.gguf_file) if args.model else ""
-    rules = RULES + advantages.RULES + rollout.RULES + retriever.RULES + engines.RULES + warmstart.RULES
-    flags.check((args, *configs), rules, [
-        (args.eval_every and one_file and not args.test_data, f"--data {args.data!r} is one file and --test_data is "
-         f"empty: evaluation would score the training questions; pass --test_data FILE, or --eval_every 0"),
-        (one_file and os.path.realpath(args.test_data) == os.path.realpath(args.data), f"--test_data "
-         f"{args.test_data!r} is the --data file: evaluation would score the training questions; pass a test file"),
-        rollout.depth_rule(algo, agent),
-        (args.resume and args.overwrite, "--resume and --overwrite contradict each other: pick one"),
-        (args.gguf_file and not args.model, f"--gguf_file {args.gguf_file!r} needs --model, the directory holding it"),
-        (warm.sft_max_steps < warm.sft_steps, f"--sft_max_steps {warm.sft_max_steps} must be >= --sft_steps "
-         f"{warm.sft_steps}"),
-        (args.log_with and not (args.log_with in run.TRACKERS and run.TRACKERS[args.log_with]()),
-         f"--log_with {args.log_with}: the {args.log_with!r} package is not installed, so nothing "
-         f"would reach that tracker; pip install {args.log_with}, or drop --log_with "
-         f"(metrics.jsonl and the console always log)"),
-        (no_model, no_model)])
+    rules = (
+        RULES + advantages.RULES + rollout.RULES + retriever.RULES + engines.RULES + warmstart.RULES
+    )
+    flags.check(
+        (args, *configs),
+        rules,
+        [
+            (
+                args.eval_every and one_file and not args.test_data,
+                f"--data {args.data!r} is one file and --test_data is "
+                f"empty: evaluation would score the training questions; pass --test_data FILE, or --eval_every 0",
+            ),
+            (
+                one_file and os.path.realpath(args.test_data) == os.path.realpath(args.data),
+                f"--test_data "
+                f"{args.test_data!r} is the --data file: evaluation would score the training questions; pass a test file",
+            ),
+            rollout.depth_rule(algo, agent),
+            (
+                args.resume and args.overwrite,
+                "--resume and --overwrite contradict each other: pick one",
+            ),
+            (
+                args.gguf_file and not args.model,
+                f"--gguf_file {args.gguf_file!r} needs --model, the directory holding it",
+            ),
+            (
+                warm.sft_max_steps < warm.sft_steps,
+                f"--sft_max_steps {warm.sft_max_steps} must be >= --sft_steps {warm.sft_steps}",
+            ),
+            (
+                args.log_with
+                and not (args.log_with in run.TRACKERS and run.TRACKERS[args.log_with]()),
+                f"--log_with {args.log_with}: the {args.log_with!r} package is not installed, so nothing "
+                f"would reach that tracker; pip install {args.log_with}, or drop --log_with "
+                f"(metrics.jsonl and the console always log)",
+            ),
+            (no_model, no_model),
+        ],
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -175,7 +212,7 @@ def validate(args: Args, *configs):
 
 
 LOG_RATIO_BOUND = 20.0  # log-ratio-bound: |log ratio| <= 20 before any exp (verl's); e^20 = 4.9e8
-LOGP_CHUNK = 2 ** 24  # logits per chunk in token_logprobs: 64 MiB of float32, 110 Qwen positions
+LOGP_CHUNK = 2**24  # logits per chunk in token_logprobs: 64 MiB of float32, 110 Qwen positions
 
 
 class _TokenLogp(torch.autograd.Function):
@@ -191,10 +228,10 @@ class _TokenLogp(torch.autograd.Function):
         logp = torch.empty(len(logits), device=logits.device)  # (N,)
         entropy = torch.empty(len(logits) if with_entropy else 0, device=logits.device)  # (N,)|(0,)
         for s in range(0, len(logits), rows):
-            logp_all = logits[s:s + rows].float().log_softmax(-1)  # (c, V)
-            logp[s:s + rows] = logp_all.gather(1, targets[s:s + rows, None])[:, 0]  # (c,)
+            logp_all = logits[s : s + rows].float().log_softmax(-1)  # (c, V)
+            logp[s : s + rows] = logp_all.gather(1, targets[s : s + rows, None])[:, 0]  # (c,)
             if with_entropy:
-                entropy[s:s + rows] = -(logp_all.exp() * logp_all).sum(-1)  # (c,)
+                entropy[s : s + rows] = -(logp_all.exp() * logp_all).sum(-1)  # (c,)
         ctx.save_for_backward(logits, targets)
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
@@ -206,9 +243,11 @@ class _TokenLogp(torch.autograd.Function):
         out = torch.empty_like(logits)  # (N, V)
         for s in range(0, len(logits), rows):
             with torch.enable_grad():  # the chunk's forward again, differentiated on its own
-                x = logits[s:s + rows].detach().requires_grad_()  # (c, V)
-                logp = x.float().log_softmax(-1).gather(1, targets[s:s + rows, None])[:, 0]  # (c,)
-                out[s:s + rows], = torch.autograd.grad(logp, x, grad[s:s + rows])  # (c, V)
+                x = logits[s : s + rows].detach().requires_grad_()  # (c, V)
+                logp = (
+                    x.float().log_softmax(-1).gather(1, targets[s : s + rows, None])[:, 0]
+                )  # (c,)
+                (out[s : s + rows],) = torch.autograd.grad(logp, x, grad[s : s + rows])  # (c, V)
         return out, None, None
 
 
@@ -239,7 +278,10 @@ def ppo_loss(logp, old_logp, ref_logp, rollout_logp, adv, mask, args: Args, deno
     bound = LOG_RATIO_BOUND
     bounded = lambda x: torch.where(m, x, 0.0).clamp(-bound, bound)  # noqa: E731
     ratio = torch.exp(bounded(logp - old_logp))  # (B, T)
-    unclipped, clipped = -adv * ratio, -adv * ratio.clamp(1 - args.clip_low, 1 + args.clip_high)  # (B, T)
+    unclipped, clipped = (
+        -adv * ratio,
+        -adv * ratio.clamp(1 - args.clip_low, 1 + args.clip_high),
+    )  # (B, T)
     surrogate = torch.max(unclipped, clipped)  # (B, T)
     stats = {"clipped": (clipped > unclipped)[m].detach()}  # the clipped branch: no gradient (verl)
     if args.dual_clip:  # dual-clip: a token with A < 0 loses at most -A c, whatever its ratio
@@ -264,11 +306,13 @@ def collate(samples, pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad a list of tree.Sample into (B, T) tensors."""
     T = max(len(s.input_ids) for s in samples)
     pad = lambda xs, v: [x + [v] * (T - len(x)) for x in xs]  # noqa: E731
-    return {"ids": torch.tensor(pad([s.input_ids for s in samples], pad_id)),  # (B, T)
-            "attn": torch.tensor(pad([[1] * len(s.input_ids) for s in samples], 0)),  # (B, T)
-            "mask": torch.tensor(pad([s.loss_mask for s in samples], 0), dtype=torch.float),  # (B, T)
-            "adv": torch.tensor(pad([s.advantages for s in samples], 0.0)),  # (B, T)
-            "rollout_logp": torch.tensor(pad([s.logprobs for s in samples], 0.0))}  # (B, T)
+    return {
+        "ids": torch.tensor(pad([s.input_ids for s in samples], pad_id)),  # (B, T)
+        "attn": torch.tensor(pad([[1] * len(s.input_ids) for s in samples], 0)),  # (B, T)
+        "mask": torch.tensor(pad([s.loss_mask for s in samples], 0), dtype=torch.float),  # (B, T)
+        "adv": torch.tensor(pad([s.advantages for s in samples], 0.0)),  # (B, T)
+        "rollout_logp": torch.tensor(pad([s.logprobs for s in samples], 0.0)),
+    }  # (B, T)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -278,29 +322,44 @@ def collate(samples, pad_id: int) -> dict[str, torch.Tensor]:
 def sample_metrics(trajectories: list[Trajectory], samples: list[Sample]) -> dict[str, float]:
     """What the step trains: tokens, rows, and update actions (CARL's |D_upd|, counted per
     trajectory: the trained steps of the rows `to_samples` keeps)."""
-    actions = sum(a is not None for tr in trajectories if not truncated(tr.leaf) for a in tr.advantages)
-    return {"train/tokens_trained": float(sum(sum(s.loss_mask) for s in samples)),
-            "train/actions_trained": float(actions), "train/samples": float(len(samples))}
+    actions = sum(
+        a is not None for tr in trajectories if not truncated(tr.leaf) for a in tr.advantages
+    )
+    return {
+        "train/tokens_trained": float(sum(sum(s.loss_mask) for s in samples)),
+        "train/actions_trained": float(actions),
+        "train/samples": float(len(samples)),
+    }
 
 
-def micro_batches(samples, accelerator, model, ref_model, args: Args, pad_id: int,
-                  old_from_engine: bool):
+def micro_batches(
+    samples, accelerator, model, ref_model, args: Args, pad_id: int, old_from_engine: bool
+):
     """This rank's shard of the samples in micro-batches, with pi_old (the trainer's before this
     step's updates, or the engine's: tis-old-policy) and pi_ref log-probs by the policy's forward and
     precision. Rank 0 rolls out and broadcasts the samples; each rank updates on its shard, padded to
     equal rows with zero-weight copies (DDP's collectives need the same number of micro-batches)."""
-    shard = samples[accelerator.process_index::accelerator.num_processes]
+    shard = samples[accelerator.process_index :: accelerator.num_processes]
     per_rank = math.ceil(len(samples) / accelerator.num_processes)
     weights = [1.0] * len(shard) + [0.0] * (per_rank - len(shard))  # padding rows carry zero loss
     shard += samples[:1] * (per_rank - len(shard))
     micro = []
     model.eval()
     for i in range(0, per_rank, args.micro_batch_size):
-        b = {k: v.to(accelerator.device) for k, v in collate(shard[i:i + args.micro_batch_size], pad_id).items()}
-        b["mask"] = b["mask"] * torch.tensor(weights[i:i + args.micro_batch_size], device=b["mask"].device)[:, None]
+        b = {
+            k: v.to(accelerator.device)
+            for k, v in collate(shard[i : i + args.micro_batch_size], pad_id).items()
+        }
+        b["mask"] = (
+            b["mask"]
+            * torch.tensor(weights[i : i + args.micro_batch_size], device=b["mask"].device)[:, None]
+        )
         with torch.no_grad():
-            b["old_logp"] = b["rollout_logp"] if old_from_engine else \
-                token_logprobs(model, b["ids"], b["attn"])[0]
+            b["old_logp"] = (
+                b["rollout_logp"]
+                if old_from_engine
+                else token_logprobs(model, b["ids"], b["attn"])[0]
+            )
             with accelerator.autocast():  # the prepared policy's forward runs under this autocast
                 b["ref_logp"], _ = token_logprobs(ref_model, b["ids"], b["attn"])
         micro.append(b)
@@ -315,20 +374,36 @@ def update(micro, accelerator, model, optimizer, scheduler, args: Args):
     n_mini = max(1, min(args.ppo_mini_batches, len(micro)))
     for _ in range(args.ppo_epochs):
         for mb in [micro[j::n_mini] for j in range(n_mini)]:
-            total = sum(b["mask"].sum().item() if args.loss_agg == "token-mean"
-                        else (b["mask"].sum(-1) > 0).sum().item() for b in mb)
-            total = accelerator.reduce(torch.tensor(float(total), device=accelerator.device), "sum").item()
+            total = sum(
+                b["mask"].sum().item()
+                if args.loss_agg == "token-mean"
+                else (b["mask"].sum(-1) > 0).sum().item()
+                for b in mb
+            )
+            total = accelerator.reduce(
+                torch.tensor(float(total), device=accelerator.device), "sum"
+            ).item()
             loss_sum = 0.0
             for b in mb:
                 logp, entropy = token_logprobs(model, b["ids"], b["attn"], entropy=True)
-                loss, s = ppo_loss(logp, b["old_logp"], b["ref_logp"], b["rollout_logp"], b["adv"], b["mask"],
-                                   args, max(total, 1.0) / accelerator.num_processes)
+                loss, s = ppo_loss(
+                    logp,
+                    b["old_logp"],
+                    b["ref_logp"],
+                    b["rollout_logp"],
+                    b["adv"],
+                    b["mask"],
+                    args,
+                    max(total, 1.0) / accelerator.num_processes,
+                )
                 s["entropy"] = entropy[b["mask"].bool()].detach()
                 accelerator.backward(loss)
                 loss_sum += loss.item()
                 stats.append(s)
             norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
-            if math.isfinite(loss_sum) and torch.isfinite(torch.as_tensor(norm)).all():  # else NaN/inf: skipped
+            if (
+                math.isfinite(loss_sum) and torch.isfinite(torch.as_tensor(norm)).all()
+            ):  # else NaN/inf: skipped
                 optimizer.step()
                 scheduler.step()
                 grad_norms.append(float(norm))
@@ -341,13 +416,20 @@ def train_metrics(stats, grad_norms, losses, args: Args) -> dict[str, float]:
     """The update's train/ metrics (the README lists them)."""
     cat = lambda k: torch.cat([s[k].float().cpu() for s in stats]) if stats else torch.zeros(0)  # noqa: E731
     mean = lambda x: x.mean().item() if stats else 0.0  # noqa: E731
-    return {"train/loss": sum(losses) / max(len(losses), 1), "train/kl": mean(cat("kl")),
-            "train/entropy": mean(cat("entropy")), "train/clip_fraction": mean(cat("clipped")),
-            "train/tis_truncated_fraction": mean((cat("tis") > args.tis_cap).float()) if args.tis_cap > 0 else 0.0,
-            **({"train/dual_clip_fraction": mean(cat("dual_clipped"))} if args.dual_clip else {}),
-            "train/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
-            **quantiles("train/ratio", cat("ratio")), **quantiles("train/tis_ratio", cat("tis")),
-            **({"train/tis_ratio_max_dev": (cat("tis") - 1).abs().max().item()} if stats else {})}
+    return {
+        "train/loss": sum(losses) / max(len(losses), 1),
+        "train/kl": mean(cat("kl")),
+        "train/entropy": mean(cat("entropy")),
+        "train/clip_fraction": mean(cat("clipped")),
+        "train/tis_truncated_fraction": mean((cat("tis") > args.tis_cap).float())
+        if args.tis_cap > 0
+        else 0.0,
+        **({"train/dual_clip_fraction": mean(cat("dual_clipped"))} if args.dual_clip else {}),
+        "train/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
+        **quantiles("train/ratio", cat("ratio")),
+        **quantiles("train/tis_ratio", cat("tis")),
+        **({"train/tis_ratio_max_dev": (cat("tis") - 1).abs().max().item()} if stats else {}),
+    }
 
 
 def quantiles(name: str, x: torch.Tensor) -> dict[str, float]:
@@ -365,55 +447,84 @@ def run_eval(step: int, eval_agent: rollout.Agent, test_rows) -> dict:
     """Evaluate on the test questions; print a line and return the eval/ metrics row."""
     m = evaluate(eval_agent, test_rows)
     hops = " ".join(f"{k[3:]} {v:.2f}" for k, v in m.items() if k.startswith("em_hop"))
-    print(f"step {step}: eval EM {m['em']:.3f} F1 {m['f1']:.3f} on {m['n']} questions"
-          + (f" (by hops: {hops})" if hops else "")
-          + (f" ({m['env_errors']} more lost to retrieval errors)" if m["env_errors"] else ""))
+    print(
+        f"step {step}: eval EM {m['em']:.3f} F1 {m['f1']:.3f} on {m['n']} questions"
+        + (f" (by hops: {hops})" if hops else "")
+        + (f" ({m['env_errors']} more lost to retrieval errors)" if m["env_errors"] else "")
+    )
     return {"step": step, **{f"eval/{k}": v for k, v in m.items() if isinstance(v, (int, float))}}
 
 
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: RetrieverConfig, warm: WarmConfig):
+def main(
+    args: Args,
+    algo: AlgoConfig,
+    agent_cfg: AgentConfig,
+    retriever_cfg: RetrieverConfig,
+    warm: WarmConfig,
+):
     # ---- config: checked, derived values, logged whole
     t_start, seconds = time.perf_counter(), {}  # seconds: wall time per stage, printed at the end
     validate(args, algo, agent_cfg, retriever_cfg, warm)
-    run_dir = os.path.join(args.out_dir, "runs", args.run_name or f"{algo.algo}-seed{agent_cfg.seed}")
+    run_dir = os.path.join(
+        args.out_dir, "runs", args.run_name or f"{algo.algo}-seed{agent_cfg.seed}"
+    )
     world = os.path.join(args.out_dir, "world") if not (args.data and args.corpus) else ""
-    model_path = args.model or os.path.join(args.out_dir, "warmstart")  # the embedded default's warm start
+    model_path = args.model or os.path.join(
+        args.out_dir, "warmstart"
+    )  # the embedded default's warm start
     config = {**asdict(args), **asdict(algo), **asdict(agent_cfg), **asdict(retriever_cfg)}
     accelerator = Accelerator(log_with=args.log_with or None, project_dir=run_dir)
     main_proc = accelerator.is_main_process
     if accelerator.num_processes == 1 and accelerator.device.type == "cpu":
-        torch.set_num_threads(len(os.sched_getaffinity(0)))  # `accelerate launch` sets OMP_NUM_THREADS=1; one
+        torch.set_num_threads(
+            len(os.sched_getaffinity(0))
+        )  # `accelerate launch` sets OMP_NUM_THREADS=1; one
         # process may use every core it is allowed (taskset / cpuset)
     set_seed(agent_cfg.seed)
     if main_proc:
         run_lock = run.claim_run_dir(run_dir, args)  # noqa: F841 (open, so locked, while main runs)
         whole = {**config, **(asdict(warm) if not args.model else {})}  # warm: embedded default
-        run.save_config(run_dir, whole, (Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig))
+        run.save_config(
+            run_dir, whole, (Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig)
+        )
         if os.path.isfile(default_config_file) and "ACCELERATE_DYNAMO_BACKEND" not in os.environ:
             # a user's accelerate config, and no launcher (each sets that variable): not in use
-            print(f"accelerate: {default_config_file} is not used by a run started without "
-                  f"`accelerate launch`; start it with `accelerate launch train.py ...` to use it")
+            print(
+                f"accelerate: {default_config_file} is not used by a run started without "
+                f"`accelerate launch`; start it with `accelerate launch train.py ...` to use it"
+            )
         if args.log_with:
             accelerator.init_trackers("train", config=config)
 
     # ---- init: data, retriever, policy, reference, engine, agent
-    if world and main_proc:  # one rank writes the world (and below, the warm start); the others wait for it
+    if (
+        world and main_proc
+    ):  # one rank writes the world (and below, the warm start); the others wait for it
         data.ensure_world(world)
     accelerator.wait_for_everyone()
     seconds["world"] = time.perf_counter() - t_start
     train_rows = data.load_rows(args.data or world, "train")
-    test_rows = data.spread(data.load_rows(args.test_data or args.data or world, "test"), args.eval_n) \
-        if args.eval_every else []  # validate() made sure this is a real test split, never the training rows
+    test_rows = (
+        data.spread(data.load_rows(args.test_data or args.data or world, "test"), args.eval_n)
+        if args.eval_every
+        else []
+    )  # validate() made sure this is a real test split, never the training rows
     search, where = None, ""
     if main_proc:  # files first: a bad corpus or a dead server stops the run before any model loads
-        search, where = retriever.connect(retriever_cfg, args.corpus or os.path.join(world, "corpus.jsonl"))
-    if not args.model:  # the embedded default: warm-start once, in this run's agent format, and cache it
+        search, where = retriever.connect(
+            retriever_cfg, args.corpus or os.path.join(world, "corpus.jsonl")
+        )
+    if (
+        not args.model
+    ):  # the embedded default: warm-start once, in this run's agent format, and cache it
         t0 = time.perf_counter()
         if main_proc:
-            warmstart.ensure(model_path, world, warm, agent_cfg, rollout, evaluate, search)  # one BM25 index per run
+            warmstart.ensure(
+                model_path, world, warm, agent_cfg, rollout, evaluate, search
+            )  # one BM25 index per run
         accelerator.wait_for_everyone()
         seconds["warm start"] = time.perf_counter() - t0
     model, tok = engines.load_policy(model_path, args.gguf_file or None)
@@ -424,8 +535,14 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     agent = eval_agent = None
     if main_proc:
-        engine = engines.make_engine(args.engine, accelerator.unwrap_model(model), tok, model_path,
-                                     dtype=args.vllm_dtype, gpu_memory_utilization=args.vllm_gpu_memory_utilization)
+        engine = engines.make_engine(
+            args.engine,
+            accelerator.unwrap_model(model),
+            tok,
+            model_path,
+            dtype=args.vllm_dtype,
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        )
         agent = rollout.Agent(engine, search, tok, agent_cfg)
         eval_agent = rollout.Agent(engine, search, tok, rollout.for_eval(agent_cfg))
     # are the engine's log-probs pi_old (tis-old-policy)? Only the HF engine's in a float32 run. Rank 0
@@ -434,8 +551,11 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
     old_from_engine = exact and accelerator.mixed_precision == "no"
     if main_proc:
         source = "the HF engine's log-probs" if old_from_engine else "the trainer's forward"
-        print(f"pi_old: {source} ({type(agent.engine).__name__}, mixed precision "
-              f"{accelerator.mixed_precision})", flush=True)
+        print(
+            f"pi_old: {source} ({type(agent.engine).__name__}, mixed precision "
+            f"{accelerator.mixed_precision})",
+            flush=True,
+        )
     rng = random.Random(agent_cfg.seed)  # strategies' random choices
     order = list(range(len(train_rows)))
     random.Random(agent_cfg.seed).shuffle(order)
@@ -449,9 +569,15 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
         if main_proc:
             agent.counters.update(state["counters"])
             agent.engine.load_weights(accelerator.unwrap_model(model))
-        history = [row for row in run.read_metrics(os.path.join(run_dir, "metrics.jsonl")) if row["step"] <= start]
+        history = [
+            row
+            for row in run.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+            if row["step"] <= start
+        ]
     if main_proc:  # drop what an interrupted run logged after its checkpoint
-        Path(run_dir, "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in history))
+        Path(run_dir, "metrics.jsonl").write_text(
+            "".join(json.dumps(row) + "\n" for row in history)
+        )
     if start == 0 and args.eval_every and args.eval_start and main_proc:
         t0 = time.perf_counter()
         run.log(run_eval(0, eval_agent, test_rows), history, run_dir, accelerator, args)
@@ -459,8 +585,13 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
 
     # ---- loop (SIGTERM, Ctrl-C: the step finishes, a checkpoint is saved, the run exits)
     asked, stopped = run.stop_on_signals(), None
-    bar = flags.progress(range(start, args.steps), desc=algo.algo, disable=not main_proc,
-                       initial=start, total=args.steps)
+    bar = flags.progress(
+        range(start, args.steps),
+        desc=algo.algo,
+        disable=not main_proc,
+        initial=start,
+        total=args.steps,
+    )
     for step in bar:
         t0 = time.perf_counter()
         if main_proc:  # rank 0 rolls out and credits; every rank gets the samples
@@ -469,39 +600,72 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
             with torch.no_grad():
                 prompts = rollout.grow(algo, agent, batch, rng)  # 1. grow the trees (rollout.py)
             # ---- EDIT HERE: the credit, one function per paper (advantages.py) -----------------
-            trajectories = [t for trees in prompts for t in advantages.credit(algo, trees)]  # 2. credit
+            trajectories = [
+                t for trees in prompts for t in advantages.credit(algo, trees)
+            ]  # 2. credit
             samples = to_samples(trajectories)  # 3. training samples: token ids, mask, advantages
-            rolled_out = samples, {**rollout.metrics(prompts), **sample_metrics(trajectories, samples)}
+            rolled_out = (
+                samples,
+                {**rollout.metrics(prompts), **sample_metrics(trajectories, samples)},
+            )
         samples, metrics = broadcast_object_list([rolled_out if main_proc else None])[0]
         t1 = time.perf_counter()
-        micro = micro_batches(samples, accelerator, model, ref_model, args, tok.pad_token_id,
-                              old_from_engine)  # 4. log-probs of pi_old and pi_ref
+        micro = micro_batches(
+            samples, accelerator, model, ref_model, args, tok.pad_token_id, old_from_engine
+        )  # 4. log-probs of pi_old and pi_ref
         t2 = time.perf_counter()
         # ---- EDIT HERE: the loss (ppo_loss above) ----------------------------------------------
-        stats, grad_norms, losses, n_skipped = update(micro, accelerator, model, optimizer, scheduler,
-                                                      args)  # 5. the PPO update
+        stats, grad_norms, losses, n_skipped = update(
+            micro, accelerator, model, optimizer, scheduler, args
+        )  # 5. the PPO update
         skipped += n_skipped
         t3 = time.perf_counter()
-        if main_proc:  # 6. weight sync: the engine samples from the new weights from the next step on
+        if (
+            main_proc
+        ):  # 6. weight sync: the engine samples from the new weights from the next step on
             agent.engine.load_weights(accelerator.unwrap_model(model))
-        metrics.update(train_metrics(stats, grad_norms, losses, args), **{
-            "train/skipped_steps": skipped, "train/lr": scheduler.get_last_lr()[0], "train/time_rollout": t1 - t0,
-            "train/time_logprob": t2 - t1, "train/time_update": t3 - t2})
+        metrics.update(
+            train_metrics(stats, grad_norms, losses, args),
+            **{
+                "train/skipped_steps": skipped,
+                "train/lr": scheduler.get_last_lr()[0],
+                "train/time_rollout": t1 - t0,
+                "train/time_logprob": t2 - t1,
+                "train/time_update": t3 - t2,
+            },
+        )
         for k in ("rollout", "logprob", "update"):
             seconds[f"RL {k}"] = seconds.get(f"RL {k}", 0.0) + metrics[f"train/time_{k}"]
         run.log({"step": step + 1, **metrics}, history, run_dir, accelerator, args)
         run.check_env_errors(history, args, where)
-        bar.set_postfix(reward=f"{metrics['rollout/reward']:.3f}", em=f"{metrics['rollout/em']:.2f}",
-                        kl=f"{metrics['train/kl']:.4f}", refresh=False)
-        if args.eval_every and main_proc and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
+        bar.set_postfix(
+            reward=f"{metrics['rollout/reward']:.3f}",
+            em=f"{metrics['rollout/em']:.2f}",
+            kl=f"{metrics['train/kl']:.4f}",
+            refresh=False,
+        )
+        if (
+            args.eval_every
+            and main_proc
+            and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps)
+        ):
             t0 = time.perf_counter()
             run.log(run_eval(step + 1, eval_agent, test_rows), history, run_dir, accelerator, args)
             seconds["eval"] = seconds.get("eval", 0.0) + time.perf_counter() - t0
-        stop = step + 1 < args.steps and accelerator.reduce(  # one rank asked: all stop here
-            torch.tensor(float(bool(asked)), device=accelerator.device), "sum").item() > 0
+        stop = (
+            step + 1 < args.steps
+            and accelerator.reduce(  # one rank asked: all stop here
+                torch.tensor(float(bool(asked)), device=accelerator.device), "sum"
+            ).item()
+            > 0
+        )
         if stop or args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
-            state = {"step": step + 1, "skipped": skipped, "rng": rng.getstate(),
-                     "counters": dict(agent.counters) if agent else {}}
+            state = {
+                "step": step + 1,
+                "skipped": skipped,
+                "rng": rng.getstate(),
+                "counters": dict(agent.counters) if agent else {},
+            }
             run.save_checkpoint(accelerator, run_dir, step + 1, state, main_proc)
         if stop:
             stopped = asked.get("signal", signal.SIGTERM)  # SIGTERM: it reached another rank only
@@ -510,9 +674,12 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
             break
     if main_proc and stopped:
         again = " ".join(shlex.quote(a) for a in ["python", *sys.argv] if a != "--overwrite")
-        print(f"stopped by {stopped.name} after step {step + 1} of {args.steps}: saved {run_dir}/"
-              f"checkpoint-{step + 1}; to go on, run the same command with --resume: {again}"
-              + " --resume" * ("--resume" not in sys.argv))
+        print(
+            f"stopped by {stopped.name} after step {step + 1} of {args.steps}: saved {run_dir}/"
+            f"checkpoint-{step + 1}; to go on, run the same command with --resume: {again}"
+            + " --resume"
+            * ("--resume" not in sys.argv)
+        )
     elif main_proc:
         accelerator.unwrap_model(model).save_pretrained(os.path.join(run_dir, "final"))
         tok.save_pretrained(os.path.join(run_dir, "final"))
@@ -525,7 +692,9 @@ def main(args: Args, algo: AlgoConfig, agent_cfg: AgentConfig, retriever_cfg: Re
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["warmstart"]:  # the warm start alone (infra/warmstart.py), given the agent and its eval
+    if sys.argv[1:2] == [
+        "warmstart"
+    ]:  # the warm start alone (infra/warmstart.py), given the agent and its eval
         warmstart.main(sys.argv[2:], rollout, evaluate)
     else:
         main(*flags.parse(Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig))

@@ -17,6 +17,7 @@ Conventions every module relies on:
 - aligned-arrays: a `Sample`'s per-token arrays are aligned with `input_ids` (entry t describes token
   t); the trainer shifts by one.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,28 +34,58 @@ class Node:
     """One agent step (thought + action + observation); the root is the prompt."""
 
     id: str  # unique within a prompt's trees; a child's is `parent.id + "." + k`
-    parent: Node | None = field(default=None, repr=False)  # the step this one continues; None for the root
-    children: list[Node] = field(default_factory=list, repr=False)  # in sampling order; child 0 is the original rollout
-    tokens: list[int] = field(default_factory=list, repr=False)  # the step's sampled ids; the root's: the prompt
-    logprobs: list[float] = field(default_factory=list, repr=False)  # rollout log-prob per token (root: empty)
-    obs_tokens: list[int] = field(default_factory=list, repr=False)  # observation ids appended (never trained)
+    parent: Node | None = field(
+        default=None, repr=False
+    )  # the step this one continues; None for the root
+    children: list[Node] = field(
+        default_factory=list, repr=False
+    )  # in sampling order; child 0 is the original rollout
+    tokens: list[int] = field(
+        default_factory=list, repr=False
+    )  # the step's sampled ids; the root's: the prompt
+    logprobs: list[float] = field(
+        default_factory=list, repr=False
+    )  # rollout log-prob per token (root: empty)
+    obs_tokens: list[int] = field(
+        default_factory=list, repr=False
+    )  # observation ids appended (never trained)
     text: str = ""  # `tokens` decoded, for reading only (never re-encoded)
     obs_text: str = ""  # `obs_tokens` decoded, for reading only
     action: str = ""  # parsed action: "search", "answer", "invalid", or "" for the root
     query: str | None = None  # the search query of a "search" step
     answer: str | None = None  # the answer text of an "answer" step
-    doc_ids: list[str] = field(default_factory=list)  # passages retrieved for `query` (TreePS-RAG's Jaccard pruning)
-    reward: float | None = None  # outcome reward R(H) of the trajectory ending here (leaves); None = not scored
-    em: float | None = None  # exact match of `answer` against the golden answers (set once, by the agent)
-    f1: float | None = None  # token F1 of `answer` against the golden answers (set once, by the agent)
-    value: float | None = None  # V(n) where a method has one (CARL, TreePS-RAG, BranPO's r_base), set by advantages.py
-    advantage: float | None = None  # the step's advantage if all trajectories that train it agree; set by advantages.py
-    flags: list[str] = field(default_factory=list)  # abnormal outcomes of this step, a subset of FLAGS
+    doc_ids: list[str] = field(
+        default_factory=list
+    )  # passages retrieved for `query` (TreePS-RAG's Jaccard pruning)
+    reward: float | None = (
+        None  # outcome reward R(H) of the trajectory ending here (leaves); None = not scored
+    )
+    em: float | None = (
+        None  # exact match of `answer` against the golden answers (set once, by the agent)
+    )
+    f1: float | None = (
+        None  # token F1 of `answer` against the golden answers (set once, by the agent)
+    )
+    value: float | None = (
+        None  # V(n) where a method has one (CARL, TreePS-RAG, BranPO's r_base), set by advantages.py
+    )
+    advantage: float | None = (
+        None  # the step's advantage if all trajectories that train it agree; set by advantages.py
+    )
+    flags: list[str] = field(
+        default_factory=list
+    )  # abnormal outcomes of this step, a subset of FLAGS
     prefix_end: bool = False  # BranPO: last step of the shared prefix B (Eq. 8); its children: continuations C (Eq. 9)
-    redundant: bool = False  # BranPO RSM: a step a shorter correct continuation showed unnecessary (Eq. 14)
+    redundant: bool = (
+        False  # BranPO RSM: a step a shorter correct continuation showed unnecessary (Eq. 14)
+    )
     sampled: bool = False  # TreePS-RAG: a leaf whose path is among the N drawn for training (§2.3)
-    entropy: float | None = None  # CARL: running mean of the length-normalised NLL of actions from here, H(s) (Eq. 6-8)
-    n_sampled: int = 0  # children sampled so far, pruned ones included: CARL's n(s) (Eq. 12); names new children
+    entropy: float | None = (
+        None  # CARL: running mean of the length-normalised NLL of actions from here, H(s) (Eq. 6-8)
+    )
+    n_sampled: int = (
+        0  # children sampled so far, pruned ones included: CARL's n(s) (Eq. 12); names new children
+    )
 
     @property
     def depth(self) -> int:
@@ -76,19 +107,28 @@ class Node:
     # ---- JSON: {"id": str, <every non-default field>, "children": [...]} ----
 
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("id", "parent", "children")
-             and getattr(self, f.name) != (f.default if f.default_factory is MISSING else f.default_factory())}
+        d = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("id", "parent", "children")
+            and getattr(self, f.name)
+            != (f.default if f.default_factory is MISSING else f.default_factory())
+        }
         return {"id": self.id, **d, "children": [c.to_dict() for c in self.children]}
 
     @classmethod
     def from_dict(cls, d: dict, parent: Node | None = None) -> Node:
         known = {f.name for f in fields(cls)} - {"parent"}
         if unknown := set(d) - known:
-            raise ValueError(f"node {d.get('id')!r} has unknown keys {sorted(unknown)}; known keys: {sorted(known)}")
+            raise ValueError(
+                f"node {d.get('id')!r} has unknown keys {sorted(unknown)}; known keys: {sorted(known)}"
+            )
         if "id" not in d:
             raise ValueError(f"a node has no 'id': {json.dumps(d)[:200]}")
         if bad := set(d.get("flags", [])) - set(FLAGS):
-            raise ValueError(f"node {d['id']!r} has unknown flags {sorted(bad)}; known flags: {FLAGS}")
+            raise ValueError(
+                f"node {d['id']!r} has unknown flags {sorted(bad)}; known flags: {FLAGS}"
+            )
         node = cls(parent=parent, **{k: v for k, v in d.items() if k != "children"})
         node.children = [cls.from_dict(c, node) for c in d.get("children", [])]
         return node
@@ -134,8 +174,12 @@ class Tree:
 
     root: Node  # the prompt node; its `tokens` are the prompt's token ids
     question: str = ""  # the question text, for reading
-    golden_answers: list[str] = field(default_factory=list)  # accepted answers the reward compares against
-    stats: dict[str, float] = field(default_factory=dict)  # rollout counters: generated_tokens, tool_calls, ...
+    golden_answers: list[str] = field(
+        default_factory=list
+    )  # accepted answers the reward compares against
+    stats: dict[str, float] = field(
+        default_factory=dict
+    )  # rollout counters: generated_tokens, tool_calls, ...
 
     def nodes(self) -> list[Node]:
         return list(walk(self.root))
@@ -150,7 +194,11 @@ class Tree:
 
     def to_dict(self) -> dict:
         """The root's node dict with the prompt-level fields added at the top."""
-        meta = {"question": self.question, "golden_answers": self.golden_answers, "stats": self.stats}
+        meta = {
+            "question": self.question,
+            "golden_answers": self.golden_answers,
+            "stats": self.stats,
+        }
         return self.root.to_dict() | {k: v for k, v in meta.items() if v}
 
     @classmethod
@@ -166,10 +214,16 @@ class Tree:
 
 def _draw(n: Node, first: str, rest: str) -> list[str]:
     """`Tree.render`'s lines: `n`'s id, action, query, answer, r / V / A, flags (after `first`), then its subtree."""
-    what = (n.action or "prompt") + (f" {n.query!r}" if n.query is not None else "") \
+    what = (
+        (n.action or "prompt")
+        + (f" {n.query!r}" if n.query is not None else "")
         + (f" -> {n.answer!r}" if n.answer is not None else "")
-    parts = [f"{n.id}  {what}"] + [f"{k}={v:+.3f}" for k, v in (("r", n.reward), ("V", n.value), ("A", n.advantage))
-                                   if v is not None]
+    )
+    parts = [f"{n.id}  {what}"] + [
+        f"{k}={v:+.3f}"
+        for k, v in (("r", n.reward), ("V", n.value), ("A", n.advantage))
+        if v is not None
+    ]
     marks = n.flags + [m for m in ("prefix_end", "redundant", "sampled") if getattr(n, m)]
     lines = [first + "  ".join(parts + (["[" + ",".join(marks) + "]"] if marks else []))]
     for i, c in enumerate(n.children):
@@ -190,12 +244,16 @@ def load_trees(path_: str, prompt: int | None = None) -> list[Tree]:
         data = json.load(f)
     if isinstance(data, list) and data and all(isinstance(x, list) for x in data):  # a rollout dump
         if prompt is None or not 0 <= prompt < len(data):
-            raise ValueError(f"{path_} is a rollout dump of {len(data)} prompts; pick one with --prompt K "
-                             f"(0 <= K < {len(data)}), got {prompt}")
+            raise ValueError(
+                f"{path_} is a rollout dump of {len(data)} prompts; pick one with --prompt K "
+                f"(0 <= K < {len(data)}), got {prompt}"
+            )
         data = data[prompt]
     if not isinstance(data, list) or not all(isinstance(t, dict) for t in data):
-        raise ValueError(f"{path_}: expected a JSON list of trees (node dicts) for one prompt, "
-                         f"or a rollout dump (a list of such lists); got {type(data).__name__}")
+        raise ValueError(
+            f"{path_}: expected a JSON list of trees (node dicts) for one prompt, "
+            f"or a rollout dump (a list of such lists); got {type(data).__name__}"
+        )
     return [Tree.from_dict(t) for t in data]
 
 
@@ -208,7 +266,9 @@ class Trajectory:
     """One root-to-leaf path and the advantage each of its steps is trained with (None = not trained here)."""
 
     leaf: Node  # the trajectory's last step
-    advantages: list[float | None]  # one per step of `path(leaf)`: multiplies its model tokens in this row's loss
+    advantages: list[
+        float | None
+    ]  # one per step of `path(leaf)`: multiplies its model tokens in this row's loss
 
     @property
     def steps(self) -> list[Node]:
@@ -219,10 +279,16 @@ class Trajectory:
 class Sample:
     """One training row: a trajectory's exact token ids with per-token loss mask, advantage and rollout log-prob."""
 
-    input_ids: list[int]  # prompt + every step's sampled ids + observation ids, exactly as generated (TITO)
-    loss_mask: list[int]  # 1 on model tokens of steps trained in this row; 0 on prompt, observations, untrained steps
+    input_ids: list[
+        int
+    ]  # prompt + every step's sampled ids + observation ids, exactly as generated (TITO)
+    loss_mask: list[
+        int
+    ]  # 1 on model tokens of steps trained in this row; 0 on prompt, observations, untrained steps
     advantages: list[float]  # per-token advantage (0 where loss_mask is 0)
-    logprobs: list[float]  # rollout log-prob per model token (0 elsewhere): the old policy for PPO / TIS
+    logprobs: list[
+        float
+    ]  # rollout log-prob per model token (0 elsewhere): the old policy for PPO / TIS
     leaf_id: str  # the trajectory's leaf, to trace a row back to its tree
 
 
@@ -232,14 +298,18 @@ def to_samples(trajectories: list[Trajectory]) -> list[Sample]:
     for traj in trajectories:
         steps = traj.steps
         if len(traj.advantages) != len(steps):
-            raise ValueError(f"trajectory {traj.leaf.id}: {len(traj.advantages)} advantages for {len(steps)} steps")
+            raise ValueError(
+                f"trajectory {traj.leaf.id}: {len(traj.advantages)} advantages for {len(steps)} steps"
+            )
         if truncated(traj.leaf) or all(a is None for a in traj.advantages):
             continue
         ids = context_ids(steps[0].parent)  # the prompt
         mask, adv, lp = [0] * len(ids), [0.0] * len(ids), [0.0] * len(ids)
         for step, a in zip(steps, traj.advantages):
             if len(step.logprobs) != len(step.tokens):
-                raise ValueError(f"node {step.id}: {len(step.logprobs)} logprobs for {len(step.tokens)} tokens")
+                raise ValueError(
+                    f"node {step.id}: {len(step.logprobs)} logprobs for {len(step.tokens)} tokens"
+                )
             n, m = len(step.tokens), len(step.obs_tokens)
             ids += step.tokens + step.obs_tokens
             mask += [int(a is not None)] * n + [0] * m
@@ -270,13 +340,31 @@ def drawing(trees: list[Tree], trajectories: list[Trajectory]) -> list[dict]:
     many of its sampled children were dropped (BranPO's unkept branches, TreePS-RAG's pruned)."""
     credit, rows = step_credit(trajectories), []
     for n in (n for t in trees for n in walk(t.root)):
-        has = {"prefix_end": n.prefix_end, "redundant": n.redundant, "sampled": n.sampled,
-               "fork": len(n.children) > 1,
-               "retained": n.parent is not None and (bool(n.children) or n.flags == ["max_turns"])}
-        kind = ("prompt" if n.parent is None else "truncated" if "truncated" in n.flags
-                else "discarded" if "env_error" in n.flags else n.action or "step")
-        rows.append({"id": n.id, "parent": n.parent and n.parent.id, "kind": kind,
-                     "credit": credit.get(n.id), "reward": None if n.children else n.reward,
-                     "marks": [m for m, on in has.items() if on],
-                     "dropped": max(n.n_sampled - len(n.children), 0)})
+        has = {
+            "prefix_end": n.prefix_end,
+            "redundant": n.redundant,
+            "sampled": n.sampled,
+            "fork": len(n.children) > 1,
+            "retained": n.parent is not None and (bool(n.children) or n.flags == ["max_turns"]),
+        }
+        kind = (
+            "prompt"
+            if n.parent is None
+            else "truncated"
+            if "truncated" in n.flags
+            else "discarded"
+            if "env_error" in n.flags
+            else n.action or "step"
+        )
+        rows.append(
+            {
+                "id": n.id,
+                "parent": n.parent and n.parent.id,
+                "kind": kind,
+                "credit": credit.get(n.id),
+                "reward": None if n.children else n.reward,
+                "marks": [m for m, on in has.items() if on],
+                "dropped": max(n.n_sampled - len(n.children), 0),
+            }
+        )
     return rows

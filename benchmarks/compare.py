@@ -26,6 +26,7 @@ Outputs in OUT: results.md (every table, also printed), results.json (every seed
 curves.png (test EM against step and against cumulative generated tokens, one line per arm, the
 seeds' min-max as a band); --calibrate writes calibration-STEPS-steps.md.
 """
+
 import ast
 import hashlib
 import importlib.metadata
@@ -86,41 +87,110 @@ CANDIDATES = {  # --calibrate's knobs per method; the budget grows with G, trees
 }
 TREE, G4 = MATCHED["tree_grpo"], grpo(4)
 GROUPS = [  # (title, [(an arm's flags, the arms it is compared with, paired by seed)])
-    ("Tree-GRPO's budget sweep (its Table 3): chains against trees at ~2, 4, 8 trajectories",
-     [(grpo(2), ()), (grpo(4), ()), (grpo(8), ()), (tree(1, 2, 1), (grpo(2),)),
-      (tree(2, 2, 1), (grpo(4),)), (tree(4, 2, 1), (grpo(8),))]),
-    ("the five methods at GRPO G=4's budget",
-     [(G4, ())] + [(MATCHED[a], (G4,)) for a in ("tree_grpo", "branpo", "carl", "treeps")]),
-    ("Tree-GRPO's advantage (its Table 4): intra-tree, inter-tree, both",
-     [(TREE + " --tree_mode intra", (G4, TREE)), (TREE + " --tree_mode inter", (G4, TREE)),
-      (TREE, (G4,))]),
-    ("each paper's own ablation at the matched budget",
-     [(MATCHED["treeps"] + " --no_treeps_process", (MATCHED["treeps"], G4)),
-      (MATCHED["carl"] + " --carl_update_all", (MATCHED["carl"], G4)),
-      (MATCHED["branpo"] + " --no_branpo_rsm", (MATCHED["branpo"], G4))]),
+    (
+        "Tree-GRPO's budget sweep (its Table 3): chains against trees at ~2, 4, 8 trajectories",
+        [
+            (grpo(2), ()),
+            (grpo(4), ()),
+            (grpo(8), ()),
+            (tree(1, 2, 1), (grpo(2),)),
+            (tree(2, 2, 1), (grpo(4),)),
+            (tree(4, 2, 1), (grpo(8),)),
+        ],
+    ),
+    (
+        "the five methods at GRPO G=4's budget",
+        [(G4, ())] + [(MATCHED[a], (G4,)) for a in ("tree_grpo", "branpo", "carl", "treeps")],
+    ),
+    (
+        "Tree-GRPO's advantage (its Table 4): intra-tree, inter-tree, both",
+        [
+            (TREE + " --tree_mode intra", (G4, TREE)),
+            (TREE + " --tree_mode inter", (G4, TREE)),
+            (TREE, (G4,)),
+        ],
+    ),
+    (
+        "each paper's own ablation at the matched budget",
+        [
+            (MATCHED["treeps"] + " --no_treeps_process", (MATCHED["treeps"], G4)),
+            (MATCHED["carl"] + " --carl_update_all", (MATCHED["carl"], G4)),
+            (MATCHED["branpo"] + " --no_branpo_rsm", (MATCHED["branpo"], G4)),
+        ],
+    ),
 ]
 CLAIMS = [  # (a paper's claim, its numbers; arm; reference; measure(); the sign it claims)
-    ("Tree-GRPO Table 3, budget ~2: tree (1,2,1) beats chains (multi-hop EM 31.6 vs 14.9)",
-     tree(1, 2, 1), grpo(2), "multihop", +1),
-    ("Tree-GRPO Table 3, budget ~4: tree (2,2,1) beats chains (36.8 vs 31.8)",
-     tree(2, 2, 1), grpo(4), "multihop", +1),
-    ("Tree-GRPO Table 3, budget ~8: tree (4,2,1) beats chains (35.1 vs 31.4)",
-     tree(4, 2, 1), grpo(8), "multihop", +1),
-    ("Tree-GRPO Table 4: the intra-tree advantage alone collapses (1.2 vs GRPO 31.8)",
-     TREE + " --tree_mode intra", G4, "multihop", -1),
-    ("Tree-GRPO Table 4: the inter-tree advantage alone is below both (33.8 vs 36.8)",
-     TREE + " --tree_mode inter", TREE, "multihop", -1),
-    ("TreePS-RAG Table 2: the process advantage beats GRPO on its trees (multi-hop 0.448 vs 0.419)",
-     MATCHED["treeps"], MATCHED["treeps"] + " --no_treeps_process", "multihop", +1),
-    ("CARL Table 4: updating only critical actions beats updating all (~1 point)",
-     MATCHED["carl"], MATCHED["carl"] + " --carl_update_all", "em", +1),
+    (
+        "Tree-GRPO Table 3, budget ~2: tree (1,2,1) beats chains (multi-hop EM 31.6 vs 14.9)",
+        tree(1, 2, 1),
+        grpo(2),
+        "multihop",
+        +1,
+    ),
+    (
+        "Tree-GRPO Table 3, budget ~4: tree (2,2,1) beats chains (36.8 vs 31.8)",
+        tree(2, 2, 1),
+        grpo(4),
+        "multihop",
+        +1,
+    ),
+    (
+        "Tree-GRPO Table 3, budget ~8: tree (4,2,1) beats chains (35.1 vs 31.4)",
+        tree(4, 2, 1),
+        grpo(8),
+        "multihop",
+        +1,
+    ),
+    (
+        "Tree-GRPO Table 4: the intra-tree advantage alone collapses (1.2 vs GRPO 31.8)",
+        TREE + " --tree_mode intra",
+        G4,
+        "multihop",
+        -1,
+    ),
+    (
+        "Tree-GRPO Table 4: the inter-tree advantage alone is below both (33.8 vs 36.8)",
+        TREE + " --tree_mode inter",
+        TREE,
+        "multihop",
+        -1,
+    ),
+    (
+        "TreePS-RAG Table 2: the process advantage beats GRPO on its trees (multi-hop 0.448 vs 0.419)",
+        MATCHED["treeps"],
+        MATCHED["treeps"] + " --no_treeps_process",
+        "multihop",
+        +1,
+    ),
+    (
+        "CARL Table 4: updating only critical actions beats updating all (~1 point)",
+        MATCHED["carl"],
+        MATCHED["carl"] + " --carl_update_all",
+        "em",
+        +1,
+    ),
     ("CARL: far fewer update actions than GRPO", MATCHED["carl"], G4, "train/actions_trained", -1),
-    ("BranPO Table 4: redundant step masking helps (multi-hop F1 54.6 vs 53.7)",
-     MATCHED["branpo"], MATCHED["branpo"] + " --no_branpo_rsm", "multihop", +1),
-    ("BranPO Table 8: its rollout takes longer than GRPO's (191 vs 108 s a step)",
-     MATCHED["branpo"], G4, "train/time_rollout", +1),
-    ("BranPO Table 8: its update takes less time than GRPO's (182 vs 251 s a step)",
-     MATCHED["branpo"], G4, "train/time_update", -1),
+    (
+        "BranPO Table 4: redundant step masking helps (multi-hop F1 54.6 vs 53.7)",
+        MATCHED["branpo"],
+        MATCHED["branpo"] + " --no_branpo_rsm",
+        "multihop",
+        +1,
+    ),
+    (
+        "BranPO Table 8: its rollout takes longer than GRPO's (191 vs 108 s a step)",
+        MATCHED["branpo"],
+        G4,
+        "train/time_rollout",
+        +1,
+    ),
+    (
+        "BranPO Table 8: its update takes less time than GRPO's (182 vs 251 s a step)",
+        MATCHED["branpo"],
+        G4,
+        "train/time_update",
+        -1,
+    ),
 ]
 QUICK_ARMS = [grpo(2), tree(1, 2, 1)]
 
@@ -133,12 +203,14 @@ def arm_name(flags: str) -> str:
     """An arm's name in the tables, from its method's knobs (AlgoConfig's defaults where unset)."""
     c = algo_config(flags)
     mode = {"intra": " intra only", "inter": " inter only"}.get(c.tree_mode, "")
-    return {"grpo": f"GRPO G={c.grpo_G}",
-            "tree_grpo": f"Tree-GRPO ({c.tree_M},{c.tree_N},{c.tree_L})" + mode,
-            "branpo": f"BranPO N={c.branpo_N}" + " no RSM" * (not c.branpo_rsm),
-            "carl": f"CARL ({c.carl_N0},{c.carl_N})" + " update-all" * c.carl_update_all,
-            "treeps": f"TreePS ({c.treeps_N},{c.treeps_retain})"
-                      + " no process" * (not c.treeps_process)}[c.algo]
+    return {
+        "grpo": f"GRPO G={c.grpo_G}",
+        "tree_grpo": f"Tree-GRPO ({c.tree_M},{c.tree_N},{c.tree_L})" + mode,
+        "branpo": f"BranPO N={c.branpo_N}" + " no RSM" * (not c.branpo_rsm),
+        "carl": f"CARL ({c.carl_N0},{c.carl_N})" + " update-all" * c.carl_update_all,
+        "treeps": f"TreePS ({c.treeps_N},{c.treeps_retain})"
+        + " no process" * (not c.treeps_process),
+    }[c.algo]
 
 
 def arms() -> dict[str, str]:
@@ -147,8 +219,10 @@ def arms() -> dict[str, str]:
     for flags in (f for _, members in GROUPS for arm, refs in members for f in (arm, *refs)):
         name = arm_name(flags)
         if asdict(algo_config(out.setdefault(name, flags))) != asdict(algo_config(flags)):
-            raise ValueError(f"arms {out[name]!r} and {flags!r} are both named {name!r}; extend "
-                             f"arm_name so that the tables tell them apart")
+            raise ValueError(
+                f"arms {out[name]!r} and {flags!r} are both named {name!r}; extend "
+                f"arm_name so that the tables tell them apart"
+            )
     return out
 
 
@@ -163,6 +237,7 @@ def slug(name: str) -> str:
 @dataclass
 class Args:
     """What to run; every arm's shared settings are train.py's defaults and --train_flags."""
+
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
     """Seeds: each its own warm start, every arm trained from it."""
     arms: list[str] = field(default_factory=list)
@@ -191,14 +266,16 @@ class Args:
 
 QUICK = dict(
     train_flags="--steps 2 --eval_every 1 --eval_n 8 --prompts_per_step 2 --max_turns 2 "
-                "--max_step_tokens 16",
-    warm_flags="--copy_steps 2 --sft_steps 2 --warm_batch_size 2 --target_em 0")
+    "--max_step_tokens 16",
+    warm_flags="--copy_steps 2 --sft_steps 2 --warm_batch_size 2 --target_em 0",
+)
 
 
 def parse_train(flags: str):
     """train.py's five configs for these flags, checked as train.py checks them."""
-    configs = parse(train.Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig,
-                        args=flags.split())
+    configs = parse(
+        train.Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig, args=flags.split()
+    )
     train.validate(*configs)
     return configs
 
@@ -206,36 +283,71 @@ def parse_train(flags: str):
 def changed(config) -> list[str]:
     """The flags that set `config` away from its defaults (so eval.py gets the arms' settings)."""
     default = type(config)()
-    return [x for f in fields(config) if getattr(config, f.name) != getattr(default, f.name)
-            for x in (f"--{f.name}", str(getattr(config, f.name)))]
+    return [
+        x
+        for f in fields(config)
+        if getattr(config, f.name) != getattr(default, f.name)
+        for x in (f"--{f.name}", str(getattr(config, f.name)))
+    ]
 
 
 def configure(a: Args) -> tuple[Args, dict[str, str], str]:
     """--quick's and --out's defaults applied and every flag checked; the arms to run (name ->
     flags) and the train.py flags they share."""
     if a.quick:
-        a = replace(a, seeds=a.seeds[:1], arms=[arm_name(f) for f in QUICK_ARMS], **QUICK,
-                    out=a.out or "out/compare-quick")
-    a = replace(a, out=os.path.abspath(a.out or "out/compare"),
-                seeds=a.seeds[:1] if a.calibrate else a.seeds)
+        a = replace(
+            a,
+            seeds=a.seeds[:1],
+            arms=[arm_name(f) for f in QUICK_ARMS],
+            **QUICK,
+            out=a.out or "out/compare-quick",
+        )
+    a = replace(
+        a,
+        out=os.path.abspath(a.out or "out/compare"),
+        seeds=a.seeds[:1] if a.calibrate else a.seeds,
+    )
     table = {arm_name(f): f for fs in CANDIDATES.values() for f in fs} if a.calibrate else arms()
     unknown, cores = [n for n in a.arms if n not in table], len(os.sched_getaffinity(0))
-    own = {"seed", "model", "out_dir", "run_name", "overwrite", "resume", "eval_start",
-           "checkpoint_every"} | {f.name for f in fields(AlgoConfig)}  # set per task or per arm
+    own = {
+        "seed",
+        "model",
+        "out_dir",
+        "run_name",
+        "overwrite",
+        "resume",
+        "eval_start",
+        "checkpoint_every",
+    } | {f.name for f in fields(AlgoConfig)}  # set per task or per arm
     taken = [x for x in a.train_flags.split() if x.lstrip("-").removeprefix("no_") in own]
-    check(a, [("jobs threads calibrate_steps", "an integer >= 1", lambda v: v >= 1)], [
-        (a.threads > cores, f"--threads {a.threads}: this process may use {cores} cores; pass "
-                            f"--threads {cores} or fewer (results stored with another: --redo)"),
-        (bool(a.warmstart) and len(a.seeds) != 1, f"--warmstart {a.warmstart!r} is one seed's warm "
-                                                  f"start, but --seeds has {len(a.seeds)}"),
-        (bool(a.warmstart) and not os.path.isdir(a.warmstart),
-         f"--warmstart {a.warmstart!r} is not a directory"),
-        (bool(unknown), f"--arms: no arm is named {unknown}; the arms are {list(table)}"),
-        (bool(taken), f"--train_flags sets {taken}: compare.py sets these per arm or per task")])
+    check(
+        a,
+        [("jobs threads calibrate_steps", "an integer >= 1", lambda v: v >= 1)],
+        [
+            (
+                a.threads > cores,
+                f"--threads {a.threads}: this process may use {cores} cores; pass "
+                f"--threads {cores} or fewer (results stored with another: --redo)",
+            ),
+            (
+                bool(a.warmstart) and len(a.seeds) != 1,
+                f"--warmstart {a.warmstart!r} is one seed's warm "
+                f"start, but --seeds has {len(a.seeds)}",
+            ),
+            (
+                bool(a.warmstart) and not os.path.isdir(a.warmstart),
+                f"--warmstart {a.warmstart!r} is not a directory",
+            ),
+            (bool(unknown), f"--arms: no arm is named {unknown}; the arms are {list(table)}"),
+            (bool(taken), f"--train_flags sets {taken}: compare.py sets these per arm or per task"),
+        ],
+    )
     shared = a.train_flags + (f" --steps {a.calibrate_steps} --eval_every 0" * a.calibrate)
     if not a.calibrate and not parse_train(shared)[0].eval_every:
-        raise SystemExit(f"--train_flags {a.train_flags!r} turn evaluation off (--eval_every 0); "
-                         f"the comparison needs it: pass --eval_every K (e.g. 5)")
+        raise SystemExit(
+            f"--train_flags {a.train_flags!r} turn evaluation off (--eval_every 0); "
+            f"the comparison needs it: pass --eval_every K (e.g. 5)"
+        )
     return a, {n: table[n] for n in a.arms or table}, shared
 
 
@@ -246,6 +358,7 @@ def configure(a: Args) -> tuple[Args, dict[str, str], str]:
 @dataclass
 class Task:
     """`script` with `flags` (its result depends on them: in the key) and `where` (paths: not)."""
+
     label: str  # for bars and messages: "seed 0 GRPO G=4"
     script: str  # eval.py or train.py (the warm start: train.py warmstart)
     flags: list[str]
@@ -262,9 +375,13 @@ class Task:
         return os.path.join(self.home, "results", self.name + ".json")
 
     def key(self, threads: int) -> dict:
-        return {"command": [self.script, *self.flags], "code": code_hashes(self.script),
-                "warmstart": weights_hash(self.warm) if self.warm else None, "threads": threads,
-                "versions": {p: importlib.metadata.version(p) for p in ("torch", "transformers")}}
+        return {
+            "command": [self.script, *self.flags],
+            "code": code_hashes(self.script),
+            "warmstart": weights_hash(self.warm) if self.warm else None,
+            "threads": threads,
+            "versions": {p: importlib.metadata.version(p) for p in ("torch", "transformers")},
+        }
 
 
 def code_hashes(script: str) -> dict[str, str]:
@@ -277,9 +394,13 @@ def code_hashes(script: str) -> dict[str, str]:
             source = open(os.path.join(ROOT, name), "rb").read()
             hashes[name] = hashlib.sha256(source).hexdigest()[:16]
             for node in ast.walk(ast.parse(source)):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                    [node.module, *(f"{node.module}.{a.name}" for a in node.names)] \
-                    if isinstance(node, ast.ImportFrom) and not node.level else []
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                    if isinstance(node, ast.ImportFrom) and not node.level
+                    else []
+                )
                 files = [n.replace(".", "/") + ".py" for n in names]
                 todo += [f for f in files if os.path.exists(os.path.join(ROOT, f))]
     return dict(sorted(hashes.items()))
@@ -319,16 +440,24 @@ def run_tasks(tasks: list[Task], a: Args):
     """Run the tasks whose result is missing, a.jobs at once; stop before any if a stored result
     has another key (unless --redo)."""
     keys, stored = [t.key(a.threads) for t in tasks], [load(t) for t in tasks]
-    stale = [f"{t.label}: {differences(s['key'], k)}" for t, k, s in zip(tasks, keys, stored)
-             if s and s["key"] != k]
+    stale = [
+        f"{t.label}: {differences(s['key'], k)}"
+        for t, k, s in zip(tasks, keys, stored)
+        if s and s["key"] != k
+    ]
     if stale and not a.redo:
-        raise SystemExit("stored results made with other code or settings (nothing was run):\n  "
-                         + "\n  ".join(stale) + "\npass --redo to recompute them (their results "
-                         "are replaced), or --out DIR to start anew")
+        raise SystemExit(
+            "stored results made with other code or settings (nothing was run):\n  "
+            + "\n  ".join(stale)
+            + "\npass --redo to recompute them (their results "
+            "are replaced), or --out DIR to start anew"
+        )
     todo = [(t, k) for t, k, s in zip(tasks, keys, stored) if not s or s["key"] != k]
     if len(todo) < len(tasks):
-        print(f"reusing {len(tasks) - len(todo)} stored results (same code, flags, warm start, "
-              f"threads)")
+        print(
+            f"reusing {len(tasks) - len(todo)} stored results (same code, flags, warm start, "
+            f"threads)"
+        )
     cores, slots = sorted(os.sched_getaffinity(0)), Queue()
     for j in range(a.jobs):  # a slot: a bar position, a.threads cores (shared if there are too few)
         slots.put((j, sorted({cores[(j * a.threads + i) % len(cores)] for i in range(a.threads)})))
@@ -342,8 +471,10 @@ def run_tasks(tasks: list[Task], a: Args):
         f.result()  # raises the first failure
 
 
-PIN = ("import os, sys; os.sched_setaffinity(0, {cores}); "
-       "os.execv(sys.executable, [sys.executable] + sys.argv[1:])")  # then the script, in place
+PIN = (
+    "import os, sys; os.sched_setaffinity(0, {cores}); "
+    "os.execv(sys.executable, [sys.executable] + sys.argv[1:])"
+)  # then the script, in place
 
 
 def run_task(t: Task, key: dict, slots: Queue, a: Args):
@@ -354,17 +485,34 @@ def run_task(t: Task, key: dict, slots: Queue, a: Args):
         for d in ("logs", "results"):
             os.makedirs(os.path.join(t.home, d), exist_ok=True)
         threads = str(a.threads)
-        env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
-               "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-        cmd = [sys.executable, "-c", PIN.format(cores=set(cores)), os.path.join(ROOT, t.script),
-               *t.flags, *t.where]
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads,
+            "PYTHONUNBUFFERED": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        cmd = [
+            sys.executable,
+            "-c",
+            PIN.format(cores=set(cores)),
+            os.path.join(ROOT, t.script),
+            *t.flags,
+            *t.where,
+        ]
         if t.metrics and os.path.exists(t.metrics):
             os.remove(t.metrics)  # an earlier run's, else counted by the bar (--overwrite is later)
         t0 = time.perf_counter()
         with open(log, "w") as f:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        bar = tqdm(total=t.steps or None, desc=t.label, position=slot, leave=a.jobs == 1,
-                   unit="step", bar_format=None if t.steps else "{desc}: {elapsed}")
+        bar = tqdm(
+            total=t.steps or None,
+            desc=t.label,
+            position=slot,
+            leave=a.jobs == 1,
+            unit="step",
+            bar_format=None if t.steps else "{desc}: {elapsed}",
+        )
         while proc.poll() is None:
             time.sleep(1)
             if t.metrics and os.path.exists(t.metrics):
@@ -379,8 +527,12 @@ def run_task(t: Task, key: dict, slots: Queue, a: Args):
             rows = [json.loads(line) for line in open(t.metrics)]
         elif t.report:  # as train.run_eval's row
             report = json.load(open(t.report))["report"]
-            rows = [{"step": 0, **{f"eval/{k}": v for k, v in report.items()
-                                   if isinstance(v, (int, float))}}]
+            rows = [
+                {
+                    "step": 0,
+                    **{f"eval/{k}": v for k, v in report.items() if isinstance(v, (int, float))},
+                }
+            ]
         result = {"key": key, "commit": commit(), "wall_s": time.perf_counter() - t0, "rows": rows}
         with open(t.result + ".tmp", "w") as f:
             json.dump(result, f)
@@ -390,8 +542,9 @@ def run_task(t: Task, key: dict, slots: Queue, a: Args):
 
 
 def commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    )
     return done.stdout.strip() or "unknown"
 
 
@@ -407,10 +560,12 @@ def summarize(rows: list[dict], step0: dict, prompts: int) -> dict:
     for r in steps:
         cum += r["rollout/tokens_per_prompt"] * prompts
         tokens[r["step"]] = cum
-    return {"evals": {0: step0, **{r["step"]: r for r in rows if "eval/em" in r}},
-            "tokens": tokens,
-            "calls": sum(r["rollout/tool_calls_per_prompt"] * prompts for r in steps),
-            "means": {k: statistics.mean(r[k] for r in steps) for k in steps[0] if k != "step"}}
+    return {
+        "evals": {0: step0, **{r["step"]: r for r in rows if "eval/em" in r}},
+        "tokens": tokens,
+        "calls": sum(r["rollout/tool_calls_per_prompt"] * prompts for r in steps),
+        "means": {k: statistics.mean(r[k] for r in steps) for k in steps[0] if k != "step"},
+    }
 
 
 def last(s: dict) -> dict:
@@ -423,8 +578,9 @@ def measure(s: dict, name: str) -> float:
     if name == "em":
         return last(s)["eval/em"]
     if name == "multihop":
-        return statistics.mean(v for k, v in last(s).items()
-                               if k.startswith("eval/em_hop") and k != "eval/em_hop1")
+        return statistics.mean(
+            v for k, v in last(s).items() if k.startswith("eval/em_hop") and k != "eval/em_hop1"
+        )
     return s["means"][name]
 
 
@@ -446,7 +602,7 @@ def paired(a: list[float], b: list[float], fmt: str = "+.3f") -> tuple[str, floa
 
 
 def verdict(mean: float, se: float, sign: int = 0) -> str:
-    """"inconclusive" where +-2 standard errors cover the difference (always for one seed); else
+    """ "inconclusive" where +-2 standard errors cover the difference (always for one seed); else
     "higher" / "lower", or, against a claimed sign, "agrees" / "disagrees"."""
     if math.isnan(se) or abs(mean) <= 2 * se:
         return "inconclusive"
@@ -467,15 +623,25 @@ def em_tables(runs: dict[str, list[dict]]) -> list[str]:
     for title, members in GROUPS:
         names = [arm_name(f) for f, _ in members if arm_name(f) in runs]
         if names:
-            out += [f"**{title}**", "",
-                    row("arm", *(f"step {t}" for t in steps),
-                        *(f"{h[len('eval/em_hop'):]}-hop @ {end}" for h in hops)),
-                    row(*["---"] * (1 + len(steps) + len(hops)))]
+            out += [
+                f"**{title}**",
+                "",
+                row(
+                    "arm",
+                    *(f"step {t}" for t in steps),
+                    *(f"{h[len('eval/em_hop') :]}-hop @ {end}" for h in hops),
+                ),
+                row(*["---"] * (1 + len(steps) + len(hops))),
+            ]
             for arm in names:
                 seeds = runs[arm]
-                out.append(row(arm, *(mean_std([s["evals"][t]["eval/em"] for s in seeds])
-                                      for t in steps),
-                               *(mean_std([last(s)[h] for s in seeds]) for h in hops)))
+                out.append(
+                    row(
+                        arm,
+                        *(mean_std([s["evals"][t]["eval/em"] for s in seeds]) for t in steps),
+                        *(mean_std([last(s)[h] for s in seeds]) for h in hops),
+                    )
+                )
             out.append("")
     return out
 
@@ -484,15 +650,22 @@ def difference_table(runs: dict[str, list[dict]]) -> list[str]:
     first = next(iter(runs.values()))[0]
     steps, end = sorted(first["evals"]), max(first["evals"])
     early = steps[1] if len(steps) > 2 else end  # the first evaluation after step 0
-    picks = [(f"EM @ step {early}", lambda s: s["evals"][early]["eval/em"]),
-             (f"EM @ step {end}", lambda s: measure(s, "em")),
-             (f"multi-hop EM @ step {end}", lambda s: measure(s, "multihop")),
-             (f"4-hop EM @ step {end}", lambda s: last(s)["eval/em_hop4"])]
-    out = ["### Paired differences, arm − reference on the same seeds: mean ± standard error, "
-           "paired t-test p; \"inconclusive\" where ±2 standard errors cover it", "",
-           row("arm", "reference", *(title for title, _ in picks)), row(*["---"] * 6)]
-    pairs = dict.fromkeys((arm_name(f), arm_name(r)) for _, members in GROUPS
-                          for f, refs in members for r in refs)
+    picks = [
+        (f"EM @ step {early}", lambda s: s["evals"][early]["eval/em"]),
+        (f"EM @ step {end}", lambda s: measure(s, "em")),
+        (f"multi-hop EM @ step {end}", lambda s: measure(s, "multihop")),
+        (f"4-hop EM @ step {end}", lambda s: last(s)["eval/em_hop4"]),
+    ]
+    out = [
+        "### Paired differences, arm − reference on the same seeds: mean ± standard error, "
+        'paired t-test p; "inconclusive" where ±2 standard errors cover it',
+        "",
+        row("arm", "reference", *(title for title, _ in picks)),
+        row(*["---"] * 6),
+    ]
+    pairs = dict.fromkeys(
+        (arm_name(f), arm_name(r)) for _, members in GROUPS for f, refs in members for r in refs
+    )
     for arm, ref in (p for p in pairs if p[0] in runs and p[1] in runs):
         cells = []
         for _, pick in picks:
@@ -503,26 +676,35 @@ def difference_table(runs: dict[str, list[dict]]) -> list[str]:
 
 
 def claims_table(runs: dict[str, list[dict]]) -> list[str]:
-    out = ["### The papers' claims beside ours (EM: at the last evaluation; costs: per step)", "",
-           row("claim", "measure", "ours: arm − reference", "here"), row(*["---"] * 4)]
+    out = [
+        "### The papers' claims beside ours (EM: at the last evaluation; costs: per step)",
+        "",
+        row("claim", "measure", "ours: arm − reference", "here"),
+        row(*["---"] * 4),
+    ]
     for claim, arm, ref, m, sign in CLAIMS:
         arm, ref = arm_name(arm), arm_name(ref)
         if arm in runs and ref in runs:
-            text, mean, se = paired([measure(s, m) for s in runs[arm]],
-                                    [measure(s, m) for s in runs[ref]],
-                                    "+.3f" if m in ("em", "multihop") else "+.2f")
+            text, mean, se = paired(
+                [measure(s, m) for s in runs[arm]],
+                [measure(s, m) for s in runs[ref]],
+                "+.3f" if m in ("em", "multihop") else "+.2f",
+            )
             out.append(row(claim, m, f"{arm} − {ref}: {text}", verdict(mean, se, sign)))
     return out + [""]
 
 
-COST = [("generated tokens / prompt / step", "rollout/tokens_per_prompt", ".0f"),
-        ("tool calls / prompt / step", "rollout/tool_calls_per_prompt", ".1f"),
-        ("leaves / prompt", "tree/leaves_per_prompt", ".1f"),
-        ("trained tokens / step", "train/tokens_trained", ".0f"),
-        ("update actions / step", "train/actions_trained", ".0f"),
-        ("samples / step", "train/samples", ".0f"),
-        ("rollout s", "train/time_rollout", ".2f"), ("log-prob s", "train/time_logprob", ".2f"),
-        ("update s", "train/time_update", ".2f")]
+COST = [
+    ("generated tokens / prompt / step", "rollout/tokens_per_prompt", ".0f"),
+    ("tool calls / prompt / step", "rollout/tool_calls_per_prompt", ".1f"),
+    ("leaves / prompt", "tree/leaves_per_prompt", ".1f"),
+    ("trained tokens / step", "train/tokens_trained", ".0f"),
+    ("update actions / step", "train/actions_trained", ".0f"),
+    ("samples / step", "train/samples", ".0f"),
+    ("rollout s", "train/time_rollout", ".2f"),
+    ("log-prob s", "train/time_logprob", ".2f"),
+    ("update s", "train/time_update", ".2f"),
+]
 
 
 def budget(runs: dict[str, list[dict]], arm: str) -> float:
@@ -532,25 +714,53 @@ def budget(runs: dict[str, list[dict]], arm: str) -> float:
 
 def cost_table(runs: dict[str, list[dict]], walls: dict[str, list[float]]) -> list[str]:
     target = budget(runs, arm_name(G4)) if arm_name(G4) in runs else math.nan
-    out = ["### Cost per arm: means over steps and seeds; seconds per RL step split as BranPO's "
-           "Table 8", "", row("arm", COST[0][0], "vs GRPO G=4", *(c[0] for c in COST[1:]),
-                              "step s", "whole run: generated tokens, tool calls", "arm wall min"),
-           row(*["---"] * (len(COST) + 5))]
+    out = [
+        "### Cost per arm: means over steps and seeds; seconds per RL step split as BranPO's "
+        "Table 8",
+        "",
+        row(
+            "arm",
+            COST[0][0],
+            "vs GRPO G=4",
+            *(c[0] for c in COST[1:]),
+            "step s",
+            "whole run: generated tokens, tool calls",
+            "arm wall min",
+        ),
+        row(*["---"] * (len(COST) + 5)),
+    ]
     for arm, seeds in runs.items():
         cells = [f"{statistics.mean(s['means'][k] for s in seeds):{fmt}}" for _, k, fmt in COST]
-        step_s = statistics.mean(sum(s["means"][f"train/time_{x}"] for x in
-                                     ("rollout", "logprob", "update")) for s in seeds)
+        step_s = statistics.mean(
+            sum(s["means"][f"train/time_{x}"] for x in ("rollout", "logprob", "update"))
+            for s in seeds
+        )
         total = statistics.mean(s["tokens"][max(s["tokens"])] for s in seeds)
         calls = statistics.mean(s["calls"] for s in seeds)
         vs = "-" if math.isnan(target) else f"{budget(runs, arm) / target - 1:+.0%}"
-        out.append(row(arm, cells[0], vs, *cells[1:], f"{step_s:.2f}", f"{total / 1000:.1f}k, "
-                       f"{calls:.0f}", f"{statistics.mean(walls[arm]) / 60:.1f}"))
-    matched = [(n, budget(runs, n) / target - 1) for n in map(arm_name, MATCHED.values())
-               if n in runs and n != arm_name(G4)]
+        out.append(
+            row(
+                arm,
+                cells[0],
+                vs,
+                *cells[1:],
+                f"{step_s:.2f}",
+                f"{total / 1000:.1f}k, {calls:.0f}",
+                f"{statistics.mean(walls[arm]) / 60:.1f}",
+            )
+        )
+    matched = [
+        (n, budget(runs, n) / target - 1)
+        for n in map(arm_name, MATCHED.values())
+        if n in runs and n != arm_name(G4)
+    ]
     if matched and not math.isnan(target):
-        out += ["", f"Matched budget: the target is GRPO G=4's {target:.0f} generated tokens per "
-                    f"prompt per step; achieved: " + "; ".join(
-                        f"{n} {d:+.0%}" + " (OUTSIDE ±15%)" * (abs(d) > 0.15) for n, d in matched)]
+        out += [
+            "",
+            f"Matched budget: the target is GRPO G=4's {target:.0f} generated tokens per "
+            f"prompt per step; achieved: "
+            + "; ".join(f"{n} {d:+.0%}" + " (OUTSIDE ±15%)" * (abs(d) > 0.15) for n, d in matched),
+        ]
     return out + [""]
 
 
@@ -567,8 +777,9 @@ def figure(runs: dict[str, list[dict]], path: str):
             tokens = [statistics.mean(s["tokens"][t] for s in runs[arm]) / 1000 for t in steps]
             for ax, x in zip(axes, (steps, tokens)):
                 ax.plot(x, [statistics.mean(e) for e in em], "o-", ms=3, color=f"C{i}", label=arm)
-                ax.fill_between(x, [min(e) for e in em], [max(e) for e in em], color=f"C{i}",
-                                alpha=0.15)
+                ax.fill_between(
+                    x, [min(e) for e in em], [max(e) for e in em], color=f"C{i}", alpha=0.15
+                )
         axes[0].set_title(title, fontsize=8, loc="left")
         axes[0].set(xlabel="RL step", ylabel="greedy test EM")
         axes[1].set(xlabel="generated tokens, cumulative (thousands)")
@@ -583,22 +794,45 @@ def calibration_table(rows: dict[str, list[dict]], steps: int) -> list[str]:
     """Each candidate's generated tokens per prompt per step against GRPO G=4's (rows: flags ->
     its run's metrics rows)."""
     rows = {f: [r for r in rs if "train/loss" in r] for f, rs in rows.items()}
-    mean = {f: statistics.mean(r["rollout/tokens_per_prompt"] for r in rs)
-            for f, rs in rows.items()}
+    mean = {
+        f: statistics.mean(r["rollout/tokens_per_prompt"] for r in rs) for f, rs in rows.items()
+    }
     if G4 not in rows:
         raise SystemExit("--calibrate measures against GRPO G=4: add it to --arms")
-    out = [f"### Calibration: generated tokens per prompt per step, {steps} RL steps from the warm "
-           f"start", "", row("method", "knobs", "per step", "mean", "vs GRPO G=4", "within ±15%",
-                             "s / step", "committed"), row(*["---"] * 8)]
+    out = [
+        f"### Calibration: generated tokens per prompt per step, {steps} RL steps from the warm "
+        f"start",
+        "",
+        row(
+            "method",
+            "knobs",
+            "per step",
+            "mean",
+            "vs GRPO G=4",
+            "within ±15%",
+            "s / step",
+            "committed",
+        ),
+        row(*["---"] * 8),
+    ]
     for algo, candidates in CANDIDATES.items():
         for f in (f for f in candidates if f in rows):
             ratio = mean[f] / mean[G4] - 1
-            step_s = statistics.mean(sum(r[f"train/time_{x}"] for x in
-                                         ("rollout", "logprob", "update")) for r in rows[f])
-            out.append(row(algo, arm_name(f), ", ".join(f"{r['rollout/tokens_per_prompt']:.0f}"
-                                                        for r in rows[f]),
-                           f"{mean[f]:.0f}", f"{ratio:+.0%}", "yes" if abs(ratio) <= 0.15 else "no",
-                           f"{step_s:.1f}", "yes" * (MATCHED[algo] == f)))
+            step_s = statistics.mean(
+                sum(r[f"train/time_{x}"] for x in ("rollout", "logprob", "update")) for r in rows[f]
+            )
+            out.append(
+                row(
+                    algo,
+                    arm_name(f),
+                    ", ".join(f"{r['rollout/tokens_per_prompt']:.0f}" for r in rows[f]),
+                    f"{mean[f]:.0f}",
+                    f"{ratio:+.0%}",
+                    "yes" if abs(ratio) <= 0.15 else "no",
+                    f"{step_s:.1f}",
+                    "yes" * (MATCHED[algo] == f),
+                )
+            )
     return out + [""]
 
 
@@ -610,34 +844,78 @@ def main(a: Args):
     cfg, _, agent, retriever_cfg, _ = parse_train(shared)
     home = {s: os.path.join(a.out, f"seed{s}") for s in a.seeds}
     world = {s: data.ensure_world(os.path.join(home[s], "world")) for s in a.seeds}
-    warm = {s: os.path.abspath(a.warmstart) if a.warmstart else os.path.join(home[s], "warmstart")
-            for s in a.seeds}
+    warm = {
+        s: os.path.abspath(a.warmstart) if a.warmstart else os.path.join(home[s], "warmstart")
+        for s in a.seeds
+    }
 
     # ---- the warm starts; then the step-0 evaluations and the arms (their keys hash the weights)
-    warm_tasks = [Task(f"seed {s} warm start", "train.py",
-                       ["warmstart", "--seed", str(s), *a.warm_flags.split()],
-                       ["--out", warm[s], "--world", world[s]], home[s], "warmstart")
-                  for s in a.seeds if not a.warmstart]
+    warm_tasks = [
+        Task(
+            f"seed {s} warm start",
+            "train.py",
+            ["warmstart", "--seed", str(s), *a.warm_flags.split()],
+            ["--out", warm[s], "--world", world[s]],
+            home[s],
+            "warmstart",
+        )
+        for s in a.seeds
+        if not a.warmstart
+    ]
     run_tasks(warm_tasks, a)
     evals, runs = {}, {}
     for s in a.seeds:
         report = os.path.join(home[s], "logs", "step0.json")
         if not a.calibrate:
-            evals[s] = Task(f"seed {s} step 0", "eval.py",
-                            ["--split", "test", "--n", str(cfg.eval_n), *changed(agent),
-                             *changed(retriever_cfg)],
-                            ["--model", warm[s], "--data", world[s], "--corpus",
-                             os.path.join(world[s], "corpus.jsonl"), "--out", report],
-                            home[s], "step0", warm=warm[s], report=report)
+            evals[s] = Task(
+                f"seed {s} step 0",
+                "eval.py",
+                [
+                    "--split",
+                    "test",
+                    "--n",
+                    str(cfg.eval_n),
+                    *changed(agent),
+                    *changed(retriever_cfg),
+                ],
+                [
+                    "--model",
+                    warm[s],
+                    "--data",
+                    world[s],
+                    "--corpus",
+                    os.path.join(world[s], "corpus.jsonl"),
+                    "--out",
+                    report,
+                ],
+                home[s],
+                "step0",
+                warm=warm[s],
+                report=report,
+            )
         for name, knobs in chosen.items():
             run = f"calibrate{a.calibrate_steps}-" * a.calibrate + slug(name)
-            flags = ["--seed", str(s), *shared.split(), *knobs.split(), "--no_eval_start",
-                     "--checkpoint_every", "0"]
+            flags = [
+                "--seed",
+                str(s),
+                *shared.split(),
+                *knobs.split(),
+                "--no_eval_start",
+                "--checkpoint_every",
+                "0",
+            ]
             parse_train(" ".join(flags))  # every arm's flags checked before anything runs
-            runs[name, s] = Task(f"seed {s} {name}", "train.py", flags,
-                                 ["--model", warm[s], "--out_dir", home[s], "--run_name", run,
-                                  "--overwrite"], home[s], run, warm=warm[s], steps=cfg.steps,
-                                 metrics=os.path.join(home[s], "runs", run, "metrics.jsonl"))
+            runs[name, s] = Task(
+                f"seed {s} {name}",
+                "train.py",
+                flags,
+                ["--model", warm[s], "--out_dir", home[s], "--run_name", run, "--overwrite"],
+                home[s],
+                run,
+                warm=warm[s],
+                steps=cfg.steps,
+                metrics=os.path.join(home[s], "runs", run, "metrics.jsonl"),
+            )
     run_tasks([*evals.values(), *runs.values()], a)
 
     # ---- outputs
@@ -646,24 +924,43 @@ def main(a: Args):
         text = "\n".join(calibration_table(rows, a.calibrate_steps))
         outputs = [os.path.join(a.out, f"calibration-{a.calibrate_steps}-steps.md")]
     else:
-        summaries = {n: [summarize(load(runs[n, s])["rows"], load(evals[s])["rows"][0],
-                                   cfg.prompts_per_step) for s in a.seeds] for n in chosen}
+        summaries = {
+            n: [
+                summarize(load(runs[n, s])["rows"], load(evals[s])["rows"][0], cfg.prompts_per_step)
+                for s in a.seeds
+            ]
+            for n in chosen
+        }
         walls = {n: [load(runs[n, s])["wall_s"] for s in a.seeds] for n in chosen}
-        spent = {kind: sum(load(t)["wall_s"] for t in tasks) / 60 for kind, tasks in (
-            ("warm starts", warm_tasks), ("step-0 evaluations", evals.values()),
-            ("arms", runs.values()))}
-        text = "\n".join(em_tables(summaries) + difference_table(summaries)
-                         + claims_table(summaries) + cost_table(summaries, walls) + [
-            f"Seeds {', '.join(map(str, a.seeds))}; {len(chosen)} arms; shared train.py flags "
-            f"{a.train_flags!r}; commit {commit()}. Wall time of the stored tasks as they ran "
-            f"(--jobs {a.jobs}, --threads {a.threads}): "
-            + ", ".join(f"{k} {v:.1f} min" for k, v in spent.items())
-            + f"; {sum(spent.values()) / 60:.2f} h in all."])
+        spent = {
+            kind: sum(load(t)["wall_s"] for t in tasks) / 60
+            for kind, tasks in (
+                ("warm starts", warm_tasks),
+                ("step-0 evaluations", evals.values()),
+                ("arms", runs.values()),
+            )
+        }
+        text = "\n".join(
+            em_tables(summaries)
+            + difference_table(summaries)
+            + claims_table(summaries)
+            + cost_table(summaries, walls)
+            + [
+                f"Seeds {', '.join(map(str, a.seeds))}; {len(chosen)} arms; shared train.py flags "
+                f"{a.train_flags!r}; commit {commit()}. Wall time of the stored tasks as they ran "
+                f"(--jobs {a.jobs}, --threads {a.threads}): "
+                + ", ".join(f"{k} {v:.1f} min" for k, v in spent.items())
+                + f"; {sum(spent.values()) / 60:.2f} h in all."
+            ]
+        )
         outputs = [os.path.join(a.out, f) for f in ("results.md", "curves.png", "results.json")]
         figure(summaries, outputs[1])
         with open(outputs[2], "w") as f:
-            json.dump({"seeds": a.seeds, "train_flags": a.train_flags, "runs": summaries,
-                       "walls": walls}, f, indent=1)
+            json.dump(
+                {"seeds": a.seeds, "train_flags": a.train_flags, "runs": summaries, "walls": walls},
+                f,
+                indent=1,
+            )
     with open(outputs[0], "w") as f:
         f.write(text + "\n")
     print("\n" + text + "\n\noutputs: " + ", ".join(outputs))

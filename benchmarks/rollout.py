@@ -13,6 +13,7 @@ equal budget), it prints the generated tokens, tool calls and leaves per prompt,
 tokens, and wall time. Then it compares the agent loop's token throughput (generation + parsing + retrieval +
 observation) with the raw engine's on the same prompts at the same batch size.
 """
+
 import os
 import random
 import sys
@@ -38,6 +39,7 @@ BUDGETS = {  # ~8 full-trajectory units per prompt each
 @dataclass
 class Args:
     """What to measure."""
+
     model: str = "out/warmstart"
     """Policy directory (the embedded default's warm start)."""
     world: str = "out/world"
@@ -57,8 +59,10 @@ def main(a: Args, cfg: rollout.AgentConfig):
     """The chosen strategies at BUDGETS, under the run's agent settings (train.py's budgets and --seed)."""
     names = a.strategies.split(",")
     if set(names) - set(BUDGETS):  # checked before anything loads
-        raise SystemExit(f"--strategies {a.strategies!r}: unknown {sorted(set(names) - set(BUDGETS))}; "
-                         f"choose from {','.join(BUDGETS)}")
+        raise SystemExit(
+            f"--strategies {a.strategies!r}: unknown {sorted(set(names) - set(BUDGETS))}; "
+            f"choose from {','.join(BUDGETS)}"
+        )
     world = data.ensure_world(a.world)
     rows = data.spread(data.load_rows(world, "train"), a.n_prompts)
     model, tok = load_policy(a.model)
@@ -68,8 +72,10 @@ def main(a: Args, cfg: rollout.AgentConfig):
     # has no prefix cache)
     prefill = {}
     retriever = BM25Retriever(load_corpus(os.path.join(world, "corpus.jsonl")))
-    print(f"\n{'strategy':10} {'tokens/prompt':>14} {'calls/prompt':>13} {'leaves/prompt':>14} "
-          f"{'leaves/1k tok':>14} {'seconds':>8}")
+    print(
+        f"\n{'strategy':10} {'tokens/prompt':>14} {'calls/prompt':>13} {'leaves/prompt':>14} "
+        f"{'leaves/1k tok':>14} {'seconds':>8}"
+    )
     for name, hp in [(n, BUDGETS[n]) for n in names]:
         agent = rollout.Agent(engine, retriever, tok, cfg)
         before = (getattr(engine, "prefill_tokens", 0), getattr(engine, "cached_prefill_tokens", 0))
@@ -77,15 +83,24 @@ def main(a: Args, cfg: rollout.AgentConfig):
         prompts = rollout.STRATEGIES[name][0](agent, rows, random.Random(cfg.seed), **hp)
         seconds = time.perf_counter() - t0
         if hasattr(engine, "cached_prefill_tokens"):
-            prefill[name] = (engine.prefill_tokens - before[0], engine.cached_prefill_tokens - before[1])
+            prefill[name] = (
+                engine.prefill_tokens - before[0],
+                engine.cached_prefill_tokens - before[1],
+            )
         s = rollout.metrics(prompts)
         tokens, leaves = s["rollout/tokens_per_prompt"], s["tree/leaves_per_prompt"]
-        print(f"{name:10} {tokens:14.0f} {s['rollout/tool_calls_per_prompt']:13.1f} {leaves:14.1f} "
-              f"{1000 * leaves / max(tokens, 1):14.2f} {seconds:8.1f}")
+        print(
+            f"{name:10} {tokens:14.0f} {s['rollout/tool_calls_per_prompt']:13.1f} {leaves:14.1f} "
+            f"{1000 * leaves / max(tokens, 1):14.2f} {seconds:8.1f}"
+        )
 
-    if prefill:  # the HF engine recomputes every prompt token of every call: its prefill is the first column
-        print(f"\nvLLM prefix cache (block size {a.vllm_block_size or 'default'}): prompt tokens per prompt, "
-              "of which served from the cache")
+    if (
+        prefill
+    ):  # the HF engine recomputes every prompt token of every call: its prefill is the first column
+        print(
+            f"\nvLLM prefix cache (block size {a.vllm_block_size or 'default'}): prompt tokens per prompt, "
+            "of which served from the cache"
+        )
         for name, (total, cached) in prefill.items():
             share = 100 * cached / max(total, 1)
             print(f"{name:10} {total / len(rows):10.0f} {cached / len(rows):10.0f} ({share:.0f}%)")
@@ -102,9 +117,11 @@ def main(a: Args, cfg: rollout.AgentConfig):
     raw_seconds = time.perf_counter() - t0
     raw_tokens = sum(len(o.token_ids) for o in outs)
     loop_tps, raw_tps = loop_tokens / loop_seconds, raw_tokens / raw_seconds
-    print(f"\nagent loop: {loop_tps:.0f} tok/s over {len(trees)} trajectories ({agent.counters['rollout/waves']} waves); "
-          f"raw engine, batch {len(trees)}: {raw_tps:.0f} tok/s -> the loop runs at {100 * loop_tps / raw_tps:.0f}% "
-          f"of raw engine throughput")
+    print(
+        f"\nagent loop: {loop_tps:.0f} tok/s over {len(trees)} trajectories ({agent.counters['rollout/waves']} waves); "
+        f"raw engine, batch {len(trees)}: {raw_tps:.0f} tok/s -> the loop runs at {100 * loop_tps / raw_tps:.0f}% "
+        f"of raw engine throughput"
+    )
 
 
 if __name__ == "__main__":

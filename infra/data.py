@@ -26,6 +26,7 @@ Deviations from the papers, each cited by its name:
   carry no GRPO signal either, but are kept and counted (`kept_constant`) so a user can choose to
   drop them too.
 """
+
 import contextlib
 import fcntl
 import functools
@@ -45,8 +46,33 @@ from infra import flags
 # ----------------------------------------------------------------------------------------------------------------
 # The world's alphabet: syllables for names, fixed words for everything else
 
-SYLLABLES = ("ka", "ke", "ki", "ko", "la", "le", "lo", "lu", "mi", "mo", "ne", "ra", "re",
-             "ri", "ru", "sa", "se", "su", "ta", "te", "to", "va", "ve", "vo", "zu")  # consonant+vowel: unique split
+SYLLABLES = (
+    "ka",
+    "ke",
+    "ki",
+    "ko",
+    "la",
+    "le",
+    "lo",
+    "lu",
+    "mi",
+    "mo",
+    "ne",
+    "ra",
+    "re",
+    "ri",
+    "ru",
+    "sa",
+    "se",
+    "su",
+    "ta",
+    "te",
+    "to",
+    "va",
+    "ve",
+    "vo",
+    "zu",
+)  # consonant+vowel: unique split
 PUNCTUATION = (".", "?")
 KINDS = ("person", "city", "country", "company", "book")
 SPLITS = ("corpus", "train", "test", "dev")  # the world's files, {name}.jsonl
@@ -55,28 +81,56 @@ SPLITS = ("corpus", "train", "test", "dev")  # the world's files, {name}.jsonl
 @dataclass(frozen=True)
 class Relation:
     """A typed, functional relation: every subject of `subject` kind has exactly one object of `object` kind."""
+
     subject: str  # kind of the entity the relation starts from
-    object: str  # kind of the entity it points to (the answer of a question ending in this relation)
+    object: (
+        str  # kind of the entity it points to (the answer of a question ending in this relation)
+    )
     fact: str  # sentence stating the relation in the subject's passage
     noun: str  # noun phrase naming the object through the subject, for the inner hops of a question
     question: str  # question asking for the object, for the last hop
 
 
 RELATIONS = {
-    "born_in": Relation("person", "city", "{s} was born in {o}.", "the birthplace of {s}", "where was {s} born?"),
-    "works_for": Relation("person", "company", "{s} works for {o}.", "the employer of {s}", "who does {s} work for?"),
-    "founded_by": Relation("company", "person", "{s} was founded by {o}.", "the founder of {s}", "who founded {s}?"),
-    "based_in": Relation("company", "city", "{s} is based in {o}.", "the headquarters of {s}", "where is {s} based?"),
-    "located_in": Relation("city", "country", "{s} is located in {o}.", "the country of {s}",
-                           "which country is {s} located in?"),
-    "written_by": Relation("book", "person", "{s} was written by {o}.", "the author of {s}", "who wrote {s}?"),
+    "born_in": Relation(
+        "person", "city", "{s} was born in {o}.", "the birthplace of {s}", "where was {s} born?"
+    ),
+    "works_for": Relation(
+        "person", "company", "{s} works for {o}.", "the employer of {s}", "who does {s} work for?"
+    ),
+    "founded_by": Relation(
+        "company", "person", "{s} was founded by {o}.", "the founder of {s}", "who founded {s}?"
+    ),
+    "based_in": Relation(
+        "company", "city", "{s} is based in {o}.", "the headquarters of {s}", "where is {s} based?"
+    ),
+    "located_in": Relation(
+        "city",
+        "country",
+        "{s} is located in {o}.",
+        "the country of {s}",
+        "which country is {s} located in?",
+    ),
+    "written_by": Relation(
+        "book", "person", "{s} was written by {o}.", "the author of {s}", "who wrote {s}?"
+    ),
 }
 KIND_SENTENCE = "{s} is a {kind}."
-NAME_SHAPE = {"person": (2, 2), "city": (3,), "country": (2,), "company": (3,), "book": (3,)}  # syllables per word
+NAME_SHAPE = {
+    "person": (2, 2),
+    "city": (3,),
+    "country": (2,),
+    "company": (3,),
+    "book": (3,),
+}  # syllables per word
 ANSWER_SUFFIX = {"company": " company"}  # extra accepted answer: "ravoki" or "ravoki company"
 _TEMPLATES = [KIND_SENTENCE.format(s="", kind=k) for k in KINDS] + list(ANSWER_SUFFIX.values())
-_TEMPLATES += [t.format(s="", o="") for r in RELATIONS.values() for t in (r.fact, r.noun, r.question)]
-TEMPLATE_WORDS = tuple(sorted({w for t in _TEMPLATES for w in re.findall(r"[a-z]+", t)}))  # every non-name word
+_TEMPLATES += [
+    t.format(s="", o="") for r in RELATIONS.values() for t in (r.fact, r.noun, r.question)
+]
+TEMPLATE_WORDS = tuple(
+    sorted({w for t in _TEMPLATES for w in re.findall(r"[a-z]+", t)})
+)  # every non-name word
 
 
 def vocabulary():
@@ -86,36 +140,48 @@ def vocabulary():
 
 def syllabify(word):
     """Split a name word into SYLLABLES ("kalo" -> ["ka", "lo"]); None if it is not made of them."""
-    pieces = [word[i:i + 2] for i in range(0, len(word), 2)]
+    pieces = [word[i : i + 2] for i in range(0, len(word), 2)]
     return pieces if len(word) % 2 == 0 and all(p in SYLLABLES for p in pieces) else None
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Rows: the one question type every loader returns
 
+
 @dataclass
 class QARow:
     """One question with its accepted answers, in Search-R1's row layout plus the world's gold chain."""
+
     id: str  # unique within the dataset (e.g. "test_17")
     question: str  # the question text, without any prompt template
-    golden_answers: list  # every accepted answer string; a prediction is scored against the best-matching one
+    golden_answers: (
+        list  # every accepted answer string; a prediction is scored against the best-matching one
+    )
     data_source: str  # dataset name (Search-R1's `data_source`), e.g. "world", "nq", "hotpotqa"
     split: str  # "train" or "test" (or the source's own split name)
     index: int  # position within its split (Search-R1's `extra_info.index`)
     hops: int = 0  # number of relations between subject and answer; 0 when the source does not say
     # The gold fields are empty when the source has no chain.
-    gold_chain: list = field(default_factory=list)  # entity names from the subject to the answer (hops + 1 names)
+    gold_chain: list = field(
+        default_factory=list
+    )  # entity names from the subject to the answer (hops + 1 names)
     gold_relations: list = field(default_factory=list)  # relation followed at each hop (hops names)
-    gold_queries: list = field(default_factory=list)  # per hop, the entity name whose passage holds the next fact
-    gold_doc_ids: list = field(default_factory=list)  # corpus id of the passage each gold query must find
+    gold_queries: list = field(
+        default_factory=list
+    )  # per hop, the entity name whose passage holds the next fact
+    gold_doc_ids: list = field(
+        default_factory=list
+    )  # corpus id of the passage each gold query must find
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # The world
 
+
 @dataclass
 class WorldConfig:
     """Sizes and seed of the embedded world (defaults: 4,000 people, hundreds of test questions per hop)."""
+
     seed: int = 0
     """Random seed; the same seed and sizes give byte-identical files."""
     people: int = 4000
@@ -145,6 +211,7 @@ class WorldConfig:
 @dataclass
 class Entity:
     """One thing in the world, with its passage's facts."""
+
     name: str  # unique name (syllable words joined by spaces)
     kind: str  # one of KINDS
     side: str  # "train", "test", "shared" (countries) or "distractor"
@@ -155,6 +222,7 @@ class Entity:
 @dataclass
 class World:
     """A generated world: its entities, corpus rows and question splits."""
+
     entities: list  # every Entity, distractors included
     corpus: list  # Search-R1 / FlashRAG corpus rows {"id", "contents"}, one per entity, in shuffled order
     train: list  # train QARows
@@ -171,7 +239,9 @@ def passage(e, entities):
 @functools.lru_cache(maxsize=None)
 def _can_start(kind, hops):
     """Whether some path of `hops` relations starts at an entity of `kind`."""
-    return hops == 0 or any(_can_start(r.object, hops - 1) for r in RELATIONS.values() if r.subject == kind)
+    return hops == 0 or any(
+        _can_start(r.object, hops - 1) for r in RELATIONS.values() if r.subject == kind
+    )
 
 
 def _draw_names(rng, kind, n, owner):
@@ -184,7 +254,9 @@ def _draw_names(rng, kind, n, owner):
         if all(owner.get(w, kind) == kind and w not in TEMPLATE_WORDS for w in words):
             names.add(" ".join(words))
             owner.update((w, kind) for w in words)
-    raise ValueError(f"could not draw {n} distinct {kind} names from the syllables; lower the {kind} count")
+    raise ValueError(
+        f"could not draw {n} distinct {kind} names from the syllables; lower the {kind} count"
+    )
 
 
 def _confusable(rng, name, kind, owner, taken):
@@ -196,7 +268,11 @@ def _confusable(rng, name, kind, owner, taken):
         sylls[rng.randrange(len(sylls))] = rng.choice(SYLLABLES)
         words[i] = "".join(sylls)
         new = " ".join(words)
-        if new not in taken and owner.get(words[i], kind) == kind and words[i] not in TEMPLATE_WORDS:
+        if (
+            new not in taken
+            and owner.get(words[i], kind) == kind
+            and words[i] not in TEMPLATE_WORDS
+        ):
             owner[words[i]] = kind
             return new
     return None
@@ -207,24 +283,42 @@ def _pick(rng, by_side_kind, side, kind):
     are shared)."""
     pool = by_side_kind.get(("shared" if kind == "country" else side, kind))
     if not pool:
-        raise ValueError(f"no {kind} on the {side} side; raise the {kind} count or move test_fraction off 0 and 1")
+        raise ValueError(
+            f"no {kind} on the {side} side; raise the {kind} count or move test_fraction off 0 and 1"
+        )
     return rng.choice(pool)
 
 
 def build_world(cfg):
     """Generate the world, its corpus and its train/test questions, deterministically from `cfg.seed`."""
     rng = random.Random(cfg.seed)
-    owner, entities, by_side_kind = {}, [], {}  # by_side_kind: (side, kind) -> indices of the real entities there
-    for kind, n in (("country", cfg.countries), ("city", cfg.cities), ("company", cfg.companies),
-                    ("book", cfg.books), ("person", cfg.people)):  # fewest first: people reuse the rest
+    owner, entities, by_side_kind = (
+        {},
+        [],
+        {},
+    )  # by_side_kind: (side, kind) -> indices of the real entities there
+    for kind, n in (
+        ("country", cfg.countries),
+        ("city", cfg.cities),
+        ("company", cfg.companies),
+        ("book", cfg.books),
+        ("person", cfg.people),
+    ):  # fewest first: people reuse the rest
         for name in _draw_names(rng, kind, n, owner):
-            side = "shared" if kind == "country" else ("test" if rng.random() < cfg.test_fraction else "train")
+            side = (
+                "shared"
+                if kind == "country"
+                else ("test" if rng.random() < cfg.test_fraction else "train")
+            )
             by_side_kind.setdefault((side, kind), []).append(len(entities))
             entities.append(Entity(name, kind, side))
 
     for e in entities:
-        e.facts = {name: _pick(rng, by_side_kind, e.side, rel.object)
-                   for name, rel in RELATIONS.items() if rel.subject == e.kind}
+        e.facts = {
+            name: _pick(rng, by_side_kind, e.side, rel.object)
+            for name, rel in RELATIONS.items()
+            if rel.subject == e.kind
+        }
     taken = {e.name for e in entities}
     for e in list(entities):  # confusable look-alikes: never asked about, facts point into e's side
         if e.kind != "country" and rng.random() < cfg.distractor_fraction:
@@ -250,10 +344,14 @@ def _questions(rng, entities, side, split, per_hop, max_hops, asked):
     """per_hop new questions per hop count 1..max_hops, chains on `side` only, none in `asked` (which receives them)."""
     rows = []
     for hops in range(1, max_hops + 1):
-        subjects = [i for i, e in enumerate(entities) if e.side == side and _can_start(e.kind, hops)]
+        subjects = [
+            i for i, e in enumerate(entities) if e.side == side and _can_start(e.kind, hops)
+        ]
         if not subjects:
-            raise ValueError(f"no {side}-side entity can start a {hops}-hop question; move test_fraction away "
-                             f"from 0 and 1 or enlarge the world")
+            raise ValueError(
+                f"no {side}-side entity can start a {hops}-hop question; move test_fraction away "
+                f"from 0 and 1 or enlarge the world"
+            )
         seen = set()
         for _ in range(50 * per_hop):
             if len(seen) == per_hop:
@@ -261,7 +359,9 @@ def _questions(rng, entities, side, split, per_hop, max_hops, asked):
             chain, rels = [rng.choice(subjects)], []
             for left in range(hops, 0, -1):  # random relation path that can still run `left` hops
                 here = entities[chain[-1]]
-                rels.append(rng.choice([r for r in here.facts if _can_start(RELATIONS[r].object, left - 1)]))
+                rels.append(
+                    rng.choice([r for r in here.facts if _can_start(RELATIONS[r].object, left - 1)])
+                )
                 chain.append(here.facts[rels[-1]])
             key = (chain[0], tuple(rels))
             if key in seen or key in asked or len(set(chain)) < len(chain):
@@ -272,21 +372,33 @@ def _questions(rng, entities, side, split, per_hop, max_hops, asked):
             for r in rels[:-1]:
                 phrase = RELATIONS[r].noun.format(s=phrase)
             suffix = ANSWER_SUFFIX.get(entities[chain[-1]].kind)
-            rows.append(QARow(
-                id=f"{split}_{len(rows)}", question=RELATIONS[rels[-1]].question.format(s=phrase),
-                golden_answers=[names[-1], names[-1] + suffix] if suffix else [names[-1]], data_source="world",
-                split=split, index=len(rows), hops=hops, gold_chain=names, gold_relations=rels,
-                gold_queries=names[:-1], gold_doc_ids=[entities[i].doc_id for i in chain[:-1]]))
+            rows.append(
+                QARow(
+                    id=f"{split}_{len(rows)}",
+                    question=RELATIONS[rels[-1]].question.format(s=phrase),
+                    golden_answers=[names[-1], names[-1] + suffix] if suffix else [names[-1]],
+                    data_source="world",
+                    split=split,
+                    index=len(rows),
+                    hops=hops,
+                    gold_chain=names,
+                    gold_relations=rels,
+                    gold_queries=names[:-1],
+                    gold_doc_ids=[entities[i].doc_id for i in chain[:-1]],
+                )
+            )
         if len(seen) < per_hop:
-            raise ValueError(f"only {len(seen)} distinct {hops}-hop {split} questions could be drawn, "
-                             f"{per_hop} asked; lower {split}_per_hop or enlarge the world")
+            raise ValueError(
+                f"only {len(seen)} distinct {hops}-hop {split} questions could be drawn, "
+                f"{per_hop} asked; lower {split}_per_hop or enlarge the world"
+            )
         asked |= seen
     return rows
 
 
 def spread(rows, n):
     """At most n rows taken evenly across `rows` (the world's files are sorted by hops, so all hop counts appear)."""
-    return rows[::max(1, len(rows) // n)][:n]
+    return rows[:: max(1, len(rows) // n)][:n]
 
 
 def write_jsonl(path, rows):
@@ -337,21 +449,30 @@ def write_world(world, out_dir):
 # ----------------------------------------------------------------------------------------------------------------
 # Loaders: Search-R1 parquet, FlashRAG / our JSONL, Hugging Face datasets -> list[QARow]
 
+
 class DataError(ValueError):
     """A dataset file or row that cannot be read as questions; the message names the file and row."""
 
 
 def _question_from_prompt(prompt, where):
-    users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"] if isinstance(prompt, list) else []
+    users = (
+        [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        if isinstance(prompt, list)
+        else []
+    )
     if not isinstance(prompt, str) and not users:
-        raise DataError(f"{where}: 'prompt' must be a string or chat messages with a user turn, got {prompt!r:.200}")
+        raise DataError(
+            f"{where}: 'prompt' must be a string or chat messages with a user turn, got {prompt!r:.200}"
+        )
     text = prompt if isinstance(prompt, str) else users[-1].get("content", "")
     return text.rsplit("Question:", 1)[-1].strip()  # question-from-prompt
 
 
 def _integer(value, name, where):
     if not isinstance(value, int) or isinstance(value, bool):
-        raise DataError(f"{where}: {name!r} must be an integer, got {value!r}; fix or drop that field")
+        raise DataError(
+            f"{where}: {name!r} must be an integer, got {value!r}; fix or drop that field"
+        )
     return value
 
 
@@ -363,46 +484,72 @@ def row_from_record(rec, where, split, index):
         try:
             answers = rec["reward_model"]["ground_truth"]["target"]
         except (KeyError, TypeError):
-            raise DataError(f"{where}: Search-R1 row has no reward_model.ground_truth.target "
-                            f"(keys: {sorted(rec)})") from None
+            raise DataError(
+                f"{where}: Search-R1 row has no reward_model.ground_truth.target "
+                f"(keys: {sorted(rec)})"
+            ) from None
         question = rec.get("question") or _question_from_prompt(rec.get("prompt"), where)
     elif "question" in rec and "golden_answers" in rec:
         question, answers = rec["question"], rec["golden_answers"]
     else:
-        raise DataError(f"{where}: not a question row (keys: {sorted(rec)}); expected FlashRAG 'question' + "
-                        f"'golden_answers' or Search-R1 'prompt' + 'reward_model.ground_truth.target'")
+        raise DataError(
+            f"{where}: not a question row (keys: {sorted(rec)}); expected FlashRAG 'question' + "
+            f"'golden_answers' or Search-R1 'prompt' + 'reward_model.ground_truth.target'"
+        )
     if not isinstance(question, str) or not question.strip():
         raise DataError(f"{where}: empty or non-string question {question!r}")
     answers = [answers] if isinstance(answers, str) else answers
     if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
-        raise DataError(f"{where}: golden answers must be a non-empty list of strings, got {answers!r}")
+        raise DataError(
+            f"{where}: golden answers must be a non-empty list of strings, got {answers!r}"
+        )
     extra = rec.get("extra_info") or {}
-    gold = {f.name: rec[f.name] for f in fields(QARow) if f.name.startswith("gold_") and f.name in rec}
-    return QARow(id=str(rec.get("id", f"{split}_{index}")), question=question.strip(), golden_answers=answers,
-                 data_source=str(rec.get("data_source", "unknown")),
-                 split=str(extra.get("split", rec.get("split", split))),
-                 index=_integer(extra.get("index", index), "extra_info.index", where),
-                 hops=_integer(rec.get("hops", 0), "hops", where), **gold)
+    gold = {
+        f.name: rec[f.name] for f in fields(QARow) if f.name.startswith("gold_") and f.name in rec
+    }
+    return QARow(
+        id=str(rec.get("id", f"{split}_{index}")),
+        question=question.strip(),
+        golden_answers=answers,
+        data_source=str(rec.get("data_source", "unknown")),
+        split=str(extra.get("split", rec.get("split", split))),
+        index=_integer(extra.get("index", index), "extra_info.index", where),
+        hops=_integer(rec.get("hops", 0), "hops", where),
+        **gold,
+    )
 
 
 def load_rows(source, split="train"):
     """Questions from a .parquet / .jsonl file, a directory holding {split}.parquet or .jsonl, or a `datasets` name."""
     if os.path.isdir(source):
-        found = [p for p in (os.path.join(source, f"{split}.{e}") for e in ("parquet", "jsonl")) if os.path.exists(p)]
+        found = [
+            p
+            for p in (os.path.join(source, f"{split}.{e}") for e in ("parquet", "jsonl"))
+            if os.path.exists(p)
+        ]
         if not found:
-            raise DataError(f"{source} has no {split}.parquet or {split}.jsonl; pass a file or another split")
+            raise DataError(
+                f"{source} has no {split}.parquet or {split}.jsonl; pass a file or another split"
+            )
         source = found[0]
     if source.endswith((".parquet", ".jsonl", ".json")) and not os.path.exists(source):
-        raise DataError(f"{source} does not exist; run `python -m infra.data --out DIR` to write the embedded world")
+        raise DataError(
+            f"{source} does not exist; run `python -m infra.data --out DIR` to write the embedded world"
+        )
     if source.endswith(".parquet"):
         records = pyarrow.parquet.read_table(source).to_pylist()
         rows = [row_from_record(r, f"{source}: row {i}", split, i) for i, r in enumerate(records)]
     elif source.endswith((".jsonl", ".json")):
-        rows = [row_from_record(rec, f"{source}: line {line_no}", split, i)
-                for i, (line_no, rec) in enumerate(read_jsonl(source, DataError))]
+        rows = [
+            row_from_record(rec, f"{source}: line {line_no}", split, i)
+            for i, (line_no, rec) in enumerate(read_jsonl(source, DataError))
+        ]
     else:
         ds = datasets.load_dataset(source, split=split)
-        rows = [row_from_record(dict(r), f"{source}[{split}]: row {i}", split, i) for i, r in enumerate(ds)]
+        rows = [
+            row_from_record(dict(r), f"{source}[{split}]: row {i}", split, i)
+            for i, r in enumerate(ds)
+        ]
     if not rows:
         raise DataError(f"{source} holds no rows")
     return rows
@@ -415,7 +562,9 @@ def read_jsonl(path, error=ValueError):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise error(f"{path}: line {line_no}: not UTF-8 ({e}); re-encode the file as UTF-8") from None
+                raise error(
+                    f"{path}: line {line_no}: not UTF-8 ({e}); re-encode the file as UTF-8"
+                ) from None
             if line.strip():
                 try:
                     yield line_no, json.loads(line)
@@ -426,12 +575,16 @@ def read_jsonl(path, error=ValueError):
 # ----------------------------------------------------------------------------------------------------------------
 # Cut the Bill, section 3 step 3: reject sampling on the initial policy's rollouts
 
+
 @dataclass
 class FilterReport:
     """What `reject_sampling_filter` kept and dropped."""
+
     total: int  # questions given
     kept: int  # questions whose group has mixed rewards (they carry a GRPO signal)
-    dropped_all_zero: int  # groups with every reward 0: too hard, bad label, or retrieval finds nothing
+    dropped_all_zero: (
+        int  # groups with every reward 0: too hard, bad label, or retrieval finds nothing
+    )
     dropped_all_one: int  # groups with every reward 1: too easy, no multi-turn search needed
     kept_constant: int  # kept groups of equal rewards, not all 0 or all 1 (constant-groups-kept)
 
@@ -440,12 +593,16 @@ def reject_sampling_filter(rows, rewards):
     """Drop questions whose rollout group is all-0 or all-1 (Cut the Bill §3: n=8 rollouts per question).
     rewards[i] lists the rewards of question rows[i]'s rollouts. Returns (kept rows, FilterReport)."""
     if len(rows) != len(rewards):
-        raise ValueError(f"{len(rows)} rows but {len(rewards)} reward groups; pass one group per question")
+        raise ValueError(
+            f"{len(rows)} rows but {len(rewards)} reward groups; pass one group per question"
+        )
     kept, zero, one, constant = [], 0, 0, 0
     for row, group in zip(rows, rewards):
         group = list(group)
         if not group:
-            raise ValueError(f"question {row.id!r} has an empty reward group; roll it out at least once")
+            raise ValueError(
+                f"question {row.id!r} has an empty reward group; roll it out at least once"
+            )
         if all(r == 0 for r in group):
             zero += 1
         elif all(r == 1 for r in group):
@@ -461,19 +618,30 @@ if __name__ == "__main__":
     @dataclass
     class Output:
         """Where to write the world."""
+
         out: str
         """Directory that receives corpus.jsonl, train.jsonl, test.jsonl and dev.jsonl."""
 
     cfg, output = flags.parse(WorldConfig, Output)
-    flags.check(cfg, [("people companies books cities countries train_per_hop test_per_hop max_hops",
-                       "an integer >= 1", lambda v: v >= 1),
-                      ("dev_per_hop", "an integer >= 0", lambda v: v >= 0),
-                      ("distractor_fraction", "in [0, 1]", lambda v: 0 <= v <= 1),
-                      ("test_fraction", "in (0, 1)", lambda v: 0 < v < 1)])
+    flags.check(
+        cfg,
+        [
+            (
+                "people companies books cities countries train_per_hop test_per_hop max_hops",
+                "an integer >= 1",
+                lambda v: v >= 1,
+            ),
+            ("dev_per_hop", "an integer >= 0", lambda v: v >= 0),
+            ("distractor_fraction", "in [0, 1]", lambda v: 0 <= v <= 1),
+            ("test_fraction", "in (0, 1)", lambda v: 0 < v < 1),
+        ],
+    )
     print(cfg)
     world = build_world(cfg)
     write_world(world, output.out)
     hops = {h: sum(r.hops == h for r in world.test) for h in range(1, cfg.max_hops + 1)}
-    print(f"wrote {output.out}: corpus {len(world.corpus)} passages "
-          f"({sum(e.side == 'distractor' for e in world.entities)} distractors), "
-          f"train {len(world.train)}, test {len(world.test)} (per hop {hops}), dev {len(world.dev)}")
+    print(
+        f"wrote {output.out}: corpus {len(world.corpus)} passages "
+        f"({sum(e.side == 'distractor' for e in world.entities)} distractors), "
+        f"train {len(world.train)}, test {len(world.test)} (per hop {hops}), dev {len(world.dev)}"
+    )

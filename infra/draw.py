@@ -11,6 +11,7 @@ Panels of more than MAX_NODES nodes are simplified, and say how under them: firs
 single-child steps of one kind, one credit and no marks becomes one node labelled "xk" (k steps);
 then, if still too many, only the first leaves (in tree order) and their ancestors are drawn.
 """
+
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.cm import ScalarMappable
@@ -44,13 +45,22 @@ MARKS = {  # mark -> (ring colour, ring marker, legend)
 }
 PANELS = {  # method -> (title, what its credit is, the marks it draws)
     "grpo": ("GRPO", "each trajectory's group advantage\non all its steps", ()),
-    "tree_grpo": ("Tree-GRPO", ("each leaf's intra + inter advantage on its\n"
-                                "path; a shared step adds up its leaves'"), ()),
-    "branpo": ("BranPO", "a shared prefix once, base advantage;\nbranches: branch advantage",
-               ("prefix_end", "redundant")),
+    "tree_grpo": (
+        "Tree-GRPO",
+        ("each leaf's intra + inter advantage on its\npath; a shared step adds up its leaves'"),
+        (),
+    ),
+    "branpo": (
+        "BranPO",
+        "a shared prefix once, base advantage;\nbranches: branch advantage",
+        ("prefix_end", "redundant"),
+    ),
     "carl": ("CARL", "only actions leaving a forking state:\nV(child) - V(state)", ("fork",)),
-    "treeps": ("TreePS-RAG", ("(2V(n) - V(root) - V(parent)) / sqrt|L(n)|\n"
-                              "on every step of each sampled path"), ("retained", "sampled")),
+    "treeps": (
+        "TreePS-RAG",
+        ("(2V(n) - V(root) - V(parent)) / sqrt|L(n)|\non every step of each sampled path"),
+        ("retained", "sampled"),
+    ),
 }
 
 
@@ -60,8 +70,10 @@ def _children(nodes: list[dict]) -> tuple[dict[str, list[str]], list[str]]:
     roots = []
     for n in nodes:
         if n["parent"] is not None and n["parent"] not in kids:
-            raise ValueError(f"node {n['id']!r} names parent {n['parent']!r}, which is not listed "
-                             f"before it; list every parent before its children")
+            raise ValueError(
+                f"node {n['id']!r} names parent {n['parent']!r}, which is not listed "
+                f"before it; list every parent before its children"
+            )
         kids[n["id"]] = []
         (kids[n["parent"]] if n["parent"] is not None else roots).append(n["id"])
     return kids, roots
@@ -138,39 +150,79 @@ def _panel(ax, panel: dict, nodes: list[dict], note: str, pos: dict, norm, cmap)
     n_leaves = sum(n["id"] not in parents for n in nodes)
     size = 150 if len(pos) <= LABELLED else max(20, 150 * LABELLED / len(pos))
     if bad := [n for n in nodes if n["kind"] not in KINDS]:
-        raise ValueError(f"node {bad[0]['id']!r} has kind {bad[0]['kind']!r}; "
-                         f"known kinds: {list(KINDS)}")
+        raise ValueError(
+            f"node {bad[0]['id']!r} has kind {bad[0]['kind']!r}; known kinds: {list(KINDS)}"
+        )
     xy = {i: (x, -depth) for i, (x, depth) in pos.items()}
-    ax.add_collection(LineCollection([(xy[n["parent"]], xy[n["id"]]) for n in nodes if n["parent"]
-                                      is not None], colors="#777777", linewidths=0.8, zorder=1))
+    ax.add_collection(
+        LineCollection(
+            [(xy[n["parent"]], xy[n["id"]]) for n in nodes if n["parent"] is not None],
+            colors="#777777",
+            linewidths=0.8,
+            zorder=1,
+        )
+    )
     drawn = set()
     for kind, (marker, _) in KINDS.items():
         if group := [n for n in nodes if n["kind"] == kind]:
-            faces = ["black" if kind == "prompt" else UNTRAINED if n["credit"] is None
-                     else cmap(norm(n["credit"])) for n in group]
-            ax.scatter(*zip(*(xy[n["id"]] for n in group)), s=size, marker=marker, c=faces,
-                       edgecolors="black", linewidths=0.7, zorder=3)
+            faces = [
+                "black"
+                if kind == "prompt"
+                else UNTRAINED
+                if n["credit"] is None
+                else cmap(norm(n["credit"]))
+                for n in group
+            ]
+            ax.scatter(
+                *zip(*(xy[n["id"]] for n in group)),
+                s=size,
+                marker=marker,
+                c=faces,
+                edgecolors="black",
+                linewidths=0.7,
+                zorder=3,
+            )
             drawn.add(kind)
     for m in panel_marks:
         if group := [n for n in nodes if m in n["marks"]]:
-            ax.scatter(*zip(*(xy[n["id"]] for n in group)), s=size * 3.2, marker=MARKS[m][1],
-                       facecolors="none", edgecolors=MARKS[m][0], linewidths=1.8, zorder=2)
+            ax.scatter(
+                *zip(*(xy[n["id"]] for n in group)),
+                s=size * 3.2,
+                marker=MARKS[m][1],
+                facecolors="none",
+                edgecolors=MARKS[m][0],
+                linewidths=1.8,
+                zorder=2,
+            )
             drawn.add(m)
     for n in nodes:
         text = []  # (label, offset in points, alignment, style)
         if n["reward"] is not None and n_leaves <= REWARDS:
-            text.append((_number(n["reward"], False), (0, -11), ("center", "top"),
-                         {"fontsize": 8, "fontweight": "bold"}))
+            text.append(
+                (
+                    _number(n["reward"], False),
+                    (0, -11),
+                    ("center", "top"),
+                    {"fontsize": 8, "fontweight": "bold"},
+                )
+            )
         if n["credit"] is not None and len(pos) <= LABELLED:
             text.append((_number(n["credit"], True), (12, 5), ("left", "bottom"), {"fontsize": 7}))
         if n["count"] > 1:
             text.append((f"x{n['count']}", (-8, 0), ("right", "center"), {"fontsize": 7}))
         if n["dropped"]:
-            text.append((f"{n['dropped']} dropped", (7, -7), ("left", "top"),
-                         {"fontsize": 6, "color": "#666666", "style": "italic"}))
+            text.append(
+                (
+                    f"{n['dropped']} dropped",
+                    (7, -7),
+                    ("left", "top"),
+                    {"fontsize": 6, "color": "#666666", "style": "italic"},
+                )
+            )
         for label, offset, (ha, va), style in text:
-            ax.annotate(label, xy[n["id"]], xytext=offset, textcoords="offset points", ha=ha, va=va,
-                        **style)
+            ax.annotate(
+                label, xy[n["id"]], xytext=offset, textcoords="offset points", ha=ha, va=va, **style
+            )
     ax.set_xlim(-0.8, max((x for x, _ in pos.values()), default=0.0) + 0.8)
     ax.set_ylim(-max((d for _, d in pos.values()), default=0) - 0.7, 0.5)
     ax.set_axis_off()
@@ -188,32 +240,84 @@ def figure(panels: list[dict], path: str, title: str, caption: str = "") -> None
         raise ValueError(f"no panel style for {unknown}; known methods: {list(PANELS)}")
     drawn = [simplify(p["nodes"]) for p in panels]
     spots = [layout(nodes) for nodes, _ in drawn]
-    vmax = max((abs(n["credit"]) for nodes, _ in drawn for n in nodes if n["credit"] is not None),
-               default=0.0) or 1.0
+    vmax = (
+        max(
+            (abs(n["credit"]) for nodes, _ in drawn for n in nodes if n["credit"] is not None),
+            default=0.0,
+        )
+        or 1.0
+    )
     # colour by sign * sqrt|credit|: small credits (CARL's) stay visible beside large sums
-    norm = FuncNorm((lambda v: np.sign(v) * np.sqrt(np.abs(v)), lambda v: np.sign(v) * v ** 2),
-                    -vmax, vmax)
+    norm = FuncNorm(
+        (lambda v: np.sign(v) * np.sqrt(np.abs(v)), lambda v: np.sign(v) * v**2), -vmax, vmax
+    )
     cmap = colormaps[CMAP]
-    widths = [max(3.2, 0.6 * (max((x for x, _ in pos.values()), default=0.0) + 1.6))
-              for pos in spots]  # inches: about 0.6 per leaf, the whole at most MAX_WIDTH
+    widths = [
+        max(3.2, 0.6 * (max((x for x, _ in pos.values()), default=0.0) + 1.6)) for pos in spots
+    ]  # inches: about 0.6 per leaf, the whole at most MAX_WIDTH
     fig = Figure(figsize=(min(sum(widths), MAX_WIDTH), 6.2), dpi=100, layout="constrained")
     fig.suptitle(title, fontsize=11)
     axes = fig.subplots(1, len(panels), squeeze=False, width_ratios=widths)[0]
-    shown = set().union(*[_panel(ax, panel, nodes, note, pos, norm, cmap)
-                          for ax, panel, (nodes, note), pos in zip(axes, panels, drawn, spots)])
-    handles = [Line2D([], [], ls="", marker=KINDS[k][0], markerfacecolor="white",
-                      markeredgecolor="black", label=KINDS[k][1]) for k in KINDS if k in shown]
+    shown = set().union(
+        *[
+            _panel(ax, panel, nodes, note, pos, norm, cmap)
+            for ax, panel, (nodes, note), pos in zip(axes, panels, drawn, spots)
+        ]
+    )
+    handles = [
+        Line2D(
+            [],
+            [],
+            ls="",
+            marker=KINDS[k][0],
+            markerfacecolor="white",
+            markeredgecolor="black",
+            label=KINDS[k][1],
+        )
+        for k in KINDS
+        if k in shown
+    ]
     handles += [Patch(facecolor=UNTRAINED, edgecolor="black", label="not trained")]
-    handles += [Line2D([], [], ls="", marker=MARKS[m][1], markersize=11, markerfacecolor="none",
-                       markeredgecolor=MARKS[m][0], markeredgewidth=1.8, label=MARKS[m][2])
-                for m in MARKS if m in shown]
-    bar = fig.colorbar(ScalarMappable(norm, cmap), ax=list(axes), orientation="horizontal",
-                       fraction=0.04, pad=0.02, aspect=60)
-    bar.set_label("credit of a step: the sum, over the training rows that contain it, of the "
-                  "advantage each gives its tokens (colour ~ sqrt of its size)\n"
-                  "blue: pushed up, red: pushed down, white: 0, grey: not trained", fontsize=8)
-    reading = ("marker: the step's action; fill: its credit (signed number beside it); "
-               "bold number under a leaf: its reward")
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6), fontsize=7.5,
-               frameon=False, title="\n".join(x for x in (reading, caption) if x), title_fontsize=8)
+    handles += [
+        Line2D(
+            [],
+            [],
+            ls="",
+            marker=MARKS[m][1],
+            markersize=11,
+            markerfacecolor="none",
+            markeredgecolor=MARKS[m][0],
+            markeredgewidth=1.8,
+            label=MARKS[m][2],
+        )
+        for m in MARKS
+        if m in shown
+    ]
+    bar = fig.colorbar(
+        ScalarMappable(norm, cmap),
+        ax=list(axes),
+        orientation="horizontal",
+        fraction=0.04,
+        pad=0.02,
+        aspect=60,
+    )
+    bar.set_label(
+        "credit of a step: the sum, over the training rows that contain it, of the "
+        "advantage each gives its tokens (colour ~ sqrt of its size)\n"
+        "blue: pushed up, red: pushed down, white: 0, grey: not trained",
+        fontsize=8,
+    )
+    reading = (
+        "marker: the step's action; fill: its credit (signed number beside it); "
+        "bold number under a leaf: its reward"
+    )
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncol=min(len(handles), 6),
+        fontsize=7.5,
+        frameon=False,
+        title="\n".join(x for x in (reading, caption) if x),
+        title_fontsize=8,
+    )
     fig.savefig(path)

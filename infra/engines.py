@@ -21,50 +21,76 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteria,
-                          StoppingCriteriaList)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 # ----------------------------------------------------------------------------------------------------------------
 # the protocol
+
 
 @dataclass
 class Sampling:
     """How to sample one batch of completions."""
 
     temperature: float = 1.0  # softmax temperature; 0 = greedy
-    top_p: float = 1.0  # nucleus mass in (0, 1]; 1 keeps the whole distribution; ignored when greedy
+    top_p: float = (
+        1.0  # nucleus mass in (0, 1]; 1 keeps the whole distribution; ignored when greedy
+    )
     max_tokens: int = 512  # most generated tokens per completion
     # Stop strings, matched on the decoded completion alone (prompt excluded), across tokens, as
     # vLLM does; the token that completes one is kept.
     stop: list[str] = field(default_factory=list)
-    seed: int | None = None  # seed for this call (None: the engine's running RNG); vLLM: seed + i for prompt i
+    seed: int | None = (
+        None  # seed for this call (None: the engine's running RNG); vLLM: seed + i for prompt i
+    )
 
     def __post_init__(self):
         if self.temperature < 0:
-            raise ValueError(f"Sampling.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+            raise ValueError(
+                f"Sampling.temperature must be >= 0 (0 = greedy), got {self.temperature}"
+            )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"Sampling.top_p must be in (0, 1], got {self.top_p}")
         if self.max_tokens < 1:
             raise ValueError(f"Sampling.max_tokens must be >= 1, got {self.max_tokens}")
         if isinstance(self.stop, str) or any(not isinstance(s, str) or s == "" for s in self.stop):
-            raise ValueError(f"Sampling.stop must be a list of non-empty strings, got {self.stop!r}")
+            raise ValueError(
+                f"Sampling.stop must be a list of non-empty strings, got {self.stop!r}"
+            )
 
 
 @dataclass
 class Completion:
     """One generated continuation of one prompt."""
 
-    token_ids: list[int]  # the sampled ids, up to and including the one that completed a stop string or the EOS
+    token_ids: list[
+        int
+    ]  # the sampled ids, up to and including the one that completed a stop string or the EOS
     logprobs: list[float]  # log_softmax(raw logits)[token]: log pi_old at T=1 (raw-logprobs)
-    finish_reason: str  # "stop" (a stop string completed), "eos" (an EOS was sampled) or "length" (max_tokens)
+    finish_reason: (
+        str  # "stop" (a stop string completed), "eos" (an EOS was sampled) or "length" (max_tokens)
+    )
 
 
 class Engine(Protocol):
     """What rollout.py needs from a generation engine."""
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]: ...  # one per prompt
-    def load_weights(self, model: torch.nn.Module) -> None: ...  # sample from an unwrapped HF LM's current weights
-    def close(self) -> None: ...  # release what it holds (vLLM: engine core, distributed state); no generate after
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling
+    ) -> list[Completion]: ...  # one per prompt
+    def load_weights(
+        self, model: torch.nn.Module
+    ) -> None: ...  # sample from an unwrapped HF LM's current weights
+    def close(
+        self,
+    ) -> (
+        None
+    ): ...  # release what it holds (vLLM: engine core, distributed state); no generate after
 
 
 def _check_prompts(prompts: list[list[int]]) -> None:
@@ -87,15 +113,21 @@ class _StopOnText(StoppingCriteria):
         # Decode only the last `window` tokens: a stop string of c characters spans at most c tokens when every
         # token decodes to >= 1 character; the slack covers tokens that decode to nothing (special tokens).
         self.window = max(len(s) for s in stop) + 8
-        self.ends: dict[int, int] = {}  # row -> number of generated tokens when its first stop string completed
+        self.ends: dict[
+            int, int
+        ] = {}  # row -> number of generated tokens when its first stop string completed
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
-        tails = input_ids[:, max(self.prompt_len, input_ids.shape[1] - self.window) :]  # (B, <= window)
+        tails = input_ids[
+            :, max(self.prompt_len, input_ids.shape[1] - self.window) :
+        ]  # (B, <= window)
         texts = self.tokenizer.batch_decode(tails.tolist(), skip_special_tokens=True)
         for row, text in enumerate(texts):
             if row not in self.ends and any(s in text for s in self.stop):
                 self.ends[row] = input_ids.shape[1] - self.prompt_len
-        return torch.tensor([row in self.ends for row in range(len(texts))], device=input_ids.device)  # (B,)
+        return torch.tensor(
+            [row in self.ends for row in range(len(texts))], device=input_ids.device
+        )  # (B,)
 
 
 class HFEngine:
@@ -114,13 +146,20 @@ class HFEngine:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model, self.tokenizer, self.max_batch_size = model, tokenizer, max_batch_size
         model_eos = model.generation_config.eos_token_id  # None, one id or a list of ids
-        eos = {tokenizer.eos_token_id, *(model_eos if isinstance(model_eos, (list, tuple)) else [model_eos])}
+        eos = {
+            tokenizer.eos_token_id,
+            *(model_eos if isinstance(model_eos, (list, tuple)) else [model_eos]),
+        }
         # EOS ids: the tokenizer's and generation_config's; an EOS that ends a completion is kept
         # (finish_reason "eos").
         self.eos_ids = sorted(i for i in eos if i is not None)
         if not self.eos_ids:
-            raise ValueError("neither the tokenizer nor model.generation_config defines an EOS token id; set one")
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+            raise ValueError(
+                "neither the tokenizer nor model.generation_config defines an EOS token id; set one"
+            )
+        self.pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        )
 
     def load_weights(self, model: torch.nn.Module) -> None:
         self.model = model  # it samples from the model object itself: nothing to copy
@@ -139,45 +178,76 @@ class HFEngine:
             with torch.random.fork_rng(devices=devices, enabled=sampling.seed is not None):
                 if sampling.seed is not None:
                     torch.manual_seed(sampling.seed)
-                return [c for start in range(0, len(prompts), self.max_batch_size)
-                        for c in self._generate_chunk(prompts[start : start + self.max_batch_size], sampling)]
+                return [
+                    c
+                    for start in range(0, len(prompts), self.max_batch_size)
+                    for c in self._generate_chunk(
+                        prompts[start : start + self.max_batch_size], sampling
+                    )
+                ]
         finally:
             self.model.train(was_training)
 
     def _generate_chunk(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]:
         B, P = len(prompts), max(len(p) for p in prompts)
-        input_ids = torch.tensor([[self.pad_id] * (P - len(p)) + list(p) for p in prompts])  # (B, P), left padded
-        attention_mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])  # (B, P)
+        input_ids = torch.tensor(
+            [[self.pad_id] * (P - len(p)) + list(p) for p in prompts]
+        )  # (B, P), left padded
+        attention_mask = torch.tensor(
+            [[0] * (P - len(p)) + [1] * len(p) for p in prompts]
+        )  # (B, P)
         stop = _StopOnText(self.tokenizer, sampling.stop, P) if sampling.stop else None
         greedy = sampling.temperature == 0
         config = GenerationConfig(  # top_k 0 = off (default 50); output_logits: raw-logprobs
-            max_new_tokens=sampling.max_tokens, do_sample=not greedy, top_k=None if greedy else 0,
-            temperature=None if greedy else sampling.temperature, top_p=None if greedy else sampling.top_p,
-            eos_token_id=self.eos_ids, pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True)
+            max_new_tokens=sampling.max_tokens,
+            do_sample=not greedy,
+            top_k=None if greedy else 0,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
         # generate() fills every unset field from model.generation_config (the checkpoint's
         # sampling defaults); swap in an empty one for the call so that only `config` applies, as
         # vLLM ignores them given SamplingParams.
         saved, self.model.generation_config = self.model.generation_config, GenerationConfig()
         try:
-            out = self.model.generate(input_ids=input_ids.to(self.model.device), generation_config=config,
-                                      attention_mask=attention_mask.to(self.model.device),
-                                      stopping_criteria=StoppingCriteriaList([stop] if stop else []))
+            out = self.model.generate(
+                input_ids=input_ids.to(self.model.device),
+                generation_config=config,
+                attention_mask=attention_mask.to(self.model.device),
+                stopping_criteria=StoppingCriteriaList([stop] if stop else []),
+            )
         finally:
             self.model.generation_config = saved
         new_ids = out.sequences[:, P:]  # (B, N)
         logprobs = torch.stack(  # one step at a time: out.logits already holds N x (B, V) floats
-            [torch.log_softmax(step.float(), -1).gather(-1, new_ids[:, t, None])[:, 0]  # (B,)
-             for t, step in enumerate(out.logits)], dim=1)  # (B, N)
+            [
+                torch.log_softmax(step.float(), -1).gather(-1, new_ids[:, t, None])[:, 0]  # (B,)
+                for t, step in enumerate(out.logits)
+            ],
+            dim=1,
+        )  # (B, N)
         completions = []
         for row in range(B):
             ids = new_ids[row].tolist()
-            end, reason = (stop.ends[row], "stop") if stop is not None and row in stop.ends else (len(ids), "length")
-            eos_at = next((t for t, i in enumerate(ids) if i in self.eos_ids), None)  # an EOS ends a row at once
+            end, reason = (
+                (stop.ends[row], "stop")
+                if stop is not None and row in stop.ends
+                else (len(ids), "length")
+            )
+            eos_at = next(
+                (t for t, i in enumerate(ids) if i in self.eos_ids), None
+            )  # an EOS ends a row at once
             if eos_at is not None and eos_at + 1 <= end:
                 end, reason = eos_at + 1, "eos"
             if reason == "length" and end < sampling.max_tokens:
-                raise RuntimeError(f"row {row} stopped after {end} < max_tokens={sampling.max_tokens} tokens "
-                                   "without a stop string or EOS; a stopping rule outside Sampling is active")
+                raise RuntimeError(
+                    f"row {row} stopped after {end} < max_tokens={sampling.max_tokens} tokens "
+                    "without a stop string or EOS; a stopping rule outside Sampling is active"
+                )
             completions.append(Completion(ids[:end], logprobs[row, :end].tolist(), reason))
         return completions
 
@@ -191,9 +261,17 @@ class VLLMEngine:
 
     exact_logprobs = False  # its own kernels (and maybe dtype): the trainer recomputes log pi_old (TIS, train.py)
 
-    def __init__(self, model_path: str, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
-                 dtype: str = "auto", max_model_len: int | None = None, enforce_eager: bool = False, seed: int = 0,
-                 **llm_kwargs):
+    def __init__(
+        self,
+        model_path: str,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.5,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        enforce_eager: bool = False,
+        seed: int = 0,
+        **llm_kwargs,
+    ):
         """`model_path`: an HF model directory or hub name; `gpu_memory_utilization`: vLLM's share of GPU memory (leave
         the trainer room; on CPU, VLLM_CPU_KVCACHE_SPACE in GiB sizes the KV cache); the rest go to `vllm.LLM`."""
         # One process: the engine core lives in this process, so load_weights is an in-memory copy
@@ -206,9 +284,11 @@ class VLLMEngine:
             # workaround).
             if "llvmlite" in sys.modules:
                 loaders = sorted(m for m in ("numba", "bm25s", "llvmlite") if m in sys.modules)
-                raise RuntimeError(f"llvmlite is loaded in this process (loaded: {', '.join(loaders)}), and vLLM "
-                                   "0.32's CPU start crashes on it; import numba only after the vLLM engine starts, "
-                                   "and build BM25 through infra/search.py (it keeps bm25s off numba)")
+                raise RuntimeError(
+                    f"llvmlite is loaded in this process (loaded: {', '.join(loaders)}), and vLLM "
+                    "0.32's CPU start crashes on it; import numba only after the vLLM engine starts, "
+                    "and build BM25 through infra/search.py (it keeps bm25s off numba)"
+                )
             # Chunked prefill off: vLLM 0.32 cannot rewind a seeded request's CPU generator after a
             # partial prefill. Every prompt is prefilled in one step, so it must fit
             # max_num_batched_tokens (default 4,096; raise it with a longer max_model_len).
@@ -217,11 +297,21 @@ class VLLMEngine:
 
         # prefix caching: tree branches share their prefixes; logprobs_mode: raw-logprobs
         self.llm = LLM(
-            model=model_path, tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
-            dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager, seed=seed,
-            enable_prefix_caching=True, logprobs_mode="raw_logprobs", **llm_kwargs)
+            model=model_path,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            seed=seed,
+            enable_prefix_caching=True,
+            logprobs_mode="raw_logprobs",
+            **llm_kwargs,
+        )
         self.prefill_tokens = 0  # prompt tokens given to generate (HF's engine has no prefix cache)
-        self.cached_prefill_tokens = 0  # of those, served from the prefix cache instead of recomputed
+        self.cached_prefill_tokens = (
+            0  # of those, served from the prefix cache instead of recomputed
+        )
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]:
         from vllm import SamplingParams
@@ -230,25 +320,45 @@ class VLLMEngine:
         _check_prompts(prompts)
         greedy = sampling.temperature == 0
         common = dict(  # top_k 0: off; logprobs 0: the sampled token's only; include_stop_str: affects .text only
-            temperature=sampling.temperature, top_p=1.0 if greedy else sampling.top_p, top_k=0, logprobs=0,
-            max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None, include_stop_str_in_output=True)
+            temperature=sampling.temperature,
+            top_p=1.0 if greedy else sampling.top_p,
+            top_k=0,
+            logprobs=0,
+            max_tokens=sampling.max_tokens,
+            stop=list(sampling.stop) or None,
+            include_stop_str_in_output=True,
+        )
         # seed + i for prompt i, so that a node's identical branch prompts differ; one call is then
         # reproducible on this engine, its samples differ from HF's.
-        sampling_params = SamplingParams(**common, seed=None) if sampling.seed is None else \
-            [SamplingParams(**common, seed=sampling.seed + i) for i in range(len(prompts))]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sampling_params,
-                                    use_tqdm=False)
+        sampling_params = (
+            SamplingParams(**common, seed=None)
+            if sampling.seed is None
+            else [SamplingParams(**common, seed=sampling.seed + i) for i in range(len(prompts))]
+        )
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+            sampling_params,
+            use_tqdm=False,
+        )
         completions = []
         for i, out in enumerate(outputs):
             self.prefill_tokens += len(out.prompt_token_ids)
             self.cached_prefill_tokens += out.num_cached_tokens or 0
             c = out.outputs[0]
             if c.finish_reason not in ("stop", "length"):
-                raise RuntimeError(f"vLLM request {i} finished with {c.finish_reason!r}; expected stop or length")
+                raise RuntimeError(
+                    f"vLLM request {i} finished with {c.finish_reason!r}; expected stop or length"
+                )
             ids = list(c.token_ids)
             logprobs = [position[token].logprob for position, token in zip(c.logprobs, ids)]
             # vLLM: finish "stop" with a str stop_reason = stop string; None or an int = an EOS / stop token id.
-            reason = "length" if c.finish_reason == "length" else "stop" if isinstance(c.stop_reason, str) else "eos"
+            reason = (
+                "length"
+                if c.finish_reason == "length"
+                else "stop"
+                if isinstance(c.stop_reason, str)
+                else "eos"
+            )
             completions.append(Completion(ids, logprobs, reason))
         return completions
 
@@ -258,20 +368,28 @@ class VLLMEngine:
         state = model.state_dict()
         wrapped = [n for n in state if n.startswith(("module.", "_orig_mod."))]
         if wrapped:
-            raise ValueError(f"load_weights got a wrapped model (parameter {wrapped[0]!r}); pass the unwrapped "
-                             "HF model, e.g. accelerator.unwrap_model(model), with full (not sharded) weights")
-        weights = [(name, tensor.detach()) for name, tensor in state.items()]  # references, no copies
+            raise ValueError(
+                f"load_weights got a wrapped model (parameter {wrapped[0]!r}); pass the unwrapped "
+                "HF model, e.g. accelerator.unwrap_model(model), with full (not sharded) weights"
+            )
+        weights = [
+            (name, tensor.detach()) for name, tensor in state.items()
+        ]  # references, no copies
         try:  # vLLM renames and fuses q/k/v and gate/up itself
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         except (TypeError, NotImplementedError) as e:
             import vllm
 
-            raise RuntimeError(f"vLLM {vllm.__version__}: workers' reload_weights(weights_iterator=...) failed ({e}); "
-                               "infra/engines.py needs a vLLM with in-place layerwise reloading (0.32 is "
-                               "tested)") from e
+            raise RuntimeError(
+                f"vLLM {vllm.__version__}: workers' reload_weights(weights_iterator=...) failed ({e}); "
+                "infra/engines.py needs a vLLM with in-place layerwise reloading (0.32 is "
+                "tested)"
+            ) from e
         if not self.llm.reset_prefix_cache():  # its KV was computed with the old weights
-            raise RuntimeError("vLLM refused to reset its prefix cache after a weight update (requests running?); "
-                               "cached KV would be stale, so call load_weights only between generate calls")
+            raise RuntimeError(
+                "vLLM refused to reset its prefix cache after a weight update (requests running?); "
+                "cached KV would be stale, so call load_weights only between generate calls"
+            )
 
     def close(self) -> None:
         """Shut the in-process engine core down, with the torch.distributed groups it made: call it
@@ -285,13 +403,25 @@ class VLLMEngine:
 # ----------------------------------------------------------------------------------------------------------------
 # choosing an engine
 
-RULES = [("engine", "auto or hf: vllm is not installed (GPU: pip install -r requirements-gpu.txt; CPU: README, "
-                    "'vLLM on CPU')",  # flags.check
-          lambda v: v != "vllm" or importlib.util.find_spec("vllm") is not None)]
+RULES = [
+    (
+        "engine",
+        "auto or hf: vllm is not installed (GPU: pip install -r requirements-gpu.txt; CPU: README, "
+        "'vLLM on CPU')",  # flags.check
+        lambda v: v != "vllm" or importlib.util.find_spec("vllm") is not None,
+    )
+]
 
 
-def make_engine(kind: str, model: torch.nn.Module, tokenizer, model_path: str, hf_max_batch_size: int = 32,
-                dtype: str = "", **vllm_kwargs) -> Engine:
+def make_engine(
+    kind: str,
+    model: torch.nn.Module,
+    tokenizer,
+    model_path: str,
+    hf_max_batch_size: int = 32,
+    dtype: str = "",
+    **vllm_kwargs,
+) -> Engine:
     """`kind`: "auto" (vLLM when it imports and CUDA is present, else HF), "hf" or "vllm"; prints the choice once.
     `model` / `tokenizer`: the trainer's policy. A vLLM engine loads `model_path`, then syncs to `model` at once.
     `dtype`: the vLLM engine's ("float32", ...; empty = `model`'s, so that rounding does not spread
@@ -305,18 +435,29 @@ def make_engine(kind: str, model: torch.nn.Module, tokenizer, model_path: str, h
     except ImportError as e:
         vllm, vllm_status = None, f"vllm not importable ({e})"
     if kind == "vllm" and vllm is None:
-        raise ImportError(f"engine 'vllm' requested but {vllm_status}; pip install vllm, or use engine 'hf'")
+        raise ImportError(
+            f"engine 'vllm' requested but {vllm_status}; pip install vllm, or use engine 'hf'"
+        )
     reason = "requested" + (f"; {vllm_status}" if kind == "vllm" else "")
     if kind == "auto":  # vLLM where it can run fast; say why not otherwise
         kind = "vllm" if vllm is not None and torch.cuda.is_available() else "hf"
-        reason = vllm_status + ("" if vllm is None else " and CUDA available" if kind == "vllm" else
-                                " but no CUDA device; pass engine 'vllm' to run vLLM on CPU")
+        reason = vllm_status + (
+            ""
+            if vllm is None
+            else " and CUDA available"
+            if kind == "vllm"
+            else " but no CUDA device; pass engine 'vllm' to run vLLM on CPU"
+        )
     if kind == "hf":
         print(f"engine: hf ({reason})", flush=True)
         return HFEngine(model, tokenizer, hf_max_batch_size)
     policy_dtype = str(model.dtype).removeprefix("torch.")
     dtype = dtype or policy_dtype
-    whose = "the policy's" if dtype == policy_dtype else f"the policy is {policy_dtype}: TIS corrects the rounding"
+    whose = (
+        "the policy's"
+        if dtype == policy_dtype
+        else f"the policy is {policy_dtype}: TIS corrects the rounding"
+    )
     print(f"engine: vllm ({reason}), {dtype} ({whose})", flush=True)
     engine = VLLMEngine(model_path, dtype=dtype, **vllm_kwargs)
     engine.load_weights(model)
@@ -327,8 +468,15 @@ def make_engine(kind: str, model: torch.nn.Module, tokenizer, model_path: str, h
 # loading a policy
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
-                   "vocab.json", "vocab.txt", "*.tiktoken")  # what AutoTokenizer reads (or a GGUF)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.json",
+    "vocab.txt",
+    "*.tiktoken",
+)  # what AutoTokenizer reads (or a GGUF)
 
 
 def model_problem(name_or_dir: str, gguf_file: str = "") -> str:
@@ -349,14 +497,18 @@ def model_problem(name_or_dir: str, gguf_file: str = "") -> str:
     if gguf_file:  # the GGUF file holds config, weights and tokenizer
         return "" if gguf_file in files else f"no model at {path}: no {gguf_file} in it"
     if "config.json" not in files:
-        return (f"no model at {path}: it has no config.json (a model directory holds config.json, "
-                f"weights and tokenizer files, as save_pretrained writes them); files there: "
-                f"{', '.join(sorted(files)) or 'none'}")
+        return (
+            f"no model at {path}: it has no config.json (a model directory holds config.json, "
+            f"weights and tokenizer files, as save_pretrained writes them); files there: "
+            f"{', '.join(sorted(files)) or 'none'}"
+        )
     has = lambda *globs: any(fnmatch.fnmatch(f, g) for f in files for g in globs)  # noqa: E731
     missing = []
     if not has(*TOKENIZER_FILES):
-        missing.append(f"tokenizer files (none of {', '.join(TOKENIZER_FILES)}: save the model's "
-                       f"tokenizer there too)")
+        missing.append(
+            f"tokenizer files (none of {', '.join(TOKENIZER_FILES)}: save the model's "
+            f"tokenizer there too)"
+        )
     if not has("*.safetensors", "*.bin"):
         missing.append("weights (*.safetensors, *.bin)")
     return f"{path} has no {' and no '.join(missing)}" if missing else ""
@@ -368,7 +520,9 @@ def load_policy(name_or_dir: str, gguf_file: str | None = None, dtype: torch.dty
     tokenizer = AutoTokenizer.from_pretrained(name_or_dir, **kw)
     model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=dtype, **kw)
     if gguf_file:  # transformers dequantizes GGUF into ordinary tensors but keeps the model marked "quantized",
-        model.hf_quantizer = None  # which would block save_pretrained; what we train and save is plain weights
+        model.hf_quantizer = (
+            None  # which would block save_pretrained; what we train and save is plain weights
+        )
         model.is_quantized = False
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config

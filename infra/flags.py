@@ -2,6 +2,7 @@
 a table of rules. The scripts' progress bars (`progress`) are made here too, so that a log file can
 hold them.
 """
+
 import ast
 import dataclasses
 import inspect
@@ -25,12 +26,18 @@ def parse(*classes, args=None):
         for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
             body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
             for stmt, after in zip(body, body[1:]):
-                if isinstance(stmt, ast.AnnAssign) and isinstance(after, ast.Expr) and \
-                        isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+                if (
+                    isinstance(stmt, ast.AnnAssign)
+                    and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)
+                ):
                     docs[stmt.target.id] = " ".join(after.value.value.split())
         for f in dataclasses.fields(cls):
             if f.name in docs and "help" not in f.metadata:
-                f.metadata = types.MappingProxyType({**f.metadata, "help": docs[f.name].replace("%", "%%")})
+                f.metadata = types.MappingProxyType(
+                    {**f.metadata, "help": docs[f.name].replace("%", "%%")}
+                )
     return HfArgumentParser(classes).parse_args_into_dataclasses(args=args)
 
 
@@ -40,8 +47,12 @@ def check(configs, rules, extra=()):
     message)] for rules that involve several flags."""
     configs = configs if isinstance(configs, tuple) else (configs,)
     value = lambda name: getattr(next(c for c in configs if hasattr(c, name)), name)  # noqa: E731
-    errors = [f"--{name} {value(name)!r}: must be {allowed}" for names, allowed, test in rules
-              for name in names.split() if not test(value(name))]
+    errors = [
+        f"--{name} {value(name)!r}: must be {allowed}"
+        for names, allowed, test in rules
+        for name in names.split()
+        if not test(value(name))
+    ]
     errors += [message for broken, message in extra if broken]
     if errors:
         raise SystemExit("invalid flags (nothing was loaded or run):\n  " + "\n  ".join(errors))

@@ -3,6 +3,7 @@ demo side by side, Tree-GRPO's budget) and `python rollout.py --dump` (one rollo
 JSON, every method drawn on one of its prompts). advantages.py and rollout.py call them from their `__main__` blocks
 and pass their modules in (and tree.py), as this package never imports the top level.
 """
+
 import json
 import os
 import random
@@ -22,33 +23,52 @@ from infra.search import BM25Retriever, load_corpus
 
 def report(algo: str, trees, trajectories, walk) -> dict:
     """The CLI's JSON: per-node value/advantage and per-trajectory step advantages (`walk`: tree.walk)."""
-    return {"algo": algo,
-            "nodes": {n.id: {"value": n.value, "advantage": n.advantage}
-                      for t in trees for n in walk(t.root) if n.parent is not None},
-            "trajectories": [{"leaf": tr.leaf.id, "steps": [s.id for s in tr.steps], "advantages": tr.advantages}
-                             for tr in trajectories]}
+    return {
+        "algo": algo,
+        "nodes": {
+            n.id: {"value": n.value, "advantage": n.advantage}
+            for t in trees
+            for n in walk(t.root)
+            if n.parent is not None
+        },
+        "trajectories": [
+            {"leaf": tr.leaf.id, "steps": [s.id for s in tr.steps], "advantages": tr.advantages}
+            for tr in trajectories
+        ],
+    }
 
 
 def demo_table(advantages, tree_module) -> str:
     """The worked tree, then one row per (trajectory, step) and one column per method."""
     tree, runs = advantages.demo()
-    table = {(name, tr.leaf.id, step.id): a for name, trajectories in runs.items()
-             for tr in trajectories for step, a in zip(tr.steps, tr.advantages)}
+    table = {
+        (name, tr.leaf.id, step.id): a
+        for name, trajectories in runs.items()
+        for tr in trajectories
+        for step, a in zip(tr.steps, tr.advantages)
+    }
     advantages.treeps([tree])  # leave TreePS-RAG's V and A on the rendered tree
-    lines = ["TreePS-RAG values (V) and process advantages (A) on the tree:", tree.render(), "",
-             "Advantage multiplying each step's tokens in each trajectory ('-' = not trained there):",
-             f"{'leaf':8} {'step':8} " + " ".join(f"{k:>9}" for k in advantages.ALGOS)]
+    lines = [
+        "TreePS-RAG values (V) and process advantages (A) on the tree:",
+        tree.render(),
+        "",
+        "Advantage multiplying each step's tokens in each trajectory ('-' = not trained there):",
+        f"{'leaf':8} {'step':8} " + " ".join(f"{k:>9}" for k in advantages.ALGOS),
+    ]
     for leaf in tree_module.scored_leaves(tree.root):
         for step in tree_module.path(leaf):
             cells = [table.get((k, leaf.id, step.id)) for k in advantages.ALGOS]
-            lines.append(f"{leaf.id:8} {step.id:8} "
-                         + " ".join(f"{'-' if c is None else f'{c:+.3f}':>9}" for c in cells))
+            lines.append(
+                f"{leaf.id:8} {step.id:8} "
+                + " ".join(f"{'-' if c is None else f'{c:+.3f}':>9}" for c in cells)
+            )
     return "\n".join(lines)
 
 
 @dataclass
 class CreditArgs:
     """`python advantages.py --algo ALGO --trees FILE.json`: per-step advantages of one prompt's rollout trees."""
+
     trees: str = ""
     """JSON list of trees for ONE prompt (see tree.py for the node format), or a rollout dump (with --prompt)."""
     prompt: Optional[int] = None
@@ -71,24 +91,45 @@ def credit_cli(advantages, tree_module):
         print(demo_table(advantages, tree_module))
         if args.plot:
             tree, runs = advantages.demo()
-            notes = {"grpo": "the tree's 4 paths as 4 chains:\na step adds up the chains through it"}
-            panels = [{"algo": k, "nodes": tree_module.drawing([tree], trajectories), "note": notes.get(k, "")}
-                      for k, trajectories in runs.items()]
-            draw.figure(panels, args.plot, "python advantages.py --demo: the worked tree, each method")
+            notes = {
+                "grpo": "the tree's 4 paths as 4 chains:\na step adds up the chains through it"
+            }
+            panels = [
+                {
+                    "algo": k,
+                    "nodes": tree_module.drawing([tree], trajectories),
+                    "note": notes.get(k, ""),
+                }
+                for k, trajectories in runs.items()
+            ]
+            draw.figure(
+                panels, args.plot, "python advantages.py --demo: the worked tree, each method"
+            )
     elif args.budget:
         try:
             M, N, L = (int(x) for x in args.budget.split(","))
         except ValueError:
-            raise SystemExit(f"--budget {args.budget!r}: must be three integers M,N,L (trees, expansions, rounds), "
-                             f"e.g. 2,2,1") from None
-        flags.check(algo, [], extra=[
-            (algo.algo != "tree_grpo", f"--budget goes with --algo tree_grpo, not {algo.algo}"),
-            (M < 1 or min(N, L) < 0, f"--budget {args.budget!r}: M must be >= 1 and N, L >= 0")])
+            raise SystemExit(
+                f"--budget {args.budget!r}: must be three integers M,N,L (trees, expansions, rounds), "
+                f"e.g. 2,2,1"
+            ) from None
+        flags.check(
+            algo,
+            [],
+            extra=[
+                (algo.algo != "tree_grpo", f"--budget goes with --algo tree_grpo, not {algo.algo}"),
+                (M < 1 or min(N, L) < 0, f"--budget {args.budget!r}: M must be >= 1 and N, L >= 0"),
+            ],
+        )
         rollouts, budget = advantages.tree_grpo_budget(M, N, L)
         print(json.dumps({"rollouts": rollouts, "budget": budget}))
     elif args.trees:
         trees = tree_module.load_trees(args.trees, args.prompt)
-        print(json.dumps(report(algo.algo, trees, advantages.credit(algo, trees), tree_module.walk), indent=1))
+        print(
+            json.dumps(
+                report(algo.algo, trees, advantages.credit(algo, trees), tree_module.walk), indent=1
+            )
+        )
         if args.render:
             print("\n\n".join(t.render() for t in trees), file=sys.stderr)
     else:
@@ -102,6 +143,7 @@ def credit_cli(advantages, tree_module):
 @dataclass
 class DumpArgs:
     """`python rollout.py --algo ALGO --dump FILE`: one rollout batch on the embedded default, dumped as JSON."""
+
     dump: str = field(default="", metadata={"required": True})
     """Output JSON: one list of trees per prompt (advantages.py --trees FILE --prompt I)."""
     n_prompts: int = 4
@@ -126,13 +168,25 @@ def dump_cli(rollout, advantages, tree_module):
     args, algo, agent_cfg = flags.parse(DumpArgs, advantages.AlgoConfig, rollout.AgentConfig)
     no_model = model_problem(args.model)
     if args.model == "out/warmstart" and not os.path.exists(args.model):
-        no_model = ("no policy in out/warmstart: train one first (python train.py warmstart, ~5 min "
-                    "on 2 cores, or any train.py run), or pass --model DIR")
-    flags.check((args, algo, agent_cfg), advantages.RULES + rollout.RULES + ENGINE_RULES
-                + [("n_prompts", "an integer >= 1", lambda v: v >= 1)],
-                [rollout.depth_rule(algo, agent_cfg), (no_model, no_model),
-                 (not 0 <= args.plot_prompt < args.n_prompts,
-                  f"--plot_prompt {args.plot_prompt}: must be in [0, --n_prompts)")])
+        no_model = (
+            "no policy in out/warmstart: train one first (python train.py warmstart, ~5 min "
+            "on 2 cores, or any train.py run), or pass --model DIR"
+        )
+    flags.check(
+        (args, algo, agent_cfg),
+        advantages.RULES
+        + rollout.RULES
+        + ENGINE_RULES
+        + [("n_prompts", "an integer >= 1", lambda v: v >= 1)],
+        [
+            rollout.depth_rule(algo, agent_cfg),
+            (no_model, no_model),
+            (
+                not 0 <= args.plot_prompt < args.n_prompts,
+                f"--plot_prompt {args.plot_prompt}: must be in [0, --n_prompts)",
+            ),
+        ],
+    )
     world = data.ensure_world(args.world)
     rows = data.spread(data.load_rows(world, args.split), args.n_prompts)
     model, tok = load_policy(args.model)
@@ -142,12 +196,16 @@ def dump_cli(rollout, advantages, tree_module):
     t0 = time.perf_counter()
     prompts = rollout.grow(algo, agent, rows, random.Random(agent_cfg.seed))
     tree_module.save_trees(prompts, args.dump)
-    print(f"{algo.algo} {rollout.STRATEGIES[algo.algo][1](algo)}: {len(prompts)} prompts in "
-          f"{time.perf_counter() - t0:.1f} s -> {args.dump}")
+    print(
+        f"{algo.algo} {rollout.STRATEGIES[algo.algo][1](algo)}: {len(prompts)} prompts in "
+        f"{time.perf_counter() - t0:.1f} s -> {args.dump}"
+    )
     for k, v in {**rollout.metrics(prompts), **agent.counters}.items():
         print(f"  {k:40} {v:10.2f}")
-    print(f"credit assignment of the first prompt: python advantages.py --algo {algo.algo} --trees {args.dump} "
-          f"--prompt 0 --render")
+    print(
+        f"credit assignment of the first prompt: python advantages.py --algo {algo.algo} --trees {args.dump} "
+        f"--prompt 0 --render"
+    )
     if args.plot:  # every other method on the same questions, from a fresh agent as its own dump
         panels = []
         for name, (_, knobs) in rollout.STRATEGIES.items():
@@ -157,8 +215,13 @@ def dump_cli(rollout, advantages, tree_module):
             trees = batch[args.plot_prompt]
             used = ", ".join(f"{k}={v}" for k, v in knobs(cfg).items())
             tokens = sum(t.stats["generated_tokens"] for t in trees)
-            panels.append({"algo": name, "nodes": tree_module.drawing(trees, advantages.credit(cfg, trees)),
-                           "note": f"{used}\n{tokens} tokens generated"})
+            panels.append(
+                {
+                    "algo": name,
+                    "nodes": tree_module.drawing(trees, advantages.credit(cfg, trees)),
+                    "note": f"{used}\n{tokens} tokens generated",
+                }
+            )
         ex = rows[args.plot_prompt]
         draw.figure(panels, args.plot, f"{ex.question}  (answer: {' / '.join(ex.golden_answers)})")
         print(f"prompt {args.plot_prompt} under every method -> {args.plot}")

@@ -1,6 +1,7 @@
 """A training run's bookkeeping: its directory and lock, configuration, metrics, learning curves, checkpoints and
 the signals that stop it. train.py calls these; its flags (`args`: train.py's Args) are passed in.
 """
+
 import fcntl
 import json
 import math
@@ -17,9 +18,20 @@ import accelerate.utils
 from matplotlib.figure import Figure
 
 
-TRACKERS = {n: getattr(accelerate.utils, f"is_{n}_available") for n in (  # --log_with n: its check
-    "tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab",
-    "trackio")}  # that the package (pip install n) imports, as accelerate checks it
+TRACKERS = {
+    n: getattr(accelerate.utils, f"is_{n}_available")
+    for n in (  # --log_with n: its check
+        "tensorboard",
+        "wandb",
+        "mlflow",
+        "comet_ml",
+        "aim",
+        "clearml",
+        "dvclive",
+        "swanlab",
+        "trackio",
+    )
+}  # that the package (pip install n) imports, as accelerate checks it
 
 
 def log(row: dict, history: list[dict], run_dir: str, accelerator, args):
@@ -42,16 +54,32 @@ def summary(history: list[dict], seconds: dict[str, float], wall: float, run_dir
         return f"done in {wall / 60:.1f} min ({times}); no evaluation before and after RL (--eval_every 0); {where}"
     a, b = evals[0], evals[-1]
     gain = b["eval/em"] - a["eval/em"]
-    hops = ", ".join(f"{k[len('eval/em_hop'):]}-hop {a[k]:.2f} -> {b[k]:.2f}" for k in a if k.startswith("eval/em_hop"))
-    se = math.sqrt(sum(e["eval/em"] * (1 - e["eval/em"]) / max(e["eval/n"], 1) for e in (a, b)))  # of the gain
-    verdict = ("RL improved the policy" if gain > 2 * se else "RL made the policy WORSE" if gain < -2 * se
-               else f"NO clear change from RL (the gain is within 2 standard errors, {2 * se:.3f})")
-    return (f"done: {verdict}: test EM {a['eval/em']:.3f} (step {a['step']}) -> {b['eval/em']:.3f} (step {b['step']}), "
-            f"{gain:+.3f} on {b['eval/n']:.0f} questions" + (f" ({hops})" if hops else "")
-            + f"; {wall / 60:.1f} min ({times}); {where}")
+    hops = ", ".join(
+        f"{k[len('eval/em_hop') :]}-hop {a[k]:.2f} -> {b[k]:.2f}"
+        for k in a
+        if k.startswith("eval/em_hop")
+    )
+    se = math.sqrt(
+        sum(e["eval/em"] * (1 - e["eval/em"]) / max(e["eval/n"], 1) for e in (a, b))
+    )  # of the gain
+    verdict = (
+        "RL improved the policy"
+        if gain > 2 * se
+        else "RL made the policy WORSE"
+        if gain < -2 * se
+        else f"NO clear change from RL (the gain is within 2 standard errors, {2 * se:.3f})"
+    )
+    return (
+        f"done: {verdict}: test EM {a['eval/em']:.3f} (step {a['step']}) -> {b['eval/em']:.3f} (step {b['step']}), "
+        f"{gain:+.3f} on {b['eval/n']:.0f} questions"
+        + (f" ({hops})" if hops else "")
+        + f"; {wall / 60:.1f} min ({times}); {where}"
+    )
 
 
-def plot_curves(runs: dict[str, list[dict]], path: str, keys=("rollout/reward", "rollout/em", "eval/em")):
+def plot_curves(
+    runs: dict[str, list[dict]], path: str, keys=("rollout/reward", "rollout/em", "eval/em")
+):
     """Learning curves, one colour per run ({label: metrics rows}): rollout reward (line) and EM (dotted), eval EM."""
     fig = Figure(figsize=(6 + (len(runs) > 1), 3.5))
     ax = fig.subplots()
@@ -71,11 +99,15 @@ def plot_curves(runs: dict[str, list[dict]], path: str, keys=("rollout/reward", 
 def check_env_errors(history: list[dict], args, where: str):
     """Stop the run when the share of trajectories lost to retrieval errors stayed above --max_env_error_rate for
     --env_error_patience steps in a row: it would train on almost nothing while looking like a model that fails."""
-    rates = [row["abnormal/env_error"] for row in history if "abnormal/env_error" in row][-args.env_error_patience:]
+    rates = [row["abnormal/env_error"] for row in history if "abnormal/env_error" in row][
+        -args.env_error_patience :
+    ]
     if len(rates) == args.env_error_patience and min(rates) > args.max_env_error_rate:
-        raise SystemExit(f"stopping: abnormal/env_error above --max_env_error_rate {args.max_env_error_rate} for "
-                         f"{len(rates)} steps in a row ({', '.join(f'{r:.2f}' for r in rates)}): the retriever "
-                         f"({where}) is failing; fix it, then rerun with --resume (from the last checkpoint)")
+        raise SystemExit(
+            f"stopping: abnormal/env_error above --max_env_error_rate {args.max_env_error_rate} for "
+            f"{len(rates)} steps in a row ({', '.join(f'{r:.2f}' for r in rates)}): the retriever "
+            f"({where}) is failing; fix it, then rerun with --resume (from the last checkpoint)"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -92,15 +124,24 @@ def claim_run_dir(run_dir: str, args):
     except BlockingIOError:
         holder = Path(lock.name).read_text().strip() or "?"
         lock.close()
-        raise SystemExit(f"{run_dir} is in use by process {holder} ({lock.name}): wait for it to end or stop it "
-                         f"(kill {holder.split()[0]})") from None
+        raise SystemExit(
+            f"{run_dir} is in use by process {holder} ({lock.name}): wait for it to end or stop it "
+            f"(kill {holder.split()[0]})"
+        ) from None
     lock.truncate(0)
     print(os.getpid(), socket.gethostname(), file=lock, flush=True)
-    held = sorted(n for n in os.listdir(run_dir) if n in ("latest", "final") or n.startswith("checkpoint-")
-                  or (n == "metrics.jsonl" and os.path.getsize(os.path.join(run_dir, n))))
+    held = sorted(
+        n
+        for n in os.listdir(run_dir)
+        if n in ("latest", "final")
+        or n.startswith("checkpoint-")
+        or (n == "metrics.jsonl" and os.path.getsize(os.path.join(run_dir, n)))
+    )
     if held and not (args.resume or args.overwrite):
-        raise SystemExit(f"{run_dir} already holds a run ({', '.join(held)}); pass --resume to continue it, "
-                         f"--overwrite to delete it and start fresh, or --run_name NAME for a new run")
+        raise SystemExit(
+            f"{run_dir} already holds a run ({', '.join(held)}); pass --resume to continue it, "
+            f"--overwrite to delete it and start fresh, or --run_name NAME for a new run"
+        )
     if args.overwrite:
         for path in [os.path.join(run_dir, n) for n in os.listdir(run_dir) if n != "run.lock"]:
             if os.path.isdir(path):
@@ -108,7 +149,9 @@ def claim_run_dir(run_dir: str, args):
             else:
                 os.remove(path)
     elif args.resume and held and "latest" not in held:
-        print(f"resume: no checkpoint in {run_dir} yet; starting from step 0 (the metrics logged so far are dropped)")
+        print(
+            f"resume: no checkpoint in {run_dir} yet; starting from step 0 (the metrics logged so far are dropped)"
+        )
     return lock
 
 
@@ -117,8 +160,7 @@ def save_config(run_dir: str, whole: dict, classes):
     that differ from the defaults of `classes` (the run's flag dataclasses)."""
     Path(run_dir, "config.json").write_text(json.dumps(whole, indent=1))
     default = {k: v for c in classes for k, v in asdict(c()).items()}
-    changed = " ".join(f"--{k} {shlex.quote(str(v))}" for k, v in whole.items()
-                       if v != default[k])
+    changed = " ".join(f"--{k} {shlex.quote(str(v))}" for k, v in whole.items() if v != default[k])
     print(f"config: {run_dir}/config.json; not the defaults: {changed or 'none'}")
 
 
@@ -126,7 +168,9 @@ def read_metrics(path: str) -> list[dict]:
     """The rows of a metrics.jsonl: a missing file is empty, and a torn last line (a kill in the middle of a write)
     is dropped, each with a note; any other line that is not JSON raises."""
     if not os.path.exists(path):
-        print(f"resume: {path} is missing; the checkpoint is intact, the metrics before it are lost")
+        print(
+            f"resume: {path} is missing; the checkpoint is intact, the metrics before it are lost"
+        )
         return []
     lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
     rows = []
@@ -135,8 +179,10 @@ def read_metrics(path: str) -> list[dict]:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
             if i < len(lines):
-                raise ValueError(f"{path}: line {i} is not JSON ({line[:80]!r}); only a last line may be torn by a "
-                                 f"kill: fix or delete that line, then --resume") from None
+                raise ValueError(
+                    f"{path}: line {i} is not JSON ({line[:80]!r}); only a last line may be torn by a "
+                    f"kill: fix or delete that line, then --resume"
+                ) from None
             print(f"resume: dropped the torn last line of {path} ({line[:40]!r})")
     return rows
 
@@ -155,17 +201,25 @@ def save_checkpoint(accelerator, run_dir: str, step: int, state: dict, main_proc
         accelerator.save_state(path)
         accelerator.wait_for_everyone()  # every rank's files are written
         if main_proc:
-            files = {f: os.path.getsize(os.path.join(path, f)) for f in sorted(os.listdir(path))
-                     if f != "trainer_state.json"}
+            files = {
+                f: os.path.getsize(os.path.join(path, f))
+                for f in sorted(os.listdir(path))
+                if f != "trainer_state.json"
+            }
             Path(path, "trainer_state.json").write_text(json.dumps({**state, "files": files}))
             Path(run_dir, "latest.tmp").write_text(name)
             os.replace(Path(run_dir, "latest.tmp"), latest)
-    except (OSError, RuntimeError) as e:  # torch reports a full disk as RuntimeError("... file write failed")
+    except (
+        OSError,
+        RuntimeError,
+    ) as e:  # torch reports a full disk as RuntimeError("... file write failed")
         shutil.rmtree(path, ignore_errors=True)  # the torn checkpoint: only frees space
-        free_mib = shutil.disk_usage(run_dir).free / 2 ** 20
-        raise OSError(f"writing {name} failed ({type(e).__name__}: {e}); {free_mib:.0f} MiB free on the disk holding "
-                      f"{run_dir}: if it is full, free space, then --resume continues from "
-                      f"{previous or 'step 0 (no checkpoint yet)'} (`latest` is unchanged)") from e
+        free_mib = shutil.disk_usage(run_dir).free / 2**20
+        raise OSError(
+            f"writing {name} failed ({type(e).__name__}: {e}); {free_mib:.0f} MiB free on the disk holding "
+            f"{run_dir}: if it is full, free space, then --resume continues from "
+            f"{previous or 'step 0 (no checkpoint yet)'} (`latest` is unchanged)"
+        ) from e
     if main_proc:  # only now delete the older ones (Accelerate's ProjectConfiguration(total_limit=...) is not used:
         # it deletes the oldest checkpoint before writing the new one, so a failed save could leave none)
         for old in os.listdir(run_dir):
@@ -184,8 +238,11 @@ def checkpoint_problem(path: str) -> str:
     for f, saved in files.items():
         size = os.path.getsize(Path(path, f)) if Path(path, f).exists() else None
         if size != saved:
-            return f"{f} is missing" if size is None else \
-                f"{f} has {size} bytes, {saved} when saved (truncated or overwritten)"
+            return (
+                f"{f} is missing"
+                if size is None
+                else f"{f} has {size} bytes, {saved} when saved (truncated or overwritten)"
+            )
     return ""
 
 
@@ -199,8 +256,15 @@ def load_checkpoint(accelerator, run_dir: str) -> dict | None:
         return None
     newest = latest.read_text().strip()
     step_of = lambda name: int(name.removeprefix("checkpoint-"))  # noqa: E731
-    names = sorted((n for n in os.listdir(run_dir) if re.fullmatch(r"checkpoint-\d+", n)
-                    and step_of(n) <= step_of(newest)), key=step_of, reverse=True)  # newest first
+    names = sorted(
+        (
+            n
+            for n in os.listdir(run_dir)
+            if re.fullmatch(r"checkpoint-\d+", n) and step_of(n) <= step_of(newest)
+        ),
+        key=step_of,
+        reverse=True,
+    )  # newest first
     problems = [] if newest in names else [f"{newest}: missing"]
     for name in names:
         ckpt_dir = os.path.join(run_dir, name)
@@ -209,20 +273,26 @@ def load_checkpoint(accelerator, run_dir: str) -> dict | None:
             try:
                 accelerator.load_state(ckpt_dir)
             except Exception as e:  # any loader's (safetensors, torch, pickle): named, next one
-                problem = (f"loading it failed ({type(e).__name__}: {e}); its files have the sizes "
-                           f"they were saved with")
+                problem = (
+                    f"loading it failed ({type(e).__name__}: {e}); its files have the sizes "
+                    f"they were saved with"
+                )
         if not problem:
             break
         problems.append(f"{name}: {problem}")
         accelerator.print(f"resume: {ckpt_dir} is unreadable: {problem}")
     else:
-        raise SystemExit(f"resume: no readable checkpoint in {run_dir} ({'; '.join(problems)}): "
-                         f"put back the named files (from a backup), or start over with "
-                         f"--overwrite (deletes the run)")
+        raise SystemExit(
+            f"resume: no readable checkpoint in {run_dir} ({'; '.join(problems)}): "
+            f"put back the named files (from a backup), or start over with "
+            f"--overwrite (deletes the run)"
+        )
     state = json.loads(Path(ckpt_dir, "trainer_state.json").read_text())
     if name != newest:
-        accelerator.print(f"resume: fell back to the previous checkpoint, {name}; the steps after "
-                          f"{state['step']} run again")
+        accelerator.print(
+            f"resume: fell back to the previous checkpoint, {name}; the steps after "
+            f"{state['step']} run again"
+        )
         if accelerator.is_main_process:
             Path(run_dir, "latest.tmp").write_text(name)
             os.replace(Path(run_dir, "latest.tmp"), latest)
@@ -241,8 +311,12 @@ def stop_on_signals() -> dict:
         asked["signal"] = signal.Signals(signum)
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, signal.SIG_DFL)
-        os.write(2, f"\n{asked['signal'].name}: finishing this step, then saving a checkpoint "
-                    f"and stopping (send it again to stop at once, without saving)\n".encode())
+        os.write(
+            2,
+            f"\n{asked['signal'].name}: finishing this step, then saving a checkpoint "
+            f"and stopping (send it again to stop at once, without saving)\n".encode(),
+        )
+
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, ask)
     return asked

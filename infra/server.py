@@ -13,6 +13,7 @@ Deviations from Search-R1's retrieval server, each cited by its name:
 - stdlib-http: standard-library HTTP (ThreadingHTTPServer, urllib) instead of FastAPI + uvicorn: no
   extra dependency.
 """
+
 import http.client
 import http.server
 import json
@@ -31,6 +32,7 @@ from infra.search import Passage, load_corpus, make_retriever
 
 # ----------------------------------------------------------------------------------------------------------------
 # HTTP server: Search-R1's POST /retrieve
+
 
 class _Batcher:
     """Runs the searches of concurrent requests as one batched call on one thread
@@ -51,10 +53,16 @@ class _Batcher:
             while sum(len(q) for q, _, _ in jobs) < self.max_queries and not self.inbox.empty():
                 jobs.append(self.inbox.get_nowait())
             try:
-                results = iter(self.retriever.search([q for qs, _, _ in jobs for q in qs], max(k for _, k, _ in jobs)))
+                results = iter(
+                    self.retriever.search(
+                        [q for qs, _, _ in jobs for q in qs], max(k for _, k, _ in jobs)
+                    )
+                )
                 for qs, k, done in jobs:
                     done.set_result([next(results)[:k] for _ in qs])
-            except Exception as e:  # handed to every waiting request, which answers 500 with the message
+            except (
+                Exception
+            ) as e:  # handed to every waiting request, which answers 500 with the message
                 for _, _, done in jobs:
                     if not done.done():
                         done.set_exception(e)
@@ -62,15 +70,19 @@ class _Batcher:
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    MAX_BODY = 16 * 2 ** 20  # bytes: a request body, the queries' JSON, may not be larger
+    MAX_BODY = 16 * 2**20  # bytes: a request body, the queries' JSON, may not be larger
 
     def setup(self):
-        self.timeout = self.server.request_timeout_s  # a client that sends less than it announced cannot hang us
+        self.timeout = (
+            self.server.request_timeout_s
+        )  # a client that sends less than it announced cannot hang us
         super().setup()
 
     def _reply(self, status, body=None, error=None, hang_up=False):
         """Send `body`, or {"error": error}, as JSON."""
-        if hang_up:  # the request's body was not read, so the connection cannot serve another request
+        if (
+            hang_up
+        ):  # the request's body was not read, so the connection cannot serve another request
             self.close_connection = True
         data = json.dumps(body if error is None else {"error": error}).encode()
         self.send_response(status)
@@ -79,24 +91,40 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         try:
             self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):  # expected when a client gave up (its timeout): say so
-            sys.stderr.write(f"retriever server: {self.address_string()} left before its answer (client timeout?)\n")
+        except (
+            BrokenPipeError,
+            ConnectionResetError,
+        ):  # expected when a client gave up (its timeout): say so
+            sys.stderr.write(
+                f"retriever server: {self.address_string()} left before its answer (client timeout?)\n"
+            )
 
     def do_POST(self):
         length = self.headers.get("Content-Length", "0")
         if not length.isdigit():
-            return self._reply(400, hang_up=True, error=f"Content-Length must be a non-negative integer, "
-                                                        f"got {length!r}")
+            return self._reply(
+                400,
+                hang_up=True,
+                error=f"Content-Length must be a non-negative integer, got {length!r}",
+            )
         if int(length) > self.MAX_BODY:
-            return self._reply(400, hang_up=True, error=f"Content-Length {length} is over the server's limit of "
-                                                        f"{self.MAX_BODY} bytes; send fewer queries per request")
+            return self._reply(
+                400,
+                hang_up=True,
+                error=f"Content-Length {length} is over the server's limit of "
+                f"{self.MAX_BODY} bytes; send fewer queries per request",
+            )
         try:
             body = self.rfile.read(int(length))  # read it all: keep-alive reuses the socket
         except TimeoutError:  # the client announced more than it sent
             body = b""
         if len(body) < int(length):
-            return self._reply(400, hang_up=True, error=f"body shorter than its Content-Length ({length} bytes), or "
-                                                        f"not sent within {self.timeout} s; send the whole body")
+            return self._reply(
+                400,
+                hang_up=True,
+                error=f"body shorter than its Content-Length ({length} bytes), or "
+                f"not sent within {self.timeout} s; send the whole body",
+            )
         if self.path != "/retrieve":
             return self._reply(404, error=f"unknown path {self.path!r}; the API is POST /retrieve")
         try:
@@ -105,25 +133,43 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._reply(400, error=f"body is not UTF-8 ({e}); send JSON encoded as UTF-8")
         except json.JSONDecodeError as e:
             return self._reply(400, error=f"body is not JSON ({e})")
-        if not isinstance(req, dict) or not isinstance(req.get("queries"), list) \
-                or not all(isinstance(q, str) for q in req["queries"]):
-            return self._reply(400, error=f"body must be {{\"queries\": [str, ...], \"topk\": int|null, "
-                                          f"\"return_scores\": bool}}, got {str(req)[:200]}")
-        topk = self.server.default_topk if req.get("topk") in (None, 0) else req["topk"]  # Search-R1: `if not topk`
+        if (
+            not isinstance(req, dict)
+            or not isinstance(req.get("queries"), list)
+            or not all(isinstance(q, str) for q in req["queries"])
+        ):
+            return self._reply(
+                400,
+                error=f'body must be {{"queries": [str, ...], "topk": int|null, '
+                f'"return_scores": bool}}, got {str(req)[:200]}',
+            )
+        topk = (
+            self.server.default_topk if req.get("topk") in (None, 0) else req["topk"]
+        )  # Search-R1: `if not topk`
         if type(topk) is not int or topk < 1:  # (a bool is not a topk)
-            return self._reply(400, error=f"topk must be a positive integer, or 0 / null for the server's default "
-                                          f"({self.server.default_topk}), got {topk!r}")
+            return self._reply(
+                400,
+                error=f"topk must be a positive integer, or 0 / null for the server's default "
+                f"({self.server.default_topk}), got {topk!r}",
+            )
         if topk > self.server.max_topk:
-            return self._reply(400, error=f"topk must be at most {self.server.max_topk} (the server's --max_topk), "
-                                          f"got {topk}")
+            return self._reply(
+                400,
+                error=f"topk must be at most {self.server.max_topk} (the server's --max_topk), "
+                f"got {topk}",
+            )
         try:
             results = self.server.batcher.search(req["queries"], topk)
         except Exception as e:  # reported to the client, which counts it as a retrieval error
             return self._reply(500, error=f"search failed: {type(e).__name__}: {e}")
         with_scores = bool(req.get("return_scores", False))  # Search-R1's default is False
-        self._reply(200, {"result": [[_document(p, with_scores) for p in passages] for passages in results]})
+        self._reply(
+            200, {"result": [[_document(p, with_scores) for p in passages] for passages in results]}
+        )
 
-    def log_request(self, code="-", size="-"):  # errors only; a training run sends millions of requests
+    def log_request(
+        self, code="-", size="-"
+    ):  # errors only; a training run sends millions of requests
         if isinstance(code, int) and code >= 400:
             super().log_request(code, size)
 
@@ -131,15 +177,26 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 def _document(p, with_scores):
     """One entry of Search-R1's answer: the corpus row, and its score if scores were asked for
     (scoreless-answer)."""
-    return {"document": {"id": p.id, "contents": p.contents}} | ({"score": p.score} if with_scores else {})
+    return {"document": {"id": p.id, "contents": p.contents}} | (
+        {"score": p.score} if with_scores else {}
+    )
 
 
 class SearchServer(http.server.ThreadingHTTPServer):
     """Search-R1's retrieval API over any object with `search(queries, k)`; run with `serve_forever()`."""
+
     daemon_threads = True
     request_queue_size = 4096  # listen backlog: 1024 simultaneous clients must not be refused
 
-    def __init__(self, retriever, host="127.0.0.1", port=8000, default_topk=3, max_topk=100, request_timeout_s=30.0):
+    def __init__(
+        self,
+        retriever,
+        host="127.0.0.1",
+        port=8000,
+        default_topk=3,
+        max_topk=100,
+        request_timeout_s=30.0,
+    ):
         super().__init__((host, port), _Handler)
         self.batcher, self.default_topk, self.max_topk = _Batcher(retriever), default_topk, max_topk
         self.request_timeout_s = request_timeout_s
@@ -147,6 +204,7 @@ class SearchServer(http.server.ThreadingHTTPServer):
 
 # ----------------------------------------------------------------------------------------------------------------
 # HTTP client
+
 
 class _RequestFailed(Exception):
     """One HTTP request of RemoteRetriever failed for good; the message says why."""
@@ -167,7 +225,15 @@ class RemoteRetriever:
     with `timeout_s` and `retries` more tries after waits of backoff_s, 2*backoff_s, ... (a 4xx is not retried); the
     queries of requests that still failed raise one RetrievalError that lists them and carries the rest's passages."""
 
-    def __init__(self, url, timeout_s=10.0, retries=2, backoff_s=0.5, max_concurrency=32, queries_per_request=16):
+    def __init__(
+        self,
+        url,
+        timeout_s=10.0,
+        retries=2,
+        backoff_s=0.5,
+        max_concurrency=32,
+        queries_per_request=16,
+    ):
         self.url = url.rstrip("/") + ("" if url.rstrip("/").endswith("/retrieve") else "/retrieve")
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self.queries_per_request = queries_per_request
@@ -180,24 +246,42 @@ class RemoteRetriever:
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                     result = json.loads(response.read())["result"]
-                return [[Passage(str(d["document"]["id"]), d["document"]["contents"], float(d.get("score", "nan")))
-                         for d in docs] for docs in result]
+                return [
+                    [
+                        Passage(
+                            str(d["document"]["id"]),
+                            d["document"]["contents"],
+                            float(d.get("score", "nan")),
+                        )
+                        for d in docs
+                    ]
+                    for docs in result
+                ]
             except urllib.error.HTTPError as e:
                 error = f"HTTP {e.code}: {e.read()[:300].decode(errors='replace')}"
                 if e.code < 500 and e.code != 429:
-                    raise _RequestFailed(error) from None  # our request is wrong; retrying cannot help
-            except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out (URLError is an OSError)
+                    raise _RequestFailed(
+                        error
+                    ) from None  # our request is wrong; retrying cannot help
+            except (
+                OSError,
+                http.client.HTTPException,
+            ) as e:  # refused, reset, timed out (URLError is an OSError)
                 error = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
             except (ValueError, KeyError, TypeError) as e:
-                raise _RequestFailed(f"malformed answer ({type(e).__name__}: {e}); is {self.url} a Search-R1 "
-                                     f"retrieval server?") from None
+                raise _RequestFailed(
+                    f"malformed answer ({type(e).__name__}: {e}); is {self.url} a Search-R1 "
+                    f"retrieval server?"
+                ) from None
             if attempt < self.retries:
-                time.sleep(self.backoff_s * 2 ** attempt)
-        raise _RequestFailed(f"{error} (after {self.retries + 1} attempts, timeout {self.timeout_s} s each)")
+                time.sleep(self.backoff_s * 2**attempt)
+        raise _RequestFailed(
+            f"{error} (after {self.retries + 1} attempts, timeout {self.timeout_s} s each)"
+        )
 
     def search(self, queries, k):
         n = self.queries_per_request
-        chunks = [list(queries[start:start + n]) for start in range(0, len(queries), n)]
+        chunks = [list(queries[start : start + n]) for start in range(0, len(queries), n)]
         futures = [self.pool.submit(self._post, chunk, k) for chunk in chunks]
         partial, errors = [], []
         for chunk, future in zip(chunks, futures):
@@ -208,9 +292,13 @@ class RemoteRetriever:
                 errors.append(str(e))
         failed = [i for i, passages in enumerate(partial) if passages is None]
         if failed:
-            raise RetrievalError(f"retrieval failed for {len(failed)} of {len(queries)} queries at {self.url}: "
-                                 f"{errors[0]}; check the server (python retriever.py serve ...) or raise "
-                                 f"--retriever_timeout_s / lower the load", failed, partial)
+            raise RetrievalError(
+                f"retrieval failed for {len(failed)} of {len(queries)} queries at {self.url}: "
+                f"{errors[0]}; check the server (python retriever.py serve ...) or raise "
+                f"--retriever_timeout_s / lower the load",
+                failed,
+                partial,
+            )
         return partial
 
     def close(self):
@@ -220,6 +308,7 @@ class RemoteRetriever:
 @dataclass
 class ServeConfig:
     """`python retriever.py serve`: what to serve and where (the retriever itself: RetrieverConfig)."""
+
     corpus: str
     """Corpus JSONL: one {"id", "contents"} per line."""
     host: str = "127.0.0.1"
@@ -236,16 +325,33 @@ def main(argv: list[str], retriever_config):
     """`python retriever.py serve ...` (`argv`: the arguments after the script): ServeConfig and `retriever_config`
     (retriever.py's RetrieverConfig, passed in: the package never imports the top level) parsed, checked, served."""
     if argv[:1] != ["serve"]:
-        sys.exit("usage: python retriever.py serve --corpus FILE --retriever bm25|dense --port PORT [...]; "
-                 "see `python retriever.py serve --help`")
+        sys.exit(
+            "usage: python retriever.py serve --corpus FILE --retriever bm25|dense --port PORT [...]; "
+            "see `python retriever.py serve --help`"
+        )
     serve, cfg = flags.parse(ServeConfig, retriever_config, args=argv[1:])
-    flags.check((serve, cfg), [("topk max_topk encode_batch_size max_length", "an integer >= 1", lambda v: v >= 1),
-                               ("port", "in 0..65535 (0: any free port)", lambda v: 0 <= v <= 65535),
-                               ("corpus", "an existing JSONL file", os.path.isfile)],
-                [(serve.max_topk < serve.topk, f"--max_topk {serve.max_topk} must be >= --topk {serve.topk}, the "
-                                               f"default a request gets")])
+    flags.check(
+        (serve, cfg),
+        [
+            ("topk max_topk encode_batch_size max_length", "an integer >= 1", lambda v: v >= 1),
+            ("port", "in 0..65535 (0: any free port)", lambda v: 0 <= v <= 65535),
+            ("corpus", "an existing JSONL file", os.path.isfile),
+        ],
+        [
+            (
+                serve.max_topk < serve.topk,
+                f"--max_topk {serve.max_topk} must be >= --topk {serve.topk}, the "
+                f"default a request gets",
+            )
+        ],
+    )
     print(serve, cfg, sep="\n")
-    server = SearchServer(make_retriever(load_corpus(serve.corpus), cfg), serve.host, serve.port, serve.topk,
-                          serve.max_topk)
+    server = SearchServer(
+        make_retriever(load_corpus(serve.corpus), cfg),
+        serve.host,
+        serve.port,
+        serve.topk,
+        serve.max_topk,
+    )
     print(f"serving POST http://{serve.host}:{server.server_address[1]}/retrieve", flush=True)
     server.serve_forever()

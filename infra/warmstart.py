@@ -28,6 +28,7 @@ Deviations from the papers, each cited by its name:
   and punctuation; decoding joins words with single spaces. Decoded text is for parsing tags and
   reading only: the rollout never re-encodes it.
 """
+
 import json
 import math
 import os
@@ -47,7 +48,16 @@ from infra.search import BM25Retriever, load_corpus
 
 MISTAKES = ("early", "wrong", "repeat")
 
-TAGS = ["<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "<information>", "</information>"]
+TAGS = [
+    "<think>",
+    "</think>",
+    "<search>",
+    "</search>",
+    "<answer>",
+    "</answer>",
+    "<information>",
+    "</information>",
+]
 SPECIAL = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
 
 
@@ -55,37 +65,68 @@ def world_tokenizer(rollout) -> PreTrainedTokenizerFast:
     """WordPiece over the world's syllables and syllable pairs (word-initial and '##' pieces; why pairs: README, "The
     embedded default"), its words, the agent's words (`rollout`: the module rollout.py), digits, punctuation, single
     letters; agent tags whole."""
-    agent_text = " ".join([rollout.INSTRUCTION, rollout.SHORT_INSTRUCTION, rollout.RETRY, "Doc 1(Title: x) 0123456789"])
+    agent_text = " ".join(
+        [
+            rollout.INSTRUCTION,
+            rollout.SHORT_INSTRUCTION,
+            rollout.RETRY,
+            "Doc 1(Title: x) 0123456789",
+        ]
+    )
     words = set(data.TEMPLATE_WORDS) | {w.lower() for w in re.findall(r"[A-Za-z]+", agent_text)}
     symbols = set(data.PUNCTUATION) | set(re.findall(r"[^\sA-Za-z]", agent_text)) - set("<>/")
-    letters = set("abcdefghijklmnopqrstuvwxyz")  # fallback: any lowercase word can be spelled, none is [UNK]
-    syllables = set(data.SYLLABLES) | {a + b for a in data.SYLLABLES for b in data.SYLLABLES}  # 1 and 2 syllables
+    letters = set(
+        "abcdefghijklmnopqrstuvwxyz"
+    )  # fallback: any lowercase word can be spelled, none is [UNK]
+    syllables = set(data.SYLLABLES) | {
+        a + b for a in data.SYLLABLES for b in data.SYLLABLES
+    }  # 1 and 2 syllables
     starts = sorted(syllables | words | letters)
     pieces = SPECIAL + starts + sorted(symbols) + ["##" + s for s in sorted(syllables | letters)]
     tok = Tokenizer(models.WordPiece({p: i for i, p in enumerate(pieces)}, unk_token="[UNK]"))
     tok.normalizer = normalizers.Lowercase()  # lowercase-tokenizer
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation(),
-                                                 pre_tokenizers.Digits(individual_digits=True)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Punctuation(),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
     tok.add_tokens([AddedToken(t, normalized=False, single_word=False) for t in TAGS])
     tok.add_special_tokens(SPECIAL)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
-                                   eos_token="[EOS]")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        bos_token="[BOS]",
+        eos_token="[EOS]",
+    )
 
 
 def tiny_llama(tokenizer, hidden=128, layers=3, heads=4, max_len=2048, seed=0) -> LlamaForCausalLM:
     """A freshly initialised small Llama for the embedded default (3 layers, d = 128)."""
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=3 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-                      max_position_embeddings=max_len, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_len,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     return LlamaForCausalLM(cfg)
 
 
 @dataclass
 class WarmConfig:
     """The warm start's stages and optimisation (the trajectories' format is the RL run's rollout.AgentConfig)."""
+
     copy_steps: int = 2000
     """Cap on the copy task's steps (stage 1; 0 = none); it ends sooner, once its loss is below copy_loss."""
     copy_loss: float = 0.5
@@ -131,7 +172,9 @@ def open_question(row, hop: int) -> str:
 
 def fact(row, hop: int) -> str:
     """The passage sentence that answers hop `hop` ("kalo mire works for ravoki.")."""
-    return data.RELATIONS[row.gold_relations[hop]].fact.format(s=row.gold_chain[hop], o=row.gold_chain[hop + 1])
+    return data.RELATIONS[row.gold_relations[hop]].fact.format(
+        s=row.gold_chain[hop], o=row.gold_chain[hop + 1]
+    )
 
 
 def trajectory(agent, row, rng, mistake, others, observations, where=None):
@@ -143,16 +186,25 @@ def trajectory(agent, row, rng, mistake, others, observations, where=None):
     first = 1 if mistake == "early" else 0  # answering early needs at least one hop done
     if where is None:
         where = rng.randrange(first, hops) if mistake and hops > first else -1
-    steps, read = [], ""  # steps: (thought, tag, content); read: the fact in the last observation, quoted next
+    steps, read = (
+        [],
+        "",
+    )  # steps: (thought, tag, content); read: the fact in the last observation, quoted next
     for i, query in enumerate(row.gold_queries):
-        if i == where and mistake == "early":  # a skipped hop: answer with the entity reached so far
+        if (
+            i == where and mistake == "early"
+        ):  # a skipped hop: answer with the entity reached so far
             steps.append((f"{read} the answer is {row.gold_chain[i]}", "answer", row.gold_chain[i]))
             return trajectory_ids(agent, row.question, steps, observations)
-        if i == where and mistake == "wrong":  # an unrelated search; its passages hold no fact to quote
+        if (
+            i == where and mistake == "wrong"
+        ):  # an unrelated search; its passages hold no fact to quote
             steps.append((f"{read} {open_question(row, i)}".strip(), "search", rng.choice(others)))
             read = ""
         steps.append((f"{read} {open_question(row, i)}".strip(), "search", query))
-        if i == where and mistake == "repeat":  # the same query again (the rollout stops it: repeated_query)
+        if (
+            i == where and mistake == "repeat"
+        ):  # the same query again (the rollout stops it: repeated_query)
             steps.append((open_question(row, i), "search", query))
         read = fact(row, i)
     steps.append((f"{read} the answer is {row.golden_answers[0]}", "answer", row.golden_answers[0]))
@@ -189,7 +241,10 @@ def copy_batch(rng, pieces, cfg: WarmConfig, bos_id):
     batch = []
     for _ in range(cfg.warm_batch_size):
         K, gap = rng.randint(4, cfg.copy_length), rng.randint(0, cfg.copy_length // 2)
-        seq, other = [rng.choice(pieces) for _ in range(K)], [rng.choice(pieces) for _ in range(gap)]
+        seq, other = (
+            [rng.choice(pieces) for _ in range(K)],
+            [rng.choice(pieces) for _ in range(gap)],
+        )
         batch.append(([bos_id] + seq + other + seq + seq, [0] * (1 + K + gap) + [1] * 2 * K))
     return batch
 
@@ -197,7 +252,10 @@ def copy_batch(rng, pieces, cfg: WarmConfig, bos_id):
 def trajectory_batch(agent, rng, by_hops, cfg: WarmConfig, names, observations):
     """Stage 2's batch: demonstrations of questions of one hop count (`by_hops`: similar lengths, little padding)."""
     pool = by_hops[rng.choice(sorted(by_hops))]
-    return [demonstration(agent, rng.choice(pool), rng, cfg, names, observations) for _ in range(cfg.warm_batch_size)]
+    return [
+        demonstration(agent, rng.choice(pool), rng, cfg, names, observations)
+        for _ in range(cfg.warm_batch_size)
+    ]
 
 
 def fit(model, make_batch, steps, lr, pad_id, desc, floor=0.1, until=0.0) -> tuple[float, int]:
@@ -205,8 +263,12 @@ def fit(model, make_batch, steps, lr, pad_id, desc, floor=0.1, until=0.0) -> tup
     for `steps` steps or until the mean loss of the last 50 is below `until`; returns the last loss and the steps
     taken. `model` is a `tiny_llama`, its body and head called apart: the head runs only where the loss looks."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * (
-        floor + (1 - floor) * (1 + math.cos(math.pi * s / steps)) / 2))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: (
+            min(1.0, (s + 1) / 50) * (floor + (1 - floor) * (1 + math.cos(math.pi * s / steps)) / 2)
+        ),
+    )
     model.train()
     bar = flags.progress(range(steps), desc=desc)
     losses = []
@@ -217,8 +279,12 @@ def fit(model, make_batch, steps, lr, pad_id, desc, floor=0.1, until=0.0) -> tup
         attn = torch.tensor([[1] * len(i) + [0] * (T - len(i)) for i, _ in batch])  # (B, T)
         mask = torch.tensor([m + [0] * (T - len(m)) for _, m in batch])  # (B, T)
         keep = mask[:, 1:].bool()  # (B, T-1): the positions whose next token the loss covers
-        hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]  # (B, T-1, d)
-        logits = model.lm_head(hidden[keep])  # (N, V): the vocabulary projection only where the loss looks
+        hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state[
+            :, :-1
+        ]  # (B, T-1, d)
+        logits = model.lm_head(
+            hidden[keep]
+        )  # (N, V): the vocabulary projection only where the loss looks
         loss = torch.nn.functional.cross_entropy(logits, ids[:, 1:][keep])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -234,8 +300,9 @@ def fit(model, make_batch, steps, lr, pad_id, desc, floor=0.1, until=0.0) -> tup
     return (losses[-1] if losses else float("nan")), len(losses)
 
 
-def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg, rollout, evaluate,
-          search=None) -> str:
+def train(
+    out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg, rollout, evaluate, search=None
+) -> str:
     """Warm-start a fresh tiny Llama on the world (the two stages, in the prompt and observation format of
     `agent_cfg`, rollout.py's AgentConfig, whose seed seeds the weights and the data) and save it with its
     tokenizer to out_dir. `rollout`: the module rollout.py (its Agent demonstrates); `evaluate`: eval.py's (the
@@ -245,65 +312,127 @@ def train(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg, rollout, eva
     model = tiny_llama(tok, seed=agent_cfg.seed)
     rows = [r for r in data.load_rows(world_dir, "train") if r.gold_queries]
     if not rows:
-        raise ValueError(f"{world_dir}/train.jsonl has no rows with gold_queries; the warm start needs the "
-                         f"embedded world (python -m infra.data --out DIR)")
+        raise ValueError(
+            f"{world_dir}/train.jsonl has no rows with gold_queries; the warm start needs the "
+            f"embedded world (python -m infra.data --out DIR)"
+        )
     corpus = os.path.join(world_dir, "corpus.jsonl")
     if not (isinstance(search, BM25Retriever) and search.corpus.path == corpus):
         search = BM25Retriever(load_corpus(corpus))
     agent = rollout.Agent(None, search, tok, agent_cfg)
     rng = random.Random(agent_cfg.seed)
-    words = set(data.TEMPLATE_WORDS)  # copy names AND wording: a thought restates the question's relations
-    pieces = sorted(i for p, i in tok.get_vocab().items() if data.syllabify(p.removeprefix("##")) or p in words)
+    words = set(
+        data.TEMPLATE_WORDS
+    )  # copy names AND wording: a thought restates the question's relations
+    pieces = sorted(
+        i for p, i in tok.get_vocab().items() if data.syllabify(p.removeprefix("##")) or p in words
+    )
     names, by_hops = sorted({n for r in rows for n in r.gold_queries}), {}
     for r in rows:
         by_hops.setdefault(r.hops, []).append(r)
-    passages = agent.retriever.search(names, agent.cfg.topk)  # every query a trajectory makes, in one call
-    observations = {q: agent.observation_ids(rollout.format_passages(p)) for q, p in zip(names, passages)}
+    passages = agent.retriever.search(
+        names, agent.cfg.topk
+    )  # every query a trajectory makes, in one call
+    observations = {
+        q: agent.observation_ids(rollout.format_passages(p)) for q, p in zip(names, passages)
+    }
     trajectories = partial(trajectory_batch, agent, rng, by_hops, cfg, names, observations)
 
     copy_steps = 0
-    if cfg.copy_steps:  # the induction heads form after a seed-dependent number of steps: run until they have
-        copy_loss, copy_steps = fit(model, partial(copy_batch, rng, pieces, cfg, tok.bos_token_id), cfg.copy_steps,
-                                    cfg.warm_lr, tok.pad_token_id, "warm start: copy", floor=1.0, until=cfg.copy_loss)
-        print(f"warm start: copy loss {copy_loss:.3f} after {copy_steps} steps" + (
-            f" (above --copy_loss {cfg.copy_loss}: the induction heads may not have formed; the trajectory "
-            f"stage will take longer)" if copy_steps == cfg.copy_steps else ""), flush=True)
-    loss, _ = fit(model, trajectories, cfg.sft_steps, cfg.warm_lr, tok.pad_token_id, "warm start: trajectories")
+    if (
+        cfg.copy_steps
+    ):  # the induction heads form after a seed-dependent number of steps: run until they have
+        copy_loss, copy_steps = fit(
+            model,
+            partial(copy_batch, rng, pieces, cfg, tok.bos_token_id),
+            cfg.copy_steps,
+            cfg.warm_lr,
+            tok.pad_token_id,
+            "warm start: copy",
+            floor=1.0,
+            until=cfg.copy_loss,
+        )
+        print(
+            f"warm start: copy loss {copy_loss:.3f} after {copy_steps} steps"
+            + (
+                f" (above --copy_loss {cfg.copy_loss}: the induction heads may not have formed; the trajectory "
+                f"stage will take longer)"
+                if copy_steps == cfg.copy_steps
+                else ""
+            ),
+            flush=True,
+        )
+    loss, _ = fit(
+        model,
+        trajectories,
+        cfg.sft_steps,
+        cfg.warm_lr,
+        tok.pad_token_id,
+        "warm start: trajectories",
+    )
     steps, dev = cfg.sft_steps, data.spread(data.load_rows(world_dir, "dev"), cfg.val_n)
     while cfg.target_em:  # greedy dev EM with the agent's retriever and budgets
-        greedy = rollout.Agent(HFEngine(model, tok), agent.retriever, tok, replace(agent_cfg, temperature=0))
+        greedy = rollout.Agent(
+            HFEngine(model, tok), agent.retriever, tok, replace(agent_cfg, temperature=0)
+        )
         m = evaluate(greedy, dev)
         hops = ", ".join(f"{k[6:]}-hop {v:.2f}" for k, v in m.items() if k.startswith("em_hop"))
-        print(f"warm start: greedy dev EM {m['em']:.3f} after {steps} trajectory steps ({hops}); "
-              f"target {cfg.target_em}", flush=True)
+        print(
+            f"warm start: greedy dev EM {m['em']:.3f} after {steps} trajectory steps ({hops}); "
+            f"target {cfg.target_em}",
+            flush=True,
+        )
         if m["em"] >= cfg.target_em:
             break
         if steps + cfg.sft_steps > cfg.sft_max_steps:
             raise RuntimeError(
                 f"warm start failed: greedy dev EM {m['em']:.3f} < target_em {cfg.target_em} after {steps} "
                 f"trajectory steps (sft_max_steps {cfg.sft_max_steps}); nothing was saved to {out_dir}. Raise "
-                f"--sft_max_steps, try another --seed, or lower --target_em (0 = no check) at your own risk")
-        loss, _ = fit(model, trajectories, cfg.sft_steps, cfg.warm_lr / 2, tok.pad_token_id, "warm start: more")
+                f"--sft_max_steps, try another --seed, or lower --target_em (0 = no check) at your own risk"
+            )
+        loss, _ = fit(
+            model,
+            trajectories,
+            cfg.sft_steps,
+            cfg.warm_lr / 2,
+            tok.pad_token_id,
+            "warm start: more",
+        )
         steps += cfg.sft_steps
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     with open(os.path.join(out_dir, "warmstart.json"), "w") as f:
-        json.dump({**settings(cfg, agent_cfg, rollout), "world": world_dir, "final_loss": loss,
-                   "copy_steps_done": copy_steps, "sft_steps_done": steps,
-                   **({"dev_em": m["em"]} if cfg.target_em else {})}, f, indent=1)
+        json.dump(
+            {
+                **settings(cfg, agent_cfg, rollout),
+                "world": world_dir,
+                "final_loss": loss,
+                "copy_steps_done": copy_steps,
+                "sft_steps_done": steps,
+                **({"dev_em": m["em"]} if cfg.target_em else {}),
+            },
+            f,
+            indent=1,
+        )
     return out_dir
 
 
 def settings(cfg: WarmConfig, agent_cfg, rollout) -> dict:
     """What a cached warm start must match: its own settings and the agent format it was trained in."""
     keep = ("think_tag", "topk", "max_obs_tokens", "seed")
-    return {**asdict(cfg), **{k: v for k, v in asdict(agent_cfg).items() if k in keep},
-            "instruction": rollout.instruction_template(agent_cfg.instruction, world_tokenizer(rollout))}
+    return {
+        **asdict(cfg),
+        **{k: v for k, v in asdict(agent_cfg).items() if k in keep},
+        "instruction": rollout.instruction_template(
+            agent_cfg.instruction, world_tokenizer(rollout)
+        ),
+    }
 
 
-def ensure(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg, rollout, evaluate,
-           search=None) -> str:
+def ensure(
+    out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg, rollout, evaluate, search=None
+) -> str:
     """The cached warm-start checkpoint in out_dir; trained first (`train`, with `rollout`, `evaluate`
     and `search`) if it is not there yet. Under the lock OUT_DIR.lock: a second run waits for the first's
     warm start, then checks that its settings are this run's."""
@@ -312,15 +441,22 @@ def ensure(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg, rollout, ev
         if os.path.exists(saved):
             with open(saved) as f:
                 was = json.load(f)
-            differ = {k: (was.get(k), v) for k, v in settings(cfg, agent_cfg, rollout).items()
-                      if was.get(k) != v}
+            differ = {
+                k: (was.get(k), v)
+                for k, v in settings(cfg, agent_cfg, rollout).items()
+                if was.get(k) != v
+            }
             if differ:
-                raise ValueError(f"the cached warm start in {out_dir} was trained with other "
-                                 f"settings (setting: (cached, asked)) {differ}; delete {out_dir} "
-                                 f"to retrain, match them, or give this run its own --out_dir")
+                raise ValueError(
+                    f"the cached warm start in {out_dir} was trained with other "
+                    f"settings (setting: (cached, asked)) {differ}; delete {out_dir} "
+                    f"to retrain, match them, or give this run its own --out_dir"
+                )
             if model_problem(out_dir):
-                raise ValueError(f"the cached warm start in {out_dir} is incomplete: "
-                                 f"{model_problem(out_dir)}; delete {out_dir} to retrain it")
+                raise ValueError(
+                    f"the cached warm start in {out_dir} is incomplete: "
+                    f"{model_problem(out_dir)}; delete {out_dir} to retrain it"
+                )
             print(f"warm start: cached in {out_dir}")
             return out_dir
         print(f"warm start: none in {out_dir}; training one (about 6 minutes on 2 CPU cores)")
@@ -333,6 +469,7 @@ def ensure(out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg, rollout, ev
 @dataclass
 class Paths:
     """`python train.py warmstart`: where to read the world and write the checkpoint (the agent format: AgentConfig)."""
+
     out: str = "out/warmstart"
     """Checkpoint directory (model + tokenizer + warmstart.json)."""
     world: str = "out/world"

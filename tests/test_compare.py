@@ -1,5 +1,6 @@
 """benchmarks/compare.py: its statistics by hand, its arms, its result keys, step 0 measured once
 by eval.py, and the --quick smoke run (end to end, resumed, refused under other settings)."""
+
 import json
 import math
 import subprocess
@@ -47,8 +48,9 @@ def test_every_arm_runs_once_under_its_own_name():
 
 
 def test_a_result_key_names_the_code_it_ran():
-    assert {"train.py", "advantages.py", "rollout.py", "tree.py", "eval.py"} <= \
-        set(compare.code_hashes("train.py"))
+    assert {"train.py", "advantages.py", "rollout.py", "tree.py", "eval.py"} <= set(
+        compare.code_hashes("train.py")
+    )
     assert "train.py" not in compare.code_hashes("eval.py")  # train.py edits keep eval.py's results
     stored = {"command": ["train.py"], "code": {"train.py": "a", "tree.py": "b"}, "threads": 2}
     now = {"command": ["train.py"], "code": {"train.py": "a", "tree.py": "c"}, "threads": 1}
@@ -63,32 +65,84 @@ def test_step_zero_from_eval_py_is_what_train_py_measures(env):
     # compare.py evaluates each warm start once, with eval.py, and trains every arm --no_eval_start
     small = ["--max_turns", "2", "--max_step_tokens", "12"]
     world = env / "out" / "world"
-    out = subprocess.run([sys.executable, str(ROOT / "eval.py"), "--model", str(env / "tiny"),
-                          "--data", str(world), "--corpus", str(world / "corpus.jsonl"), "--n", "6",
-                          "--out", str(env / "step0.json"), *small],
-                         cwd=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "eval.py"),
+            "--model",
+            str(env / "tiny"),
+            "--data",
+            str(world),
+            "--corpus",
+            str(world / "corpus.jsonl"),
+            "--n",
+            "6",
+            "--out",
+            str(env / "step0.json"),
+            *small,
+        ],
+        cwd=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads((env / "step0.json").read_text())["report"]
     for flag, evaluated in (("--eval_start", [0, 1]), ("--no_eval_start", [1])):
-        out = subprocess.run([sys.executable, str(ROOT / "train.py"), "--model", str(env / "tiny"),
-                              "--out_dir", str(env / "out"), "--run_name", f"step0{flag}",
-                              "--steps", "1", "--eval_every", "1", "--eval_n", "6",
-                              "--prompts_per_step", "2", "--algo", "grpo", "--grpo_G", "2", flag,
-                              *small], cwd=env, capture_output=True, text=True, timeout=600)
+        out = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "train.py"),
+                "--model",
+                str(env / "tiny"),
+                "--out_dir",
+                str(env / "out"),
+                "--run_name",
+                f"step0{flag}",
+                "--steps",
+                "1",
+                "--eval_every",
+                "1",
+                "--eval_n",
+                "6",
+                "--prompts_per_step",
+                "2",
+                "--algo",
+                "grpo",
+                "--grpo_G",
+                "2",
+                flag,
+                *small,
+            ],
+            cwd=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         rows = metrics_rows(env / "out" / "runs" / f"step0{flag}" / "metrics.jsonl")
         assert [r["step"] for r in rows if "eval/em" in r] == evaluated
-        step, = [r for r in rows if "train/loss" in r]
+        (step,) = [r for r in rows if "train/loss" in r]
         assert 0 < step["train/actions_trained"] <= step["train/tokens_trained"]  # >= 1 token each
-    step0, = [r for r in metrics_rows(env / "out" / "runs" / "step0--eval_start" / "metrics.jsonl")
-              if r["step"] == 0]
-    assert step0 == {"step": 0, **{f"eval/{k}": v for k, v in report.items()
-                                   if isinstance(v, (int, float))}}
+    (step0,) = [
+        r
+        for r in metrics_rows(env / "out" / "runs" / "step0--eval_start" / "metrics.jsonl")
+        if r["step"] == 0
+    ]
+    assert step0 == {
+        "step": 0,
+        **{f"eval/{k}": v for k, v in report.items() if isinstance(v, (int, float))},
+    }
 
 
 def test_quick_runs_end_to_end_then_resumes_then_refuses_other_settings(tmp_path):
-    quick = [sys.executable, str(ROOT / "benchmarks" / "compare.py"), "--quick", "--out",
-             str(tmp_path)]
+    quick = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "compare.py"),
+        "--quick",
+        "--out",
+        str(tmp_path),
+    ]
     out = subprocess.run(quick, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     for table in ("Greedy test EM", "Paired differences", "claims beside ours", "Cost per arm"):
@@ -102,23 +156,30 @@ def test_quick_runs_end_to_end_then_resumes_then_refuses_other_settings(tmp_path
         assert seed["means"]["rollout/tokens_per_prompt"] > 0
         assert seed["means"]["train/actions_trained"] > 0
     # two tasks at once: the same numbers (each task on one core, one thread, as before)
-    jobs2 = subprocess.run(quick + ["--jobs", "2", "--out", str(tmp_path / "jobs2")], cwd=ROOT,
-                           capture_output=True, text=True, timeout=900)
+    jobs2 = subprocess.run(
+        quick + ["--jobs", "2", "--out", str(tmp_path / "jobs2")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert jobs2.returncode == 0, jobs2.stderr[-3000:]
     timing = ("time", "seconds")  # wall-clock metrics, the only ones allowed to differ
     jobs2_runs = json.loads((tmp_path / "jobs2" / "results.json").read_text())["runs"]
     for arm, (seed,) in jobs2_runs.items():
         assert seed["evals"] == runs[arm][0]["evals"] and seed["tokens"] == runs[arm][0]["tokens"]
-        assert {k: v for k, v in seed["means"].items() if not any(t in k for t in timing)} == \
-            {k: v for k, v in runs[arm][0]["means"].items() if not any(t in k for t in timing)}
+        assert {k: v for k, v in seed["means"].items() if not any(t in k for t in timing)} == {
+            k: v for k, v in runs[arm][0]["means"].items() if not any(t in k for t in timing)
+        }
     # again: every result reused, no task run
     again = subprocess.run(quick, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "reusing 1 stored results" in again.stdout and "reusing 3 stored results" in again.stdout
     assert "seed 0" not in again.stderr  # no progress bar: nothing ran
     # other settings: the stored results are not silently reused
-    other = subprocess.run(quick + ["--threads", "2"], cwd=ROOT, capture_output=True, text=True,
-                           timeout=900)
+    other = subprocess.run(
+        quick + ["--threads", "2"], cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
     assert other.returncode != 0 and "--redo" in other.stderr
     assert "made with other code or settings (nothing was run)" in other.stderr
     assert "seed 0 warm start: threads (1 -> 2)" in other.stderr

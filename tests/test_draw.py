@@ -1,4 +1,5 @@
 """infra/draw.py: panels of plain node dicts drawn to a PNG; large panels simplified, saying so."""
+
 import pytest
 
 from infra import draw
@@ -7,17 +8,27 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def node(id_, parent, kind="search", credit=None, reward=None, marks=(), dropped=0):
-    return {"id": id_, "parent": parent, "kind": kind, "credit": credit, "reward": reward,
-            "marks": list(marks), "dropped": dropped}
+    return {
+        "id": id_,
+        "parent": parent,
+        "kind": kind,
+        "credit": credit,
+        "reward": reward,
+        "marks": list(marks),
+        "dropped": dropped,
+    }
 
 
 def test_abnormal_steps_and_a_one_node_tree_draw(tmp_path):
-    abnormal = [node("p", None, "prompt", dropped=2, marks=["fork"]),
-                node("p.0", "p", credit=0.5, marks=["prefix_end", "fork", "retained"]),
-                node("p.0.0", "p.0", "truncated", reward=0.0),  # cut by the token budget
-                node("p.0.1", "p.0", "invalid", credit=-1.0, reward=0.0),  # a parse-error leaf
-                node("p.0.2", "p.0", "answer", credit=0.25, reward=0.67, marks=["sampled"]),
-                node("p.1", "p", "discarded"), node("p.2", "p", "step", credit=0.0, reward=1.0)]
+    abnormal = [
+        node("p", None, "prompt", dropped=2, marks=["fork"]),
+        node("p.0", "p", credit=0.5, marks=["prefix_end", "fork", "retained"]),
+        node("p.0.0", "p.0", "truncated", reward=0.0),  # cut by the token budget
+        node("p.0.1", "p.0", "invalid", credit=-1.0, reward=0.0),  # a parse-error leaf
+        node("p.0.2", "p.0", "answer", credit=0.25, reward=0.67, marks=["sampled"]),
+        node("p.1", "p", "discarded"),
+        node("p.2", "p", "step", credit=0.0, reward=1.0),
+    ]
     panels = [{"algo": name, "nodes": abnormal, "note": "a note"} for name in draw.PANELS]
     panels[0] = {"algo": "grpo", "nodes": [node("r", None, "prompt")]}  # the prompt alone
     draw.figure(panels, tmp_path / "f.png", "title", "caption")
@@ -27,12 +38,26 @@ def test_abnormal_steps_and_a_one_node_tree_draw(tmp_path):
 
 
 def test_layout_places_leaves_in_order_and_parents_above_their_middle():
-    nodes = [node("a", None, "prompt"), node("a.0", "a"), node("a.0.0", "a.0"),
-             node("a.0.1", "a.0"), node("a.1", "a"), node("b", None, "prompt"), node("b.0", "b")]
+    nodes = [
+        node("a", None, "prompt"),
+        node("a.0", "a"),
+        node("a.0.0", "a.0"),
+        node("a.0.1", "a.0"),
+        node("a.1", "a"),
+        node("b", None, "prompt"),
+        node("b.0", "b"),
+    ]
     # leaves a.0.0, a.0.1, a.1 at x = 0, 1, 2; a.0 above (0 + 1) / 2; a above (0.5 + 2) / 2; the
     # next tree's leaf half a leaf further: 3.5
-    assert draw.layout(nodes) == {"a.0.0": (0, 2), "a.0.1": (1, 2), "a.0": (0.5, 1), "a.1": (2, 1),
-                                  "a": (1.25, 0), "b.0": (3.5, 1), "b": (3.5, 0)}
+    assert draw.layout(nodes) == {
+        "a.0.0": (0, 2),
+        "a.0.1": (1, 2),
+        "a.0": (0.5, 1),
+        "a.1": (2, 1),
+        "a": (1.25, 0),
+        "b.0": (3.5, 1),
+        "b": (3.5, 0),
+    }
 
 
 def test_large_panels_are_simplified_and_say_so(tmp_path):
@@ -62,8 +87,11 @@ def test_large_panels_are_simplified_and_say_so(tmp_path):
     wide += [node(f"w.{i}", "w", "answer", credit=0.1, reward=1.0) for i in range(300)]
     drawn, note = draw.simplify(wide)
     assert len(drawn) == draw.MAX_NODES and note == "only the first 119 of 300 leaves drawn"
-    draw.figure([{"algo": "treeps", "nodes": chains}, {"algo": "grpo", "nodes": wide}],
-                tmp_path / "big.png", "big")
+    draw.figure(
+        [{"algo": "treeps", "nodes": chains}, {"algo": "grpo", "nodes": wide}],
+        tmp_path / "big.png",
+        "big",
+    )
     assert (tmp_path / "big.png").read_bytes()[:8] == PNG
 
 
@@ -73,5 +101,6 @@ def test_bad_input_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"no panel style for \['ppo'\]"):
         draw.figure([{"algo": "ppo", "nodes": []}], tmp_path / "x.png", "")
     with pytest.raises(ValueError, match="node 'p' has kind 'thought'"):
-        draw.figure([{"algo": "grpo", "nodes": [node("p", None, "thought")]}], tmp_path / "x.png",
-                    "")
+        draw.figure(
+            [{"algo": "grpo", "nodes": [node("p", None, "thought")]}], tmp_path / "x.png", ""
+        )

@@ -15,11 +15,22 @@ from pathlib import Path
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 
 from infra.engines import HFEngine, Sampling, make_engine, model_problem
 
-PROMPTS = [[1, 11, 12], [1, 30, 31, 32, 33, 34, 35], [1, 40], [1, 50, 51, 52, 53]]  # ids: 1 = <s>, rest = chars
+PROMPTS = [
+    [1, 11, 12],
+    [1, 30, 31, 32, 33, 34, 35],
+    [1, 40],
+    [1, 50, 51, 52, 53],
+]  # ids: 1 = <s>, rest = chars
 
 
 @pytest.fixture(scope="module")
@@ -27,17 +38,34 @@ def model_dir(tmp_path_factory) -> Path:
     """A 2-layer Llama (head_dim 32, vLLM's CPU minimum) and a char-level tokenizer, saved as an HF model dir."""
     path = tmp_path_factory.mktemp("tiny_llama")
     specials = ["<pad>", "<s>", "</s>", "<unk>"]
-    vocab = {t: i for i, t in enumerate(specials + list(string.ascii_letters + string.digits + " <>/.,?!\n"))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))  # no merges: one token per character
+    vocab = {
+        t: i
+        for i, t in enumerate(specials + list(string.ascii_letters + string.digits + " <>/.,?!\n"))
+    }
+    tok = Tokenizer(
+        models.BPE(vocab=vocab, merges=[], unk_token="<unk>")
+    )  # no merges: one token per character
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(specials)
     PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
     ).save_pretrained(path)
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        vocab_size=len(vocab),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
         initializer_range=0.2,  # larger than the default so logits are spread out: no near-ties for greedy
     )
     LlamaForCausalLM(config).save_pretrained(path)  # safetensors
@@ -74,8 +102,12 @@ def test_hf_left_padding_matches_single_prompts(hf):
     batched = engine.generate(PROMPTS, greedy)
     for prompt, b in zip(PROMPTS, batched):
         (single,) = engine.generate([prompt], greedy)
-        assert b.token_ids == single.token_ids and b.finish_reason == single.finish_reason == "length"
-        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(single.logprobs), atol=1e-5, rtol=0)
+        assert (
+            b.token_ids == single.token_ids and b.finish_reason == single.finish_reason == "length"
+        )
+        torch.testing.assert_close(
+            torch.tensor(b.logprobs), torch.tensor(single.logprobs), atol=1e-5, rtol=0
+        )
     chunked = HFEngine(model, tok, max_batch_size=3).generate(PROMPTS, greedy)  # chunks of 3 + 1
     assert [c.token_ids for c in chunked] == [b.token_ids for b in batched]
 
@@ -85,7 +117,9 @@ def test_hf_logprobs_are_untempered_teacher_forced(hf):
     sampling = Sampling(temperature=0.7, top_p=0.9, max_tokens=16, seed=0)
     for prompt, c in zip(PROMPTS, HFEngine(model, tok).generate(PROMPTS, sampling)):
         assert len(c.token_ids) == len(c.logprobs) > 0
-        expected = teacher_forced_logprobs(model, prompt, c.token_ids)  # at T=1: raw-logprobs, infra/engines.py
+        expected = teacher_forced_logprobs(
+            model, prompt, c.token_ids
+        )  # at T=1: raw-logprobs, infra/engines.py
         torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=0)
 
 
@@ -97,7 +131,9 @@ def test_hf_seed_reproducible_and_rng_untouched(hf):
     a, b, c = (engine.generate(PROMPTS, sampling(s)) for s in (7, 7, 8))
     assert [x.token_ids for x in a] == [x.token_ids for x in b]
     assert [x.token_ids for x in a] != [x.token_ids for x in c]
-    assert torch.equal(state, torch.get_rng_state())  # a seeded call leaves the global RNG as it found it
+    assert torch.equal(
+        state, torch.get_rng_state()
+    )  # a seeded call leaves the global RNG as it found it
 
 
 def test_hf_stop_string_across_tokens(hf):
@@ -107,8 +143,12 @@ def test_hf_stop_string_across_tokens(hf):
     (free,) = engine.generate([prompt], Sampling(temperature=0, max_tokens=20))
     text = tok.decode(free.token_ids, skip_special_tokens=True)
     stop = text[4:7]  # three characters = three tokens of the greedy completion
-    first = text.index(stop) + len(stop)  # tokens up to the first completion of the stop string (1 char = 1 token)
-    (c,) = engine.generate([prompt], Sampling(temperature=0, max_tokens=20, stop=["zzz-never", stop]))
+    first = text.index(stop) + len(
+        stop
+    )  # tokens up to the first completion of the stop string (1 char = 1 token)
+    (c,) = engine.generate(
+        [prompt], Sampling(temperature=0, max_tokens=20, stop=["zzz-never", stop])
+    )
     assert c.finish_reason == "stop"
     assert c.token_ids == free.token_ids[:first] and tok.decode(c.token_ids).endswith(stop)
     assert c.logprobs == pytest.approx(free.logprobs[:first], abs=1e-5)
@@ -123,7 +163,9 @@ def test_hf_eos_finish_and_training_mode_restored(hf):
     model, tok = hf
     model = copy.deepcopy(model)
     (free,) = HFEngine(model, tok).generate([PROMPTS[0]], Sampling(temperature=0, max_tokens=20))
-    with torch.no_grad():  # make EOS beat the 3rd greedy token wherever that token would win with a positive logit
+    with (
+        torch.no_grad()
+    ):  # make EOS beat the 3rd greedy token wherever that token would win with a positive logit
         head = model.get_output_embeddings().weight  # (V, D)
         head[tok.eos_token_id] = 3 * head[free.token_ids[2]]
     model.train()
@@ -150,6 +192,7 @@ def test_model_problem_names_what_a_model_directory_lacks(model_dir, tmp_path, m
     # 'repo_name' or 'namespace/repo_name'", a directory with only config.json with a message about
     # sentencepiece and tiktoken
     import shutil
+
     only, empty = tmp_path / "only", tmp_path / "empty"
     assert model_problem(str(model_dir)) == ""
     assert model_problem(str(tmp_path / "x")) == f"no model at {tmp_path / 'x'}: no such directory"
@@ -158,19 +201,22 @@ def test_model_problem_names_what_a_model_directory_lacks(model_dir, tmp_path, m
     assert model_problem(str(only)) == (
         f"{only} has no tokenizer files (none of tokenizer.json, tokenizer.model, spiece.model, "
         f"sentencepiece.bpe.model, vocab.json, vocab.txt, *.tiktoken: save the model's tokenizer "
-        f"there too) and no weights (*.safetensors, *.bin)")
+        f"there too) and no weights (*.safetensors, *.bin)"
+    )
     shutil.copy(model_dir / "model.safetensors", only)
     assert model_problem(str(only)).endswith("there too)")  # weights now; still no tokenizer
     empty.mkdir()
     assert model_problem(str(empty)).startswith(f"no model at {empty}: it has no config.json")
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    assert "pass its directory as --model, its name as --gguf_file" in \
-        model_problem(str(tmp_path / "m.gguf"))
+    assert "pass its directory as --model, its name as --gguf_file" in model_problem(
+        str(tmp_path / "m.gguf")
+    )
     assert model_problem(str(tmp_path), "m.gguf") == ""  # a GGUF holds config, weights, tokenizer
     assert "no other.gguf in it" in model_problem(str(tmp_path), "other.gguf")
     monkeypatch.chdir(tmp_path)  # hub names: left to transformers, unless ORG is a local dir
     assert model_problem("Qwen/Qwen2.5-3B-Instruct") == "" and model_problem("gpt2") == ""
     assert model_problem("only/sub") == "no model at only/sub: no such directory"
+
 
 def test_vllm_refuses_to_start_on_cpu_with_llvmlite_loaded(monkeypatch):
     # vLLM 0.32's CPU start crashes on llvmlite's objects; the engine names the cause (VLLMEngine.__init__)
@@ -190,7 +236,9 @@ def engine_scores(engine, prompt: list[int], completion: list[int]) -> torch.Ten
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0)
-    (out,) = engine.llm.generate([TokensPrompt(prompt_token_ids=prompt + completion)], params, use_tqdm=False)
+    (out,) = engine.llm.generate(
+        [TokensPrompt(prompt_token_ids=prompt + completion)], params, use_tqdm=False
+    )
     positions = out.prompt_logprobs[len(prompt) :]  # one {token id: Logprob} per completion token
     return torch.tensor([pos[t].logprob for pos, t in zip(positions, completion)])  # (N,)
 
@@ -203,29 +251,44 @@ def test_vllm_matches_hf_and_follows_weight_updates(model_dir, hf, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; only read by the CPU build
     model, tok = hf
     # block_size 32 (CPU default 128) so that the 70-token prompt fills whole blocks and hits the prefix cache
-    engine = VLLMEngine(str(model_dir), dtype="float32", max_model_len=256, enforce_eager=True, block_size=32)
-    prompts = PROMPTS + [[1] + tok.encode("Which river flows through the capital of the country where X was born?")]
+    engine = VLLMEngine(
+        str(model_dir), dtype="float32", max_model_len=256, enforce_eager=True, block_size=32
+    )
+    prompts = PROMPTS + [
+        [1] + tok.encode("Which river flows through the capital of the country where X was born?")
+    ]
 
     # greedy with stop strings: the same tokens and finish reasons as HF (stop is a piece of HF's greedy text)
     hf_free = HFEngine(model, tok).generate(prompts, Sampling(temperature=0, max_tokens=20))
     greedy = Sampling(temperature=0, max_tokens=20, stop=[tok.decode(hf_free[0].token_ids)[5:8]])
-    hf_out, vllm_out = HFEngine(model, tok).generate(prompts, greedy), engine.generate(prompts, greedy)
+    hf_out, vllm_out = (
+        HFEngine(model, tok).generate(prompts, greedy),
+        engine.generate(prompts, greedy),
+    )
     assert [c.token_ids for c in vllm_out] == [c.token_ids for c in hf_out]
     assert [c.finish_reason for c in vllm_out] == [c.finish_reason for c in hf_out]
     assert "stop" in [c.finish_reason for c in vllm_out]
-    straddle = tok.decode(prompts[1][-2:]) + tok.decode(hf_free[1].token_ids)[0]  # prompt end + completion start
+    straddle = (
+        tok.decode(prompts[1][-2:]) + tok.decode(hf_free[1].token_ids)[0]
+    )  # prompt end + completion start
     (c,) = engine.generate(prompts[1:2], Sampling(temperature=0, max_tokens=20, stop=[straddle]))
-    assert c.token_ids == hf_free[1].token_ids  # vLLM, like HF, matches stop strings in the completion only
+    assert (
+        c.token_ids == hf_free[1].token_ids
+    )  # vLLM, like HF, matches stop strings in the completion only
 
     # sampled (T=0.7, top_p=0.9): log-probs are the HF model's untempered teacher-forced ones; seeds reproduce
     sampling = Sampling(temperature=0.7, top_p=0.9, max_tokens=24, seed=1)
     before = engine.generate(prompts, sampling)
-    assert [c.token_ids for c in before] == [c.token_ids for c in engine.generate(prompts, sampling)]
+    assert [c.token_ids for c in before] == [
+        c.token_ids for c in engine.generate(prompts, sampling)
+    ]
     for prompt, c in zip(prompts, before):
         assert len(c.token_ids) == len(c.logprobs) > 0
         hf_logprobs = teacher_forced_logprobs(model, prompt, c.token_ids)
         torch.testing.assert_close(torch.tensor(c.logprobs), hf_logprobs, atol=1e-4, rtol=0)
-        torch.testing.assert_close(engine_scores(engine, prompt, c.token_ids), hf_logprobs, atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            engine_scores(engine, prompt, c.token_ids), hf_logprobs, atol=1e-4, rtol=0
+        )
 
     # one SGD step on a copy of the HF model, pushed into the running engine
     trained = copy.deepcopy(model)
@@ -235,18 +298,28 @@ def test_vllm_matches_hf_and_follows_weight_updates(model_dir, hf, monkeypatch):
         for p in trained.parameters():
             p -= 1.0 * p.grad
     engine.load_weights(trained)
-    for prompt, c in zip(prompts, before):  # the same tokens: the engine's log-probs moved to the trained model's
+    for prompt, c in zip(
+        prompts, before
+    ):  # the same tokens: the engine's log-probs moved to the trained model's
         new = engine_scores(engine, prompt, c.token_ids)
         assert (new - torch.tensor(c.logprobs)).abs().max() > 1e-2
-        torch.testing.assert_close(new, teacher_forced_logprobs(trained, prompt, c.token_ids), atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            new, teacher_forced_logprobs(trained, prompt, c.token_ids), atol=1e-4, rtol=0
+        )
     # generation after the update: prefixes cached before it were dropped, so log-probs match the trained model
     for prompt, c in zip(prompts, engine.generate(prompts, sampling)):
-        torch.testing.assert_close(torch.tensor(c.logprobs), teacher_forced_logprobs(trained, prompt, c.token_ids),
-                                   atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(c.logprobs),
+            teacher_forced_logprobs(trained, prompt, c.token_ids),
+            atol=1e-4,
+            rtol=0,
+        )
 
     # and back: a second update restores the original samples exactly
     engine.load_weights(model)
-    assert [c.token_ids for c in engine.generate(prompts, sampling)] == [c.token_ids for c in before]
+    assert [c.token_ids for c in engine.generate(prompts, sampling)] == [
+        c.token_ids for c in before
+    ]
 
     # the prefix cache served part of the prompts (the same prompts, asked again), and close() shuts down twice
     assert 0 < engine.cached_prefill_tokens < engine.prefill_tokens

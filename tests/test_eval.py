@@ -1,5 +1,6 @@
 """eval.py: worked examples for cover EM, answer extraction and the format check; `evaluate` on questions lost to
 retrieval errors; the eval.py script on a few questions."""
+
 import json
 import subprocess
 import sys
@@ -14,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_cover_exact_match_whole_tokens():
     assert cover_exact_match("It is in modern art.", ["Art"]) == 1.0
-    assert cover_exact_match("a great party", ["art"]) == 0.0         # not a token: cover-em-tokens
+    assert cover_exact_match("a great party", ["art"]) == 0.0  # not a token: cover-em-tokens
     assert cover_exact_match("born in vosa republic", ["mosa", "vosa"]) == 1.0
-    assert cover_exact_match("anything", ["", "the"]) == 0.0         # empty golds never match everything
+    assert cover_exact_match("anything", ["", "the"]) == 0.0  # empty golds never match everything
     assert cover_exact_match(None, ["x"]) == 0.0
 
 
@@ -28,28 +29,36 @@ def test_extract_answer_takes_the_last_one():
     assert extract_answer("<answer>unclosed") is None
 
 
-GOOD = ("<think>I need the founder.</think>\n<search>ravoki</search>\n"
-        "<information>Doc 1 (Title: ravoki) ravoki was founded by kalo mire.</information>\n"
-        "<think>found it</think>\n<answer>kalo mire</answer>\n")
+GOOD = (
+    "<think>I need the founder.</think>\n<search>ravoki</search>\n"
+    "<information>Doc 1 (Title: ravoki) ravoki was founded by kalo mire.</information>\n"
+    "<think>found it</think>\n<answer>kalo mire</answer>\n"
+)
 
 
-@pytest.mark.parametrize("response, rule", [
-    (GOOD, ""),
-    ("<search>q</search><information>d</information><answer>a</answer>", ""),   # <think> is optional
-    ("<think>a<search>q</search></think><answer>x</answer>", "unbalanced_tag"),    # nested
-    ("<think>a</think><answer>x", "unbalanced_tag"),                                # never closed
-    ("</think><answer>x</answer>", "unbalanced_tag"),                               # closes nothing
-    ("So the answer is <answer>x</answer>", "text_outside_tags"),
-    ("<answer>x</answer> because", "text_outside_tags"),
-    ("<search>q</search><answer>x</answer>", "search_without_information"),
-    ("<information>d</information><answer>x</answer>", "information_without_search"),
-    ("<search> </search><information>d</information><answer>x</answer>", "empty_block"),
-    ("<answer> </answer>", "empty_block"),
-    ("<think>hmm</think>", "no_answer"),
-    ("", "no_answer"),
-    ("<answer>x</answer><answer>y</answer>", "answer_not_last"),
-    ("<answer>x</answer><think>more</think>", "answer_not_last"),
-])
+@pytest.mark.parametrize(
+    "response, rule",
+    [
+        (GOOD, ""),
+        (
+            "<search>q</search><information>d</information><answer>a</answer>",
+            "",
+        ),  # <think> is optional
+        ("<think>a<search>q</search></think><answer>x</answer>", "unbalanced_tag"),  # nested
+        ("<think>a</think><answer>x", "unbalanced_tag"),  # never closed
+        ("</think><answer>x</answer>", "unbalanced_tag"),  # closes nothing
+        ("So the answer is <answer>x</answer>", "text_outside_tags"),
+        ("<answer>x</answer> because", "text_outside_tags"),
+        ("<search>q</search><answer>x</answer>", "search_without_information"),
+        ("<information>d</information><answer>x</answer>", "information_without_search"),
+        ("<search> </search><information>d</information><answer>x</answer>", "empty_block"),
+        ("<answer> </answer>", "empty_block"),
+        ("<think>hmm</think>", "no_answer"),
+        ("", "no_answer"),
+        ("<answer>x</answer><answer>y</answer>", "answer_not_last"),
+        ("<answer>x</answer><think>more</think>", "answer_not_last"),
+    ],
+)
 def test_check_format_names_the_failed_rule(response, rule):
     check = check_format(response)
     assert check.ok == (rule == "") and check.rule == rule
@@ -66,24 +75,55 @@ def test_evaluate_leaves_out_and_counts_questions_lost_to_retrieval_errors():
     from infra.data import QARow
     from eval import evaluate
     from test_rollout import agent_with, turns
-    agent, _ = agent_with(lambda c: "<answer>Ivo</answer>" if turns(c) else
-                          "<search>boom</search>" if "boom" in c else "<search>who</search>")
-    rows = [QARow(str(i), q, [gold], "w", "test", i) for i, (q, gold) in
-            enumerate([("who is it", "Ivo"), ("boom", "Ivo"), ("who else", "Bob")])]
+
+    agent, _ = agent_with(
+        lambda c: (
+            "<answer>Ivo</answer>"
+            if turns(c)
+            else "<search>boom</search>"
+            if "boom" in c
+            else "<search>who</search>"
+        )
+    )
+    rows = [
+        QARow(str(i), q, [gold], "w", "test", i)
+        for i, (q, gold) in enumerate([("who is it", "Ivo"), ("boom", "Ivo"), ("who else", "Bob")])
+    ]
     report = evaluate(agent, rows)
     # question 1's search failed (env_error): not scored as wrong, counted; EM = 1 of the 2 answered, not 1 of 3
     assert (report["n"], report["env_errors"], report["em"]) == (2, 1, 0.5)
     assert report["by_source"]["w"]["env_errors"] == 1
-    with pytest.raises(RuntimeError, match="all 1 evaluation questions were lost to retrieval errors"):
+    with pytest.raises(
+        RuntimeError, match="all 1 evaluation questions were lost to retrieval errors"
+    ):
         evaluate(agent, rows[1:2])
 
 
 def test_eval_script_prints_the_per_dataset_table_and_writes_the_report(env):
-    out = subprocess.run([sys.executable, str(ROOT / "eval.py"), "--model", str(env / "tiny"), "--n", "3",
-                          "--max_turns", "2", "--out", str(env / "eval.json")], cwd=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "eval.py"),
+            "--model",
+            str(env / "tiny"),
+            "--n",
+            "3",
+            "--max_turns",
+            "2",
+            "--out",
+            str(env / "eval.json"),
+        ],
+        cwd=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "dataset" in out.stdout and "world" in out.stdout
     report = json.loads((env / "eval.json").read_text())["report"]
-    assert report["n"] == 3 and 0 <= report["em"] <= report["pass@1"] <= 1 and 1 <= report["turns"] <= 2
+    assert (
+        report["n"] == 3
+        and 0 <= report["em"] <= report["pass@1"] <= 1
+        and 1 <= report["turns"] <= 2
+    )
     assert set(report["by_source"]) == {"world"}

@@ -1,6 +1,7 @@
 """The core's shape: the top level holds exactly the six core modules; imports between them flow one way, with
 no circle (every import statement counts, wherever it sits); the infra package never imports the top level; the
 rollout strategies and the credit functions share one set of algorithm names; no file over 700 lines."""
+
 import ast
 import pathlib
 
@@ -41,7 +42,9 @@ def test_imports_flow_one_way():
 
     for name in sorted(graph):
         visit(name, [])
-    assert graph["tree"] == graph["retriever"] == set()  # leaves: they stand on the infra package only
+    assert (
+        graph["tree"] == graph["retriever"] == set()
+    )  # leaves: they stand on the infra package only
     assert "rollout" not in graph["advantages"] | graph["tree"] and "eval" not in graph["rollout"]
 
 
@@ -54,6 +57,12 @@ def test_one_set_of_algorithm_names():
 
 
 def test_no_file_over_700_lines():
-    code = {name: sum(1 for line in path.read_text().splitlines() if line.strip() and not line.strip().startswith("#"))
-            for name, path in [*MODULES.items(), *((f"infra/{p.name}", p) for p in INFRA)]}
+    code = {
+        name: sum(
+            1
+            for line in path.read_text().splitlines()
+            if line.strip() and not line.strip().startswith("#")
+        )
+        for name, path in [*MODULES.items(), *((f"infra/{p.name}", p) for p in INFRA)]
+    }
     assert max(code.values()) <= 700, code

@@ -1,6 +1,7 @@
 """train.py's loss and log-probs: the PPO loss on hand-made tensors (clipping on both sides, dual clip, k3, TIS cap,
 masks, aggregation, bounded log-ratios), the padded batch it reads, the chunked log-probs against the full
 log-softmax, and the HF engine's log-probs as the trainer's pi_old."""
+
 import math
 
 import pytest
@@ -31,7 +32,9 @@ def loss_of(logp, old, adv, args=ARGS, ref=None, rollout=None, mask=None):
 
 def test_ppo_loss_clips_the_ratio_on_both_sides_and_stops_the_gradient_there():
     old = t([0.0, 0.0, 0.0, 0.0])
-    logp = t([math.log(1.5), math.log(1.5), math.log(0.5), math.log(0.5)])  # ratios 1.5, 1.5, 0.5, 0.5
+    logp = t(
+        [math.log(1.5), math.log(1.5), math.log(0.5), math.log(0.5)]
+    )  # ratios 1.5, 1.5, 0.5, 0.5
     adv = t([1.0, -1.0, 1.0, -1.0])
     loss, s = loss_of(logp, old, adv)
     # per token max(-A r, -A clip(r, 0.8, 1.2)):
@@ -40,7 +43,12 @@ def test_ppo_loss_clips_the_ratio_on_both_sides_and_stops_the_gradient_there():
     #   A=+1, r=0.5: max(-0.5, -0.8) = -0.5 (not clipped)
     #   A=-1, r=0.5: max(+0.5, +0.8) = +0.8 (clipped)
     assert loss.item() == pytest.approx((-1.2 + 1.5 - 0.5 + 0.8) / 4)
-    assert s["clipped"].tolist() == [True, False, False, True]  # where the clipped branch wins (no gradient)
+    assert s["clipped"].tolist() == [
+        True,
+        False,
+        False,
+        True,
+    ]  # where the clipped branch wins (no gradient)
     # gradient flows only through the unclipped tokens
     lp = logp.clone().requires_grad_()
     loss_of(lp, old, adv)[0].backward()
@@ -55,7 +63,9 @@ def test_k3_kl_on_hand_computed_log_probs():
     loss, s = loss_of(logp, logp, t([0.0]), args, ref=t([math.log(0.25)]))
     assert s["kl"].item() == pytest.approx(0.5 - math.log(0.5) - 1)
     assert loss.item() == pytest.approx(0.193147, abs=1e-6)
-    assert loss_of(logp, logp, t([0.0]), args, ref=logp)[1]["kl"].item() == 0.0  # same policy: k3 = 0
+    assert (
+        loss_of(logp, logp, t([0.0]), args, ref=logp)[1]["kl"].item() == 0.0
+    )  # same policy: k3 = 0
 
 
 def test_tis_weight_is_capped_and_not_differentiated():
@@ -67,7 +77,9 @@ def test_tis_weight_is_capped_and_not_differentiated():
     assert loss.item() == pytest.approx((-2.0 - 1.5) / 2)
     assert s["tis"].tolist() == pytest.approx([3.0, 1.5])
     no_tis = Args(tis_cap=0.0, kl_coef=0.0)
-    assert loss_of(logp, logp, t([1.0, 1.0]), no_tis, rollout=rollout)[0].item() == pytest.approx(-1.0)
+    assert loss_of(logp, logp, t([1.0, 1.0]), no_tis, rollout=rollout)[0].item() == pytest.approx(
+        -1.0
+    )
 
 
 def test_masked_tokens_count_for_nothing_in_token_mean_and_seq_mean_token_mean():
@@ -76,7 +88,9 @@ def test_masked_tokens_count_for_nothing_in_token_mean_and_seq_mean_token_mean()
     adv = t([1.0, 1.0, 1.0], [-1.0, 5.0, 5.0])
     mask = t([1, 1, 1], [1, 0, 0])
     loss, s = ppo_loss(logp, logp, logp, logp, adv, mask, ARGS, denom=4)
-    assert loss.item() == pytest.approx((-3 + 1) / 4)  # token-mean: masked tokens (A=5) contribute nothing
+    assert loss.item() == pytest.approx(
+        (-3 + 1) / 4
+    )  # token-mean: masked tokens (A=5) contribute nothing
     seq = Args(loss_agg="seq-mean-token-mean", tis_cap=0.0, kl_coef=0.0)
     loss, _ = ppo_loss(logp, logp, logp, logp, adv, mask, seq, denom=2)
     assert loss.item() == pytest.approx((-1 + 1) / 2)  # row means -1 and +1, averaged over 2 rows
@@ -98,6 +112,7 @@ def test_dual_clip_caps_the_loss_of_a_negative_advantage():
     # A = +1 is never capped: ratio 1.5 -> clipped at 1.2 as without dual-clip, loss -1.2
     assert loss_of(logp, old, t([1.0]), dual)[0].item() == pytest.approx(-1.2)
     from train import validate
+
     with pytest.raises(SystemExit, match=r"--dual_clip 0.5: must be 0 \(off\) or > 1"):
         validate(Args(dual_clip=0.5), AlgoConfig(), AgentConfig(), RetrieverConfig(), WarmConfig())
 
@@ -107,8 +122,9 @@ def test_k3_is_not_clamped_and_every_log_ratio_is_bounded():
     # d k3/d logp = -(e^3 - 1) = -19.0855 (verl's low_var_kl clamps k3 to 10 here, gradient 0:
     # train.py's k3-unclamped says why we do not)
     lp = torch.zeros(1, requires_grad=True)
-    loss, _ = loss_of(lp, torch.zeros(1), torch.zeros(1), Args(kl_coef=1.0, tis_cap=0.0),
-                      ref=torch.tensor([3.0]))
+    loss, _ = loss_of(
+        lp, torch.zeros(1), torch.zeros(1), Args(kl_coef=1.0, tis_cap=0.0), ref=torch.tensor([3.0])
+    )
     loss.backward()
     assert loss.item() == pytest.approx(math.exp(3) - 4)
     assert lp.grad.item() == pytest.approx(-(math.exp(3) - 1))
@@ -116,8 +132,13 @@ def test_k3_is_not_clamped_and_every_log_ratio_is_bounded():
     # in the branch max() did not take). Bounded to 20: ratio e^20 = 4.85e8 -> the clipped branch,
     # loss -1.2, gradient 0
     lp = torch.tensor([100.0], requires_grad=True)
-    loss, s = loss_of(lp, torch.zeros(1), torch.ones(1), Args(kl_coef=0.001, tis_cap=2.0),
-                      ref=torch.tensor([100.0]))
+    loss, s = loss_of(
+        lp,
+        torch.zeros(1),
+        torch.ones(1),
+        Args(kl_coef=0.001, tis_cap=2.0),
+        ref=torch.tensor([100.0]),
+    )
     loss.backward()
     assert loss.item() == pytest.approx(-1.2) and lp.grad.item() == 0.0
     assert s["ratio"].item() == pytest.approx(math.exp(20), rel=1e-6)
@@ -131,8 +152,9 @@ def test_masked_positions_contribute_exactly_zero_whatever_they_hold():
     inf, nan = float("inf"), float("nan")
     mask, args = torch.tensor([0.0, 1.0]), Args(kl_coef=0.001, tis_cap=2.0)
     for ref, old, rollout, adv, logp in (
-            ([100.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 1.0], [0.0, 0.0]),
-            ([inf, 0.0], [-inf, 0.0], [nan, 0.0], [nan, 1.0], [nan, 0.0])):
+        ([100.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 1.0], [0.0, 0.0]),
+        ([inf, 0.0], [-inf, 0.0], [nan, 0.0], [nan, 1.0], [nan, 0.0]),
+    ):
         lp = torch.tensor(logp, requires_grad=True)
         ref, old, rollout, adv = (torch.tensor(x) for x in (ref, old, rollout, adv))
         loss, s = ppo_loss(lp, old, ref, rollout, adv, mask, args, denom=1.0)
@@ -147,6 +169,7 @@ def test_token_logprobs_equal_the_full_log_softmax(env, monkeypatch):
     # reaching the weights are bit for bit the same, so default runs do not move
     import train
     from infra.engines import load_policy
+
     model, _ = load_policy(str(env / "tiny"))
     V = model.config.vocab_size
     monkeypatch.setattr(train, "LOGP_CHUNK", 3 * V)  # 3 positions a chunk: many, a short last one
@@ -196,8 +219,12 @@ def test_hf_engine_logprobs_are_the_trainers_pi_old(env):
     model, tok = load_policy(str(env / "tiny"))
     engine = HFEngine(model, tok)
     assert engine.exact_logprobs
-    agent = rollout.Agent(engine, BM25Retriever(load_corpus(f"{world}/corpus.jsonl")), tok, rollout.AgentConfig(
-        instruction="short", max_step_tokens=12, max_turns=2, seed=3))
+    agent = rollout.Agent(
+        engine,
+        BM25Retriever(load_corpus(f"{world}/corpus.jsonl")),
+        tok,
+        rollout.AgentConfig(instruction="short", max_step_tokens=12, max_turns=2, seed=3),
+    )
     rows = data.load_rows(str(world), "train")[:4]
     prompts = rollout.tree_grpo(agent, rows, random.Random(0), M=2, N=2, L=1)
     samples = to_samples([t for trees in prompts for t in advantages.tree_grpo(trees)])
@@ -206,4 +233,6 @@ def test_hf_engine_logprobs_are_the_trainers_pi_old(env):
         logp, _ = token_logprobs(model, b["ids"], b["attn"])  # (B, T)
     m = b["mask"].bool()
     assert m.sum() > 50
-    assert (logp[m] - b["rollout_logp"][m]).abs().max().item() < 1e-4  # measured: 4.8e-7 over 280 tokens
+    assert (
+        logp[m] - b["rollout_logp"][m]
+    ).abs().max().item() < 1e-4  # measured: 4.8e-7 over 280 tokens

@@ -1,4 +1,5 @@
 """rollout.py's outcome reward: worked examples for SQuAD normalisation, EM and token F1."""
+
 import unicodedata
 
 import pytest
@@ -6,22 +7,27 @@ import pytest
 from rollout import exact_match, normalize_answer, token_f1
 
 
-@pytest.mark.parametrize("raw, normalized", [
-    ("The Eiffel  Tower!", "eiffel tower"),           # article, punctuation, double space
-    ("an apple, a day", "apple day"),
-    ("Theatre of the Absurd", "theatre of absurd"),   # "the" only as a whole word
-    ("don't", "dont"),                                # SQuAD deletes punctuation, it does not split on it
-    ("«Paris» — city", "paris city"),                 # Unicode punctuation (rollout.py: squad-reward)
-    ("¡Hola, SEÑOR!", "hola señor"),                  # Unicode lowercase, accents kept
-    ("   ", ""),
-])
+@pytest.mark.parametrize(
+    "raw, normalized",
+    [
+        ("The Eiffel  Tower!", "eiffel tower"),  # article, punctuation, double space
+        ("an apple, a day", "apple day"),
+        ("Theatre of the Absurd", "theatre of absurd"),  # "the" only as a whole word
+        ("don't", "dont"),  # SQuAD deletes punctuation, it does not split on it
+        ("«Paris» — city", "paris city"),  # Unicode punctuation (rollout.py: squad-reward)
+        ("¡Hola, SEÑOR!", "hola señor"),  # Unicode lowercase, accents kept
+        ("   ", ""),
+    ],
+)
 def test_normalize_answer_lowercases_and_drops_punctuation_and_articles(raw, normalized):
     assert normalize_answer(raw) == normalized
 
 
 def test_normalize_composed_and_decomposed_accents_agree():
     decomposed = unicodedata.normalize("NFD", "Café")
-    assert decomposed != "Café" and normalize_answer(decomposed) == normalize_answer("Café") == "café"
+    assert (
+        decomposed != "Café" and normalize_answer(decomposed) == normalize_answer("Café") == "café"
+    )
     assert exact_match(decomposed, ["cafe", "café"]) == 1.0
 
 
@@ -30,8 +36,8 @@ def test_exact_match_accepts_any_golden_answer():
     assert exact_match("Ravoki Company.", golds) == 1.0
     assert exact_match("the ravoki", golds) == 1.0
     assert exact_match("ravoki inc", golds) == 0.0
-    assert exact_match("Paris", "paris") == 1.0           # a single string is one golden answer
-    assert exact_match(None, golds) == 0.0                # no answer given
+    assert exact_match("Paris", "paris") == 1.0  # a single string is one golden answer
+    assert exact_match(None, golds) == 0.0  # no answer given
     assert exact_match("", golds) == 0.0
     with pytest.raises(ValueError, match="golden_answers is empty"):
         exact_match("x", [])
@@ -52,7 +58,7 @@ def test_token_f1_worked_examples():
 
 def test_token_f1_gives_yes_no_no_partial_credit_and_empty_matches_empty():
     assert token_f1("yes", ["yes"]) == 1.0
-    assert token_f1("yes", ["yes indeed"]) == 0.0         # yes/no gets no partial credit (HotpotQA)
+    assert token_f1("yes", ["yes indeed"]) == 0.0  # yes/no gets no partial credit (HotpotQA)
     assert token_f1("no way", ["no"]) == 0.0
-    assert token_f1("", ["cat"]) == 0.0                   # empty prediction
-    assert token_f1("the", ["a"]) == 1.0                  # both normalise to empty: SQuAD v2 counts a match
+    assert token_f1("", ["cat"]) == 0.0  # empty prediction
+    assert token_f1("the", ["a"]) == 1.0  # both normalise to empty: SQuAD v2 counts a match

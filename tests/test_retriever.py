@@ -1,6 +1,7 @@
 """retriever.py, infra/search.py, infra/server.py: corpus loading, BM25 and dense recall on a generated world,
 index save/load, the Search-R1 HTTP server (round trip and error paths) and the client's timeout / retry /
 concurrency-cap / partial-failure policy."""
+
 import importlib.util
 import json
 import os
@@ -18,12 +19,28 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may come from a model hub
 
 from infra.data import WorldConfig, build_world, write_jsonl  # noqa: E402
-from infra.search import (BM25Retriever, Corpus, DenseRetriever, Passage, load_corpus,  # noqa: E402
-                          offline_encoder_dir, split_contents)
+from infra.search import (
+    BM25Retriever,
+    Corpus,
+    DenseRetriever,
+    Passage,
+    load_corpus,  # noqa: E402
+    offline_encoder_dir,
+    split_contents,
+)
 from infra.server import RemoteRetriever, SearchServer  # noqa: E402
 from retriever import RetrievalError  # noqa: E402
 
-SMALL = WorldConfig(people=300, companies=60, books=120, cities=30, countries=8, train_per_hop=40, test_per_hop=20, dev_per_hop=10)
+SMALL = WorldConfig(
+    people=300,
+    companies=60,
+    books=120,
+    cities=30,
+    countries=8,
+    train_per_hop=40,
+    test_per_hop=20,
+    dev_per_hop=10,
+)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -57,7 +74,9 @@ def serve(retriever, **kwargs):
 
 
 def post(url, body):
-    request = urllib.request.Request(url + "/retrieve", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url + "/retrieve", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read())
@@ -69,16 +88,31 @@ def post(url, body):
 
 
 def test_load_corpus_keeps_ids_and_contents_in_order(corpus, world):
-    assert corpus.ids == [r["id"] for r in world.corpus] and corpus.contents[0] == world.corpus[0]["contents"]
+    assert (
+        corpus.ids == [r["id"] for r in world.corpus]
+        and corpus.contents[0] == world.corpus[0]["contents"]
+    )
 
 
-@pytest.mark.parametrize("text, message", [
-    ("", "is empty"),
-    ('{"id": "0", "contents": "T\\nx"}\n{"id": "1", "text": "x"}\n', "line 2: no string 'contents' field"),
-    ('{"id": "0", "contents": "T\\nx"}\n\n{"id": 2, "contents": \n', "line 3: invalid JSON"),
-    ('{"id": "7", "contents": "T\\nx"}\n{"id": 7, "contents": "U\\ny"}\n', "line 2: id '7' is also the id of line 1"),
-    ('{"id": "0", "contents": "T\\nx"}\n{"id": "1", "contents": "caf\udce9"}\n', "line 2: not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "is empty"),
+        (
+            '{"id": "0", "contents": "T\\nx"}\n{"id": "1", "text": "x"}\n',
+            "line 2: no string 'contents' field",
+        ),
+        ('{"id": "0", "contents": "T\\nx"}\n\n{"id": 2, "contents": \n', "line 3: invalid JSON"),
+        (
+            '{"id": "7", "contents": "T\\nx"}\n{"id": 7, "contents": "U\\ny"}\n',
+            "line 2: id '7' is also the id of line 1",
+        ),
+        (
+            '{"id": "0", "contents": "T\\nx"}\n{"id": "1", "contents": "caf\udce9"}\n',
+            "line 2: not UTF-8",
+        ),
+    ],
+)
 def test_corpus_errors_name_the_line(tmp_path, text, message):
     (tmp_path / "c.jsonl").write_bytes(text.encode("utf-8", "surrogateescape"))
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -91,9 +125,14 @@ def test_missing_corpus_says_how_to_make_one(tmp_path):
 
 
 def test_contents_split_into_title_and_text_at_the_first_newline():
-    assert split_contents('"Paris"\nParis is a city.\nMore.') == ('"Paris"', "Paris is a city.\nMore.")
+    assert split_contents('"Paris"\nParis is a city.\nMore.') == (
+        '"Paris"',
+        "Paris is a city.\nMore.",
+    )
     assert split_contents("no title") == ("", "no title")
-    p = Passage("0", "\nfirst line\nmore", 1.0)  # an empty title: the contents start with the newline
+    p = Passage(
+        "0", "\nfirst line\nmore", 1.0
+    )  # an empty title: the contents start with the newline
     assert (p.title, p.text, p.contents) == ("", "first line\nmore", "\nfirst line\nmore")
 
 
@@ -105,17 +144,24 @@ def test_bm25_finds_the_first_hop_passage(bm25, world):
     print(f"BM25 recall@3 of the first-hop gold passage: {recall:.3f}")
     assert recall > 0.9
     (top,) = bm25.search([world.test[0].gold_queries[0]], 1)
-    assert top[0].id == world.test[0].gold_doc_ids[0] and top[0].title == world.test[0].gold_queries[0]
+    assert (
+        top[0].id == world.test[0].gold_doc_ids[0] and top[0].title == world.test[0].gold_queries[0]
+    )
 
 
 def test_bm25_answers_empty_stopword_and_unknown_queries_with_zero_scores(bm25, corpus):
-    results = bm25.search(["", "the of", "zzzz"], 2)  # empty, stopwords only, unknown word: k passages, score 0
+    results = bm25.search(
+        ["", "the of", "zzzz"], 2
+    )  # empty, stopwords only, unknown word: k passages, score 0
     assert [len(r) for r in results] == [2, 2, 2] and all(p.score == 0 for r in results for p in r)
-    assert len(bm25.search(["kalo"], 10 ** 6)[0]) == len(corpus.ids)  # k beyond the corpus is cut to its size
+    assert len(bm25.search(["kalo"], 10**6)[0]) == len(
+        corpus.ids
+    )  # k beyond the corpus is cut to its size
 
 
-def test_bm25_index_loads_back_searching_the_same_and_refuses_another_corpus(bm25, corpus, tmp_path,
-                                                                            world):
+def test_bm25_index_loads_back_searching_the_same_and_refuses_another_corpus(
+    bm25, corpus, tmp_path, world
+):
     BM25Retriever(corpus, str(tmp_path / "idx"))  # builds and saves
     loaded = BM25Retriever(corpus, str(tmp_path / "idx"))  # loads
     queries = [r.question for r in world.test[:20]]
@@ -132,18 +178,27 @@ def test_bm25_keeps_numba_out_for_vllm(corpus, tmp_path):
     fake = tmp_path / "fake" / "numba"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("njit = lambda f: f\n")
-    script = ("import importlib.util, sys\n"
-              "from infra import search\n"
-              f"r = search.BM25Retriever(search.load_corpus({corpus.path!r}))\n"
-              "assert r.bm25.backend == 'numpy', r.bm25.backend\n"
-              "assert 'numba' not in sys.modules and 'llvmlite' not in sys.modules, 'numba loaded'\n"
-              "assert r.search(['who'], 1)[0]\n"
-              "import numba\n"  # hidden only during bm25s' import: later imports work
-              "print('ok')\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    script = (
+        "import importlib.util, sys\n"
+        "from infra import search\n"
+        f"r = search.BM25Retriever(search.load_corpus({corpus.path!r}))\n"
+        "assert r.bm25.backend == 'numpy', r.bm25.backend\n"
+        "assert 'numba' not in sys.modules and 'llvmlite' not in sys.modules, 'numba loaded'\n"
+        "assert r.search(['who'], 1)[0]\n"
+        "import numba\n"  # hidden only during bm25s' import: later imports work
+        "print('ok')\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+    }
     if importlib.util.find_spec("numba") is None:
-        env["PYTHONPATH"] += os.pathsep + str(fake.parent)  # the stand-in, after the real path entries
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        env["PYTHONPATH"] += os.pathsep + str(
+            fake.parent
+        )  # the stand-in, after the real path entries
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
@@ -158,7 +213,9 @@ def dense(corpus, dense_dir):
         encoder = offline_encoder_dir()
     except ModuleNotFoundError as e:
         pytest.skip(str(e))
-    return DenseRetriever(corpus, encoder, dense_dir, batch_size=128)  # builds and saves into dense_dir
+    return DenseRetriever(
+        corpus, encoder, dense_dir, batch_size=128
+    )  # builds and saves into dense_dir
 
 
 def test_dense_finds_the_first_hop_passage(dense, world):
@@ -167,11 +224,14 @@ def test_dense_finds_the_first_hop_passage(dense, world):
     assert recall > 0.5
     results = dense.search(["kalo", "who founded it?"], 4)
     assert [len(r) for r in results] == [4, 4]
-    assert all(r[0].score >= r[-1].score and -1.0001 <= r[-1].score <= 1.0001 for r in results)  # sorted cosines
+    assert all(
+        r[0].score >= r[-1].score and -1.0001 <= r[-1].score <= 1.0001 for r in results
+    )  # sorted cosines
 
 
-def test_dense_index_loads_back_searching_the_same_and_refuses_other_settings(dense, dense_dir, corpus,
-                                                                             world):
+def test_dense_index_loads_back_searching_the_same_and_refuses_other_settings(
+    dense, dense_dir, corpus, world
+):
     assert sorted(os.listdir(dense_dir)) == ["faiss.index", "meta.json"]
     loaded = DenseRetriever(corpus, offline_encoder_dir(), dense_dir)
     queries = [r.question for r in world.test[:10]]
@@ -187,40 +247,55 @@ def test_dense_index_loads_back_searching_the_same_and_refuses_other_settings(de
 def test_server_round_trip_matches_search_r1_schema(bm25):
     server, url = serve(bm25, default_topk=2)
     try:
-        status, body = post(url, {"queries": ["ravoki", "sela nesa"], "topk": 3, "return_scores": True})
+        status, body = post(
+            url, {"queries": ["ravoki", "sela nesa"], "topk": 3, "return_scores": True}
+        )
         assert status == 200 and [len(r) for r in body["result"]] == [3, 3]
         expected = bm25.search(["ravoki", "sela nesa"], 3)
         for got, want in zip(body["result"], expected):
             assert [set(d) for d in got] == [{"document", "score"}] * 3
-            assert [d["document"] for d in got] == [{"id": p.id, "contents": p.contents} for p in want]
+            assert [d["document"] for d in got] == [
+                {"id": p.id, "contents": p.contents} for p in want
+            ]
             assert [d["score"] for d in got] == pytest.approx([p.score for p in want])
-        status, body = post(url, {"queries": ["ravoki"]})  # Search-R1 defaults: topk null, return_scores false
+        status, body = post(
+            url, {"queries": ["ravoki"]}
+        )  # Search-R1 defaults: topk null, return_scores false
         assert status == 200 and [set(d) for d in body["result"][0]] == [{"document"}] * 2
         assert post(url, {"queries": [], "topk": 3}) == (200, {"result": []})
         client = RemoteRetriever(url)
         queries = [f"q {i} ravoki" for i in range(40)]  # several requests of 16 queries
-        assert [[(p.id, p.title, p.text) for p in r] for r in client.search(queries, 3)] == \
-            [[(p.id, p.title, p.text) for p in r] for r in bm25.search(queries, 3)]
+        assert [[(p.id, p.title, p.text) for p in r] for r in client.search(queries, 3)] == [
+            [(p.id, p.title, p.text) for p in r] for r in bm25.search(queries, 3)
+        ]
         client.close()
     finally:
         server.shutdown()
         server.server_close()
 
 
-@pytest.mark.parametrize("body, status, message", [
-    ({"queries": "ravoki"}, 400, "body must be"),
-    ({"queries": [1, 2]}, 400, "body must be"),
-    ({"topk": 3}, 400, "body must be"),
-    ({"queries": ["x"], "topk": -1}, 400, "topk must be a positive integer, or 0 / null for the server's default (3), "
-                                          "got -1"),
-    ({"queries": ["x"], "topk": "3"}, 400, "got '3'"),
-])
+@pytest.mark.parametrize(
+    "body, status, message",
+    [
+        ({"queries": "ravoki"}, 400, "body must be"),
+        ({"queries": [1, 2]}, 400, "body must be"),
+        ({"topk": 3}, 400, "body must be"),
+        (
+            {"queries": ["x"], "topk": -1},
+            400,
+            "topk must be a positive integer, or 0 / null for the server's default (3), got -1",
+        ),
+        ({"queries": ["x"], "topk": "3"}, 400, "got '3'"),
+    ],
+)
 def test_server_rejects_bad_requests(bm25, body, status, message):
     server, url = serve(bm25)
     try:
         got_status, got = post(url, body)
         assert got_status == status and message in got["error"]
-        request = urllib.request.Request(url + "/search", b"{}", {"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            url + "/search", b"{}", {"Content-Type": "application/json"}
+        )
         with pytest.raises(urllib.error.HTTPError, match="404"):
             urllib.request.urlopen(request, timeout=5)
     finally:
@@ -229,12 +304,17 @@ def test_server_rejects_bad_requests(bm25, body, status, message):
 
 
 def test_server_sends_contents_unchanged_and_topk_0_means_its_default():
-    corpus = Corpus("mem", ["0", "1"], ["\nkalo mire works for ravoki", "Ravoki\nravoki is a company"])
+    corpus = Corpus(
+        "mem", ["0", "1"], ["\nkalo mire works for ravoki", "Ravoki\nravoki is a company"]
+    )
     server, url = serve(BM25Retriever(corpus), default_topk=1)
     try:
         status, body = post(url, {"queries": ["ravoki"], "topk": 2})
         got = {d["document"]["id"]: d["document"]["contents"] for d in body["result"][0]}
-        assert status == 200 and got == {"0": "\nkalo mire works for ravoki", "1": "Ravoki\nravoki is a company"}
+        assert status == 200 and got == {
+            "0": "\nkalo mire works for ravoki",
+            "1": "Ravoki\nravoki is a company",
+        }
         # Search-R1's client reads title = contents.split("\n")[0]: "" (it read "kalo mire works for ravoki" when
         # the leading newline was stripped)
         assert got["0"].split("\n")[0] == ""
@@ -248,9 +328,25 @@ def test_server_sends_contents_unchanged_and_topk_0_means_its_default():
 
 
 def test_serve_command_line_answers_a_query_with_its_gold_passage(world, corpus):
-    process = subprocess.Popen([sys.executable, "retriever.py", "serve", "--corpus", corpus.path, "--retriever",
-                                "bm25", "--port", "0", "--topk", "2"], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "retriever.py",
+            "serve",
+            "--corpus",
+            corpus.path,
+            "--retriever",
+            "bm25",
+            "--port",
+            "0",
+            "--topk",
+            "2",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         lines = []
         while not lines or "serving POST" not in lines[-1]:
@@ -259,7 +355,10 @@ def test_serve_command_line_answers_a_query_with_its_gold_passage(world, corpus)
         url = re.search(r"(http://\S+)/retrieve", lines[-1]).group(1)
         assert any("retriever: bm25" in line for line in lines)
         status, body = post(url, {"queries": [world.test[0].gold_queries[0]]})
-        assert status == 200 and body["result"][0][0]["document"]["id"] == world.test[0].gold_doc_ids[0]
+        assert (
+            status == 200
+            and body["result"][0][0]["document"]["id"] == world.test[0].gold_doc_ids[0]
+        )
     finally:
         process.kill()
         process.wait()
@@ -272,7 +371,12 @@ class Stub:
     """A retriever that can sleep, fail, and records how many queries each search call got."""
 
     def __init__(self, sleep_s=0.0, fail_calls=0, fail_word=None):
-        self.sleep_s, self.fail_calls, self.fail_word, self.batch_sizes = sleep_s, fail_calls, fail_word, []
+        self.sleep_s, self.fail_calls, self.fail_word, self.batch_sizes = (
+            sleep_s,
+            fail_calls,
+            fail_word,
+            [],
+        )
 
     def search(self, queries, k):
         self.batch_sizes.append(len(queries))
@@ -292,7 +396,9 @@ def free_port():
 def test_client_connection_refused_after_retries():
     client = RemoteRetriever(f"http://127.0.0.1:{free_port()}", retries=2, backoff_s=0.05)
     start = time.time()
-    with pytest.raises(RetrievalError, match=r"failed for 3 of 3 queries.*after 3 attempts") as info:
+    with pytest.raises(
+        RetrievalError, match=r"failed for 3 of 3 queries.*after 3 attempts"
+    ) as info:
         client.search(["a", "b", "c"], 3)
     assert time.time() - start >= 0.05 + 0.1  # backoff 0.05 s then 0.1 s between the three attempts
     assert info.value.failed == [0, 1, 2] and info.value.partial == [None, None, None]
@@ -314,7 +420,9 @@ def test_client_retries_a_server_error_then_succeeds():
     server, url = serve(stub)
     try:
         results = RemoteRetriever(url, retries=2, backoff_s=0.01).search(["a", "b"], 2)
-        assert [[p.title for p in r] for r in results] == [["a", "a"], ["b", "b"]] and len(stub.batch_sizes) == 2
+        assert [[p.title for p in r] for r in results] == [["a", "a"], ["b", "b"]] and len(
+            stub.batch_sizes
+        ) == 2
         stub.fail_calls = 1
         with pytest.raises(RetrievalError, match="HTTP 500.*index on fire"):
             RemoteRetriever(url, retries=0).search(["a"], 2)
@@ -342,7 +450,9 @@ def test_client_partial_failure_keeps_the_other_queries():
         with pytest.raises(RetrievalError, match="failed for 1 of 3 queries") as info:
             client.search(["a", "boom", "b"], 2)
         assert info.value.failed == [1] and info.value.partial[1] is None
-        assert [p.title for p in info.value.partial[0]] == ["a", "a"] and info.value.partial[2][0].title == "b"
+        assert [p.title for p in info.value.partial[0]] == ["a", "a"] and info.value.partial[2][
+            0
+        ].title == "b"
     finally:
         server.shutdown()
         server.server_close()
@@ -354,7 +464,9 @@ def test_client_concurrency_cap_bounds_the_server_batches():
     try:
         client = RemoteRetriever(url, max_concurrency=2, queries_per_request=1)
         assert len(client.search([str(i) for i in range(12)], 1)) == 12
-        assert max(stub.batch_sizes) <= 2 and sum(stub.batch_sizes) == 12  # never more than 2 requests in flight
+        assert (
+            max(stub.batch_sizes) <= 2 and sum(stub.batch_sizes) == 12
+        )  # never more than 2 requests in flight
     finally:
         server.shutdown()
         server.server_close()
@@ -362,11 +474,30 @@ def test_client_concurrency_cap_bounds_the_server_batches():
 
 def test_retrieval_benchmark_reports_recall_and_a_burst_of_requests(tmp_path):
     small = [f"--{k}={v}" for k, v in SMALL.__dict__.items()]
-    run = subprocess.run([sys.executable, "benchmarks/retrieval.py", "--retrievers", "bm25", "--concurrent", "16",
-                          "--single_queries", "5", "--work_dir", str(tmp_path), *small],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/retrieval.py",
+            "--retrievers",
+            "bm25",
+            "--concurrent",
+            "16",
+            "--single_queries",
+            "5",
+            "--work_dir",
+            str(tmp_path),
+            *small,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "[bm25] recall@3" in run.stdout and "burst of 16 simultaneous requests, no cap: 16 answered" in run.stdout
+    assert (
+        "[bm25] recall@3" in run.stdout
+        and "burst of 16 simultaneous requests, no cap: 16 answered" in run.stdout
+    )
 
 
 # ---- failing loudly
@@ -375,29 +506,41 @@ def test_retrieval_benchmark_reports_recall_and_a_burst_of_requests(tmp_path):
 def test_server_bounds_topk(bm25):
     server, url = serve(bm25, max_topk=50)
     try:
-        status, body = post(url, {"queries": ["kalo"], "topk": 10 ** 6})
-        assert status == 400 and "topk must be at most 50 (the server's --max_topk), got 1000000" in body["error"]
+        status, body = post(url, {"queries": ["kalo"], "topk": 10**6})
+        assert (
+            status == 400
+            and "topk must be at most 50 (the server's --max_topk), got 1000000" in body["error"]
+        )
         assert post(url, {"queries": ["kalo"], "topk": 50})[0] == 200
     finally:
         server.shutdown()
         server.server_close()
 
 
-@pytest.mark.parametrize("length, body, message", [
-    ("abc", b"{}", "Content-Length must be a non-negative integer, got 'abc'"),
-    ("-5", b"{}", "Content-Length must be a non-negative integer, got '-5'"),
-    ("999999999999", b"{}", "Content-Length 999999999999 is over the server's limit"),
-    ("100", b'{"queries": []}', "body shorter than its Content-Length (100 bytes)"),
-])
+@pytest.mark.parametrize(
+    "length, body, message",
+    [
+        ("abc", b"{}", "Content-Length must be a non-negative integer, got 'abc'"),
+        ("-5", b"{}", "Content-Length must be a non-negative integer, got '-5'"),
+        ("999999999999", b"{}", "Content-Length 999999999999 is over the server's limit"),
+        ("100", b'{"queries": []}', "body shorter than its Content-Length (100 bytes)"),
+    ],
+)
 def test_server_answers_a_bad_content_length(bm25, length, body, message):
     server, url = serve(bm25, request_timeout_s=0.5)
     host, port = server.server_address
     try:
         with socket.create_connection((host, port), timeout=5) as s:
-            s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
-                      + length.encode() + b"\r\n\r\n" + body)
+            s.sendall(
+                b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+                + length.encode()
+                + b"\r\n\r\n"
+                + body
+            )
             answer = b""
-            while chunk := s.recv(65536):  # the server answers, then closes: no hang, no silent drop
+            while chunk := s.recv(
+                65536
+            ):  # the server answers, then closes: no hang, no silent drop
                 answer += chunk
         assert answer.startswith(b"HTTP/1.1 400") and message in answer.decode()
         assert post(url, {"queries": ["kalo"], "topk": 1})[0] == 200  # and keeps serving
@@ -411,22 +554,31 @@ def test_server_answers_a_body_that_is_not_utf8(bm25):
     # traceback landed in the server's log
     server, url = serve(bm25)
     try:
-        request = urllib.request.Request(url + "/retrieve", b'{"queries": ["kalo \xff"]}',
-                                         {"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            url + "/retrieve", b'{"queries": ["kalo \xff"]}', {"Content-Type": "application/json"}
+        )
         with pytest.raises(urllib.error.HTTPError) as answer:
             urllib.request.urlopen(request, timeout=10)
         assert answer.value.code == 400
-        assert "body is not UTF-8 ('utf-8' codec can't decode byte 0xff" in json.loads(answer.value.read())["error"]
+        assert (
+            "body is not UTF-8 ('utf-8' codec can't decode byte 0xff"
+            in json.loads(answer.value.read())["error"]
+        )
         assert post(url, {"queries": ["kalo"], "topk": 1})[0] == 200  # and keeps serving
     finally:
         server.shutdown()
         server.server_close()
 
+
 def test_health_check_names_a_dead_server():
     from retriever import health_check
+
     dead = RemoteRetriever(f"http://127.0.0.1:{free_port()}", retries=0)
-    with pytest.raises(RuntimeError, match=r"server http://127\.0\.0\.1:\d+/retrieve did not answer one test query, "
-                                           r"so nothing runs: .*Connection refused.*python retriever\.py serve"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"server http://127\.0\.0\.1:\d+/retrieve did not answer one test query, "
+        r"so nothing runs: .*Connection refused.*python retriever\.py serve",
+    ):
         health_check(dead, f"the retrieval server {dead.url}")
     server, url = serve(Stub())
     try:
@@ -439,15 +591,54 @@ def test_health_check_names_a_dead_server():
 def test_serve_checks_its_flags_before_reading_the_corpus(tmp_path):
     # before: --topk 0 made every request without a topk answer 400 ("got 0"), --max_topk 0 refused every
     # request, --port 70000 raised a bare OverflowError, a missing corpus only surfaced inside load_corpus
-    out = subprocess.run([sys.executable, "retriever.py", "serve", "--corpus", str(tmp_path / "none.jsonl"),
-                          "--topk", "0", "--max_topk", "0", "--port", "70000", "--max_length", "0"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "retriever.py",
+            "serve",
+            "--corpus",
+            str(tmp_path / "none.jsonl"),
+            "--topk",
+            "0",
+            "--max_topk",
+            "0",
+            "--port",
+            "70000",
+            "--max_length",
+            "0",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0
-    for message in ("--topk 0: must be an integer >= 1", "--max_topk 0: must be an integer >= 1",
-                    "--port 70000: must be in 0..65535", "none.jsonl': must be an existing JSONL file",
-                    "--max_length 0: must be an integer >= 1"):
+    for message in (
+        "--topk 0: must be an integer >= 1",
+        "--max_topk 0: must be an integer >= 1",
+        "--port 70000: must be in 0..65535",
+        "none.jsonl': must be an existing JSONL file",
+        "--max_length 0: must be an integer >= 1",
+    ):
         assert message in out.stderr, out.stderr[-2000:]
     (tmp_path / "c.jsonl").write_text('{"id": "0", "contents": "T\\nx"}\n')
-    out = subprocess.run([sys.executable, "retriever.py", "serve", "--corpus", str(tmp_path / "c.jsonl"), "--topk",
-                          "5", "--max_topk", "4"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0 and "--max_topk 4 must be >= --topk 5" in out.stderr, out.stderr[-2000:]
+    out = subprocess.run(
+        [
+            sys.executable,
+            "retriever.py",
+            "serve",
+            "--corpus",
+            str(tmp_path / "c.jsonl"),
+            "--topk",
+            "5",
+            "--max_topk",
+            "4",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0 and "--max_topk 4 must be >= --topk 5" in out.stderr, out.stderr[
+        -2000:
+    ]

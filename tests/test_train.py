@@ -1,6 +1,7 @@
 """train.py as a script: its flags reaching the algorithms, the end-of-run summary, smoke runs of the real loop
 (every algo, the embedded default's warm start, a GGUF model, mixed precision, vLLM), resume after SIGKILL and
 SIGTERM, checkpoints, run locks, and the checks that stop a run before anything loads."""
+
 import math
 
 import pytest
@@ -16,22 +17,42 @@ from train import Args
 
 
 def test_algo_flags_become_the_papers_options_in_the_registries():
-    a = AlgoConfig(tree_replace=True, carl_train_phase1=False, carl_N0=8, treeps_D=4, treeps_train=3)
-    assert rollout.STRATEGIES["tree_grpo"][1](a)["with_replacement"] is True  # the official code's random.choices
+    a = AlgoConfig(
+        tree_replace=True, carl_train_phase1=False, carl_N0=8, treeps_D=4, treeps_train=3
+    )
+    assert (
+        rollout.STRATEGIES["tree_grpo"][1](a)["with_replacement"] is True
+    )  # the official code's random.choices
     carl_options = advantages.ALGOS["carl"][1]
-    assert carl_options(a)["phase1_chains"] == 8 and carl_options(AlgoConfig())["phase1_chains"] == 0  # C.1 / Eq. 13
-    assert rollout.STRATEGIES["treeps"][1](a) == {"N": 8, "D": 4, "N_retain": 2, "N_train": 3}  # D = 4, 3 paths
+    assert (
+        carl_options(a)["phase1_chains"] == 8 and carl_options(AlgoConfig())["phase1_chains"] == 0
+    )  # C.1 / Eq. 13
+    assert rollout.STRATEGIES["treeps"][1](a) == {
+        "N": 8,
+        "D": 4,
+        "N_retain": 2,
+        "N_train": 3,
+    }  # D = 4, 3 paths
 
 
 def test_the_summary_says_whether_rl_helped_beyond_noise():
     # the gain's standard error: sqrt(a(1-a)/n + b(1-b)/n) over the first and last evaluation (n = 1000 each)
     def said(a, b):
-        return summary([{"step": 0, "eval/em": a, "eval/n": 1000}, {"step": 60, "eval/em": b, "eval/n": 1000}],
-                       {"world": 1.0}, 60.0, "runs/x")
+        return summary(
+            [{"step": 0, "eval/em": a, "eval/n": 1000}, {"step": 60, "eval/em": b, "eval/n": 1000}],
+            {"world": 1.0},
+            60.0,
+            "runs/x",
+        )
+
     # 0.70 -> 0.90: se = sqrt(0.21/1000 + 0.09/1000) = 0.0173; +0.200 > 2 se = 0.035
-    assert "RL improved the policy: test EM 0.700 (step 0) -> 0.900 (step 60), +0.200" in said(0.70, 0.90)
+    assert "RL improved the policy: test EM 0.700 (step 0) -> 0.900 (step 60), +0.200" in said(
+        0.70, 0.90
+    )
     # 0.70 -> 0.72: se = sqrt(0.21/1000 + 0.2016/1000) = 0.0203; +0.020 < 2 se = 0.041: said plainly
-    assert "NO clear change from RL (the gain is within 2 standard errors, 0.041)" in said(0.70, 0.72)
+    assert "NO clear change from RL (the gain is within 2 standard errors, 0.041)" in said(
+        0.70, 0.72
+    )
     # 0.70 -> 0.60: se = sqrt(0.21/1000 + 0.24/1000) = 0.0212; -0.100 < -0.042
     assert "RL made the policy WORSE" in said(0.70, 0.60) and "-0.100" in said(0.70, 0.60)
 
@@ -47,13 +68,39 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = ["--prompts_per_step", "2", "--max_step_tokens", "12", "--max_turns", "2", "--eval_n", "2",
-        "--grpo_G", "3", "--branpo_N", "2", "--carl_N", "2", "--treeps_N", "3", "--micro_batch_size", "4"]
+FAST = [
+    "--prompts_per_step",
+    "2",
+    "--max_step_tokens",
+    "12",
+    "--max_turns",
+    "2",
+    "--eval_n",
+    "2",
+    "--grpo_G",
+    "3",
+    "--branpo_N",
+    "2",
+    "--carl_N",
+    "2",
+    "--treeps_N",
+    "3",
+    "--micro_batch_size",
+    "4",
+]
 
 
 def train(env, *args, **kw):
-    cmd = [sys.executable, str(ROOT / "train.py"), "--model", str(env / "tiny"), "--out_dir", str(env / "out"), *FAST,
-           *args]
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--model",
+        str(env / "tiny"),
+        "--out_dir",
+        str(env / "out"),
+        *FAST,
+        *args,
+    ]
     return subprocess.run(cmd, cwd=env, capture_output=True, text=True, timeout=600, **kw)
 
 
@@ -64,7 +111,9 @@ def metrics(env, run):
 
 @pytest.mark.parametrize("algo", ["grpo", "tree_grpo", "branpo", "carl", "treeps"])
 def test_every_algo_trains_two_steps_evaluates_and_saves(env, algo):
-    out = train(env, "--algo", algo, "--steps", "2", "--run_name", f"smoke_{algo}", "--eval_every", "2")
+    out = train(
+        env, "--algo", algo, "--steps", "2", "--run_name", f"smoke_{algo}", "--eval_every", "2"
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = metrics(env, f"smoke_{algo}")
     train_rows = [r for r in rows if "train/loss" in r]
@@ -80,22 +129,61 @@ def test_every_algo_trains_two_steps_evaluates_and_saves(env, algo):
 
 def test_embedded_default_warm_starts_then_trains(env, tmp_path):
     # no --model: the world, a (tiny) warm start cached under out/warmstart, then RL from it, as the main job does
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "--out_dir", str(tmp_path), *FAST, "--steps", "1",
-                          "--eval_every", "0", "--copy_steps", "2", "--sft_steps", "2",
-                          "--warm_batch_size", "2", "--target_em", "0"], cwd=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "--out_dir",
+            str(tmp_path),
+            *FAST,
+            "--steps",
+            "1",
+            "--eval_every",
+            "0",
+            "--copy_steps",
+            "2",
+            "--sft_steps",
+            "2",
+            "--warm_batch_size",
+            "2",
+            "--target_em",
+            "0",
+        ],
+        cwd=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "warm start: saved" in out.stdout
     assert out.stdout.count("retriever: bm25") == 1  # the warm start used the run's (before: 2)
     assert json.loads((tmp_path / "warmstart" / "warmstart.json").read_text())["sft_steps"] == 2
     run = tmp_path / "runs" / "tree_grpo-seed0"  # the default run name: algo and seed
-    row, = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (row,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert row["step"] == 1 and math.isfinite(row["train/loss"])
 
 
 def test_resume_after_sigkill_continues_exactly(env):
     # a run killed with SIGKILL once a checkpoint is complete, then resumed for one more step
-    cmd = [sys.executable, str(ROOT / "train.py"), "--model", str(env / "tiny"), "--out_dir", str(env / "out"), *FAST,
-           "--algo", "grpo", "--steps", "50", "--run_name", "killed", "--eval_every", "0", "--checkpoint_every", "2"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--model",
+        str(env / "tiny"),
+        "--out_dir",
+        str(env / "out"),
+        *FAST,
+        "--algo",
+        "grpo",
+        "--steps",
+        "50",
+        "--run_name",
+        "killed",
+        "--eval_every",
+        "0",
+        "--checkpoint_every",
+        "2",
+    ]
     proc = subprocess.Popen(cmd, cwd=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     latest = env / "out" / "runs" / "killed" / "latest"
     deadline = time.time() + 300
@@ -105,32 +193,95 @@ def test_resume_after_sigkill_continues_exactly(env):
     proc.wait()
     saved = int(latest.read_text().removeprefix("checkpoint-"))
     assert saved % 2 == 0 and saved >= 2
-    assert (latest.parent / "run.lock").read_text().split()[0] == str(proc.pid)  # its process is dead
+    assert (latest.parent / "run.lock").read_text().split()[0] == str(
+        proc.pid
+    )  # its process is dead
     with open(latest.parent / "metrics.jsonl", "a") as f:
-        f.write('{"step": 99, "rollout/rew')  # a torn last line, as a kill in the middle of a write leaves
-    out = train(env, "--algo", "grpo", "--steps", str(saved + 1), "--run_name", "killed", "--eval_every", "0",
-                "--checkpoint_every", "2", "--resume")
+        f.write(
+            '{"step": 99, "rollout/rew'
+        )  # a torn last line, as a kill in the middle of a write leaves
+    out = train(
+        env,
+        "--algo",
+        "grpo",
+        "--steps",
+        str(saved + 1),
+        "--run_name",
+        "killed",
+        "--eval_every",
+        "0",
+        "--checkpoint_every",
+        "2",
+        "--resume",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert f"at step {saved}" in out.stdout and "torn last line" in out.stdout  # the dead run's lock: released
+    assert (
+        f"at step {saved}" in out.stdout and "torn last line" in out.stdout
+    )  # the dead run's lock: released
     rows = metrics(env, "killed")
-    assert [r["step"] for r in rows] == list(range(1, saved + 2))  # nothing logged twice, nothing lost
+    assert [r["step"] for r in rows] == list(
+        range(1, saved + 2)
+    )  # nothing logged twice, nothing lost
     # deterministic on CPU: the resumed step equals the same step of an uninterrupted run
-    ref = train(env, "--algo", "grpo", "--steps", str(saved + 1), "--run_name", "straight", "--eval_every", "0")
+    ref = train(
+        env,
+        "--algo",
+        "grpo",
+        "--steps",
+        str(saved + 1),
+        "--run_name",
+        "straight",
+        "--eval_every",
+        "0",
+    )
     assert ref.returncode == 0, ref.stderr[-3000:]
     straight = metrics(env, "straight")
-    for key in ("rollout/reward", "train/tokens_trained", "train/loss", "train/kl", "train/grad_norm"):
+    for key in (
+        "rollout/reward",
+        "train/tokens_trained",
+        "train/loss",
+        "train/kl",
+        "train/grad_norm",
+    ):
         assert rows[saved][key] == pytest.approx(straight[saved][key], rel=1e-5, abs=1e-7), key
 
 
 def test_one_training_step_with_the_smollm2_gguf(env):
     from conftest import smollm2_gguf
+
     folder, name = smollm2_gguf()
-    out = train(env, "--model", folder, "--gguf_file", name, "--algo", "grpo", "--steps", "1", "--grpo_G", "2",
-                "--prompts_per_step", "1", "--max_step_tokens", "8", "--max_turns", "1", "--eval_every", "0",
-                "--run_name", "gguf", "--lr", "1e-6")
+    out = train(
+        env,
+        "--model",
+        folder,
+        "--gguf_file",
+        name,
+        "--algo",
+        "grpo",
+        "--steps",
+        "1",
+        "--grpo_G",
+        "2",
+        "--prompts_per_step",
+        "1",
+        "--max_step_tokens",
+        "8",
+        "--max_turns",
+        "1",
+        "--eval_every",
+        "0",
+        "--run_name",
+        "gguf",
+        "--lr",
+        "1e-6",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
-    row, = metrics(env, "gguf")
-    assert row["train/samples"] == 2 and math.isfinite(row["train/loss"]) and row["train/skipped_steps"] == 0
+    (row,) = metrics(env, "gguf")
+    assert (
+        row["train/samples"] == 2
+        and math.isfinite(row["train/loss"])
+        and row["train/skipped_steps"] == 0
+    )
 
 
 @pytest.mark.parametrize("precision", ["no", "bf16"])
@@ -142,13 +293,32 @@ def test_pi_theta_pi_old_and_pi_ref_share_one_numeric_path(env, precision):
     # warm start) and train/tis_ratio_max_dev 0.0, hiding the engine/trainer difference. Now that
     # difference shows in TIS (measured: 2.5e-4); in float32 the HF engine's log-probs are pi_old
     # itself, so TIS is exactly 1.
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "--model", str(env / "tiny"),
-                          "--out_dir", str(env / "out"), *FAST, "--algo", "tree_grpo", "--steps",
-                          "1", "--eval_every", "0", "--run_name", f"mp_{precision}"], cwd=env,
-                         capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "ACCELERATE_MIXED_PRECISION": precision})
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "--model",
+            str(env / "tiny"),
+            "--out_dir",
+            str(env / "out"),
+            *FAST,
+            "--algo",
+            "tree_grpo",
+            "--steps",
+            "1",
+            "--eval_every",
+            "0",
+            "--run_name",
+            f"mp_{precision}",
+        ],
+        cwd=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "ACCELERATE_MIXED_PRECISION": precision},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
-    row, = metrics(env, f"mp_{precision}")
+    (row,) = metrics(env, f"mp_{precision}")
     assert abs(row["train/ratio_p5"] - 1) < 2e-6 and abs(row["train/ratio_p95"] - 1) < 2e-6, row
     assert row["train/kl"] < 1e-9, row
     if precision == "bf16":
@@ -163,6 +333,7 @@ def test_log_with_a_tracker_that_is_not_installed_stops_before_anything_loads(en
     # before: the run went on and logged nothing to the tracker, with one UserWarning from
     # accelerate in the output
     from infra.run import TRACKERS
+
     missing = [name for name, installed in TRACKERS.items() if not installed()]
     if not missing:
         pytest.skip("every tracker accelerate supports is installed here")
@@ -179,18 +350,53 @@ def test_log_with_a_tracker_that_is_not_installed_stops_before_anything_loads(en
 import importlib.util  # noqa: E402
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (README: vLLM on CPU)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vllm is not installed (README: vLLM on CPU)"
+)
 @pytest.mark.parametrize("algo", ["tree_grpo", "grpo", "branpo", "carl", "treeps"])
 def test_vllm_engine_runs_the_training_loop(tmp_path_factory, algo):
     # the embedded default (no --model: world, a tiny warm start shared by the five runs, then RL) on vLLM: rollout,
     # update, weight sync, eval, checkpoint, final save and a clean exit, for every algo
     out_dir = tmp_path_factory.getbasetemp() / "vllm_out"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "--engine", "vllm", "--algo", algo, "--out_dir",
-                          str(out_dir), *FAST, "--steps", "2", "--eval_every", "2", "--eval_n", "4",
-                          "--checkpoint_every", "2", "--lr", "1e-2", "--ppo_epochs", "2", "--copy_steps", "2",
-                          "--sft_steps", "2", "--warm_batch_size", "2", "--target_em", "0"],
-                         cwd=tmp_path_factory.getbasetemp(), capture_output=True, text=True, timeout=900, env=env)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "--engine",
+            "vllm",
+            "--algo",
+            algo,
+            "--out_dir",
+            str(out_dir),
+            *FAST,
+            "--steps",
+            "2",
+            "--eval_every",
+            "2",
+            "--eval_n",
+            "4",
+            "--checkpoint_every",
+            "2",
+            "--lr",
+            "1e-2",
+            "--ppo_epochs",
+            "2",
+            "--copy_steps",
+            "2",
+            "--sft_steps",
+            "2",
+            "--warm_batch_size",
+            "2",
+            "--target_em",
+            "0",
+        ],
+        cwd=tmp_path_factory.getbasetemp(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "engine: vllm (requested" in out.stdout and "float32 (the policy's)" in out.stdout
     for bad in ("Traceback", "Invalid process group", "Downcasting", "dtype mismatch"):
@@ -216,8 +422,17 @@ def test_vllm_engine_runs_the_training_loop(tmp_path_factory, algo):
 
 def test_validate_names_each_bad_flag():
     from train import validate
+
     configs = (Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig)
-    for flag in ("prompts_per_step", "tree_M", "grpo_G", "topk", "max_turns", "micro_batch_size", "eval_n"):
+    for flag in (
+        "prompts_per_step",
+        "tree_M",
+        "grpo_G",
+        "topk",
+        "max_turns",
+        "micro_batch_size",
+        "eval_n",
+    ):
         with pytest.raises(SystemExit, match=f"--{flag} 0: must be an integer >= 1"):
             validate(*[c(**{flag: 0}) if flag in c.__dataclass_fields__ else c() for c in configs])
     validate(*[c() for c in configs])  # the defaults pass
@@ -225,34 +440,61 @@ def test_validate_names_each_bad_flag():
 
 def test_validate_refuses_bad_treeps_depth_and_paths_and_the_training_file_as_test_data(tmp_path):
     from train import validate
+
     # before: --treeps_D -1 grew no layer (range(1, 0)) and trained on nothing; --treeps_train -1 raised a bare
     # "Sample larger than population or is negative" after both models loaded; --treeps_D 6 with --max_turns 4
     # failed only at the first rollout
     configs = (Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig)
 
     def run(**flags):  # validate() with each flag set on the dataclass that owns it
-        validate(*[c(**{k: v for k, v in flags.items() if k in c.__dataclass_fields__}) for c in configs])
+        validate(
+            *[c(**{k: v for k, v in flags.items() if k in c.__dataclass_fields__}) for c in configs]
+        )
 
     for flag in ("treeps_D", "treeps_train"):
         with pytest.raises(SystemExit, match=f"--{flag} -1: must be an integer >= 0"):
             run(**{flag: -1})
     # D <= max_turns + 1 = 4 + 1 = 5: 5 passes, 6 is refused with the max_turns it would need (6 - 1 = 5)
     run(treeps_D=5, max_turns=4)
-    with pytest.raises(SystemExit, match=r"--treeps_D 6: .* at most --max_turns \+ 1 = 5; .* raise --max_turns to 5"):
+    with pytest.raises(
+        SystemExit,
+        match=r"--treeps_D 6: .* at most --max_turns \+ 1 = 5; .* raise --max_turns to 5",
+    ):
         run(treeps_D=6, max_turns=4)
     # the training file named another way ("./x" vs "x") is still the training file
     (tmp_path / "train.jsonl").write_text("")
-    with pytest.raises(SystemExit, match="is the --data file: evaluation would score the training questions"):
+    with pytest.raises(
+        SystemExit, match="is the --data file: evaluation would score the training questions"
+    ):
         run(data=str(tmp_path / "train.jsonl"), test_data=str(tmp_path / "." / "train.jsonl"))
     run(data=str(tmp_path), test_data=str(tmp_path))  # a directory: its test.* split, never train.*
 
 
 def test_bad_flags_stop_before_anything_loads(env):
-    out = train(env, "--algo", "grpo", "--steps", "1", "--run_name", "bad_flags", "--prompts_per_step", "0",
-                "--tree_M", "0", "--engine", "vllm", "--top_p", "1.5")
+    out = train(
+        env,
+        "--algo",
+        "grpo",
+        "--steps",
+        "1",
+        "--run_name",
+        "bad_flags",
+        "--prompts_per_step",
+        "0",
+        "--tree_M",
+        "0",
+        "--engine",
+        "vllm",
+        "--top_p",
+        "1.5",
+    )
     assert out.returncode != 0
-    for message in ("--prompts_per_step 0: must be an integer >= 1", "--tree_M 0: must be an integer >= 1",
-                    "--top_p 1.5: must be in (0, 1]", "--engine 'vllm': must be auto or hf: vllm is not installed"):
+    for message in (
+        "--prompts_per_step 0: must be an integer >= 1",
+        "--tree_M 0: must be an integer >= 1",
+        "--top_p 1.5: must be in (0, 1]",
+        "--engine 'vllm': must be auto or hf: vllm is not installed",
+    ):
         assert message in out.stderr, out.stderr[-3000:]
     assert not (env / "out" / "runs" / "bad_flags").exists()
 
@@ -262,19 +504,33 @@ def test_dead_retriever_stops_train_and_eval_at_start(env):
     out = train(env, "--algo", "grpo", "--steps", "1", "--run_name", "dead", *dead)
     assert out.returncode != 0 and "did not answer one test query" in out.stderr, out.stderr[-3000:]
     assert "Connection refused" in out.stderr and "done:" not in out.stdout
-    out = subprocess.run([sys.executable, str(ROOT / "eval.py"), "--model", str(env / "tiny"), "--n", "2", *dead],
-                         cwd=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "eval.py"), "--model", str(env / "tiny"), "--n", "2", *dead],
+        cwd=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode != 0 and "did not answer one test query" in out.stderr, out.stderr[-3000:]
 
 
 def test_env_error_rate_stops_the_run_after_patience_steps():
     from infra.run import check_env_errors
+
     args = Args(max_env_error_rate=0.5, env_error_patience=3)
-    rows = [{"step": i, "abnormal/env_error": r} for i, r in enumerate([0.9, 0.9, 0.1, 0.9, 0.6], 1)]
+    rows = [
+        {"step": i, "abnormal/env_error": r} for i, r in enumerate([0.9, 0.9, 0.1, 0.9, 0.6], 1)
+    ]
     check_env_errors(rows, args, "X")  # the last three are 0.1, 0.9, 0.6: one step was fine
-    rows += [{"step": 5, "eval/em": 0.5}, {"step": 6, "abnormal/env_error": 1.0}]  # eval rows do not count
-    with pytest.raises(SystemExit, match=r"abnormal/env_error above --max_env_error_rate 0.5 for 3 steps in a row "
-                                         r"\(0.90, 0.60, 1.00\).*X"):
+    rows += [
+        {"step": 5, "eval/em": 0.5},
+        {"step": 6, "abnormal/env_error": 1.0},
+    ]  # eval rows do not count
+    with pytest.raises(
+        SystemExit,
+        match=r"abnormal/env_error above --max_env_error_rate 0.5 for 3 steps in a row "
+        r"\(0.90, 0.60, 1.00\).*X",
+    ):
         check_env_errors(rows, args, "X")
 
 
@@ -294,19 +550,27 @@ def test_rerun_refuses_to_overwrite_a_run(env):
 
 def test_a_live_lock_refuses_a_second_writer(env):
     import fcntl
+
     run = env / "out" / "runs" / "locked"
     run.mkdir(parents=True)
-    with open(run / "run.lock", "w") as lock:  # this test's process holds the run, as a running train.py would
+    with open(
+        run / "run.lock", "w"
+    ) as lock:  # this test's process holds the run, as a running train.py would
         fcntl.flock(lock, fcntl.LOCK_EX)
         lock.write(f"{os.getpid()} testhost\n")
         lock.flush()
-        out = train(env, "--algo", "grpo", "--steps", "1", "--eval_every", "0", "--run_name", "locked")
-    assert out.returncode != 0 and f"in use by process {os.getpid()} testhost" in out.stderr, out.stderr[-3000:]
+        out = train(
+            env, "--algo", "grpo", "--steps", "1", "--eval_every", "0", "--run_name", "locked"
+        )
+    assert out.returncode != 0 and f"in use by process {os.getpid()} testhost" in out.stderr, (
+        out.stderr[-3000:]
+    )
     assert f"kill {os.getpid()}" in out.stderr and not (run / "metrics.jsonl").exists()
 
 
 def test_read_metrics_survives_a_torn_last_line_and_a_missing_file(tmp_path):
     from infra.run import read_metrics
+
     assert read_metrics(str(tmp_path / "none.jsonl")) == []
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "tr')
@@ -318,10 +582,22 @@ def test_read_metrics_survives_a_torn_last_line_and_a_missing_file(tmp_path):
 
 def test_train_file_without_test_data_is_refused(env):
     world = env / "out" / "world"
-    out = train(env, "--algo", "grpo", "--steps", "1", "--run_name", "no_test", "--data", str(world / "train.jsonl"),
-                "--corpus", str(world / "corpus.jsonl"))
-    assert out.returncode != 0 and "--test_data" in out.stderr and "training questions" in out.stderr, \
-        out.stderr[-3000:]
+    out = train(
+        env,
+        "--algo",
+        "grpo",
+        "--steps",
+        "1",
+        "--run_name",
+        "no_test",
+        "--data",
+        str(world / "train.jsonl"),
+        "--corpus",
+        str(world / "corpus.jsonl"),
+    )
+    assert (
+        out.returncode != 0 and "--test_data" in out.stderr and "training questions" in out.stderr
+    ), out.stderr[-3000:]
 
 
 def test_a_bad_corpus_stops_train_and_eval_before_the_model_loads(env, tmp_path):
@@ -330,19 +606,53 @@ def test_a_bad_corpus_stops_train_and_eval_before_the_model_loads(env, tmp_path)
     # the corpus (and none about the model) proves the corpus was read first.
     world = env / "out" / "world"
     bad = tmp_path / "corpus.jsonl"
-    bad.write_bytes(b'{"id": "0", "contents": "T\\nx"}\n{"id": "1", "contents": "\xff"}\n')  # line 2: not UTF-8
+    bad.write_bytes(
+        b'{"id": "0", "contents": "T\\nx"}\n{"id": "1", "contents": "\xff"}\n'
+    )  # line 2: not UTF-8
     broken = tmp_path / "broken_model"
     broken.mkdir()
     for name in ("config.json", "tokenizer.json", "model.safetensors"):
         (broken / name).write_text("not a model")
-    files = ("--data", str(world / "train.jsonl"), "--test_data", str(world / "test.jsonl"), "--corpus", str(bad))
-    out = train(env, "--algo", "grpo", "--steps", "1", "--run_name", "bad_corpus", *files, "--model",
-                str(broken))
+    files = (
+        "--data",
+        str(world / "train.jsonl"),
+        "--test_data",
+        str(world / "test.jsonl"),
+        "--corpus",
+        str(bad),
+    )
+    out = train(
+        env,
+        "--algo",
+        "grpo",
+        "--steps",
+        "1",
+        "--run_name",
+        "bad_corpus",
+        *files,
+        "--model",
+        str(broken),
+    )
     assert out.returncode != 0 and f"{bad}: line 2: not UTF-8" in out.stderr, out.stderr[-3000:]
     assert "broken_model" not in out.stderr
-    out = subprocess.run([sys.executable, str(ROOT / "eval.py"), "--model", str(broken), "--data",
-                          str(world / "test.jsonl"), "--corpus", str(bad), "--n", "2"], cwd=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "eval.py"),
+            "--model",
+            str(broken),
+            "--data",
+            str(world / "test.jsonl"),
+            "--corpus",
+            str(bad),
+            "--n",
+            "2",
+        ],
+        cwd=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode != 0 and f"{bad}: line 2: not UTF-8" in out.stderr, out.stderr[-3000:]
     assert "broken_model" not in out.stderr
 
@@ -358,14 +668,19 @@ def test_a_full_disk_at_checkpoint_says_so_and_keeps_latest(tmp_path):
             os.makedirs(path)
             (Path(path) / "model.safetensors").write_bytes(b"part")
             raise RuntimeError("PytorchStreamWriter failed writing file data/3: file write failed")
+
     (tmp_path / "checkpoint-2").mkdir()
     (tmp_path / "latest").write_text("checkpoint-2")
-    with pytest.raises(OSError, match=r"checkpoint-4 failed .*file write failed.*free on the disk.*space.*"
-                                      r"--resume continues from checkpoint-2"):
+    with pytest.raises(
+        OSError,
+        match=r"checkpoint-4 failed .*file write failed.*free on the disk.*space.*"
+        r"--resume continues from checkpoint-2",
+    ):
         save_checkpoint(FullDisk(), str(tmp_path), 4, {"step": 4}, True)
-    assert (tmp_path / "latest").read_text() == "checkpoint-2" and sorted(os.listdir(tmp_path)) == \
-        ["checkpoint-2", "latest"]  # the torn checkpoint is removed; `latest` still names a complete one
-
+    assert (tmp_path / "latest").read_text() == "checkpoint-2" and sorted(os.listdir(tmp_path)) == [
+        "checkpoint-2",
+        "latest",
+    ]  # the torn checkpoint is removed; `latest` still names a complete one
 
 
 # ---- what clusters and users do to a run -------------------------------------------------------
@@ -387,12 +702,34 @@ def straight_run(env, tmp_path_factory):
     hf_home = tmp_path_factory.mktemp("hf")
     (hf_home / "accelerate").mkdir()
     (hf_home / "accelerate" / "default_config.yaml").write_text("distributed_type: 'NO'\n")
-    cmd = [sys.executable, str(ROOT / "train.py"), "--model", str(env / "tiny"), "--out_dir",
-           str(env / "out"), *FAST, "--algo", "grpo", "--steps", "4", "--run_name", "straight4",
-           "--eval_every", "0", "--checkpoint_every", "0"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--model",
+        str(env / "tiny"),
+        "--out_dir",
+        str(env / "out"),
+        *FAST,
+        "--algo",
+        "grpo",
+        "--steps",
+        "4",
+        "--run_name",
+        "straight4",
+        "--eval_every",
+        "0",
+        "--checkpoint_every",
+        "0",
+    ]
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, cwd=env, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "HF_HOME": str(hf_home)})
+    out = subprocess.run(
+        cmd,
+        cwd=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HOME": str(hf_home)},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out, time.perf_counter() - t0, hf_home
 
@@ -406,27 +743,60 @@ def straight(env, straight_run):
 def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(env, straight, tmp_path):
     # before: SIGTERM (a cluster's preemption) ended the run at once, exit 143 with no message, and
     # every step since the last checkpoint was lost (here, with --checkpoint_every 0: all of them)
-    cmd = [sys.executable, str(ROOT / "train.py"), "--model", str(env / "tiny"), "--out_dir",
-           str(env / "out"), *FAST, "--algo", "grpo", "--steps", "50", "--run_name", "sigterm",
-           "--eval_every", "0", "--checkpoint_every", "0"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--model",
+        str(env / "tiny"),
+        "--out_dir",
+        str(env / "out"),
+        *FAST,
+        "--algo",
+        "grpo",
+        "--steps",
+        "50",
+        "--run_name",
+        "sigterm",
+        "--eval_every",
+        "0",
+        "--checkpoint_every",
+        "0",
+    ]
     run = env / "out" / "runs" / "sigterm"
     with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
         proc = subprocess.Popen(cmd, cwd=env, stdout=stdout, stderr=stderr)
         deadline = time.time() + 300
-        while time.time() < deadline and proc.poll() is None and not (
-                (run / "metrics.jsonl").exists() and (run / "metrics.jsonl").stat().st_size):
+        while (
+            time.time() < deadline
+            and proc.poll() is None
+            and not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").stat().st_size)
+        ):
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)  # in step 2, or between steps 1 and 2
         assert proc.wait(timeout=300) == 128 + signal.SIGTERM  # non-zero: the run is not finished
     said = (tmp_path / "stdout").read_text()
     done = len(metrics(env, "sigterm"))  # the step in progress was finished, then saved
-    assert f"stopped by SIGTERM after step {done} of 50: saved {run}/checkpoint-{done}; to go " \
-           f"on, run the same command with --resume" in said, said
+    assert (
+        f"stopped by SIGTERM after step {done} of 50: saved {run}/checkpoint-{done}; to go "
+        f"on, run the same command with --resume" in said
+    ), said
     assert said.rstrip().endswith("--resume")
     assert "SIGTERM: finishing this step" in (tmp_path / "stderr").read_text()
     assert (run / "latest").read_text() == f"checkpoint-{done}" and not (run / "final").exists()
-    out = train(env, "--algo", "grpo", "--steps", "4", "--run_name", "sigterm", "--eval_every", "0",
-                "--checkpoint_every", "0", "--resume")
+    out = train(
+        env,
+        "--algo",
+        "grpo",
+        "--steps",
+        "4",
+        "--run_name",
+        "sigterm",
+        "--eval_every",
+        "0",
+        "--checkpoint_every",
+        "0",
+        "--resume",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"resumed from {run}/checkpoint-{done} at step {done}" in out.stdout
     assert [r["step"] for r in metrics(env, "sigterm")] == [1, 2, 3, 4]  # once each
@@ -448,10 +818,15 @@ def test_an_unreadable_checkpoint_is_named_and_the_previous_one_loaded(env, stra
         f.truncate(100)
     out = train(env, *args, "--steps", "4", "--resume")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert f"resume: {run}/checkpoint-3 is unreadable: model.safetensors has 100 bytes, {size} " \
-           f"when saved (truncated or overwritten)" in out.stdout, out.stdout
-    assert "resume: fell back to the previous checkpoint, checkpoint-2; the steps after 2 run " \
-           "again" in out.stdout and f"resumed from {run}/checkpoint-2 at step 2" in out.stdout
+    assert (
+        f"resume: {run}/checkpoint-3 is unreadable: model.safetensors has 100 bytes, {size} "
+        f"when saved (truncated or overwritten)" in out.stdout
+    ), out.stdout
+    assert (
+        "resume: fell back to the previous checkpoint, checkpoint-2; the steps after 2 run again"
+        in out.stdout
+        and f"resumed from {run}/checkpoint-2 at step 2" in out.stdout
+    )
     assert same_run(metrics(env, "torn"), straight)  # step 3 redone exactly, each logged once
     assert kept() == ["checkpoint-3", "checkpoint-4"]
 
@@ -472,26 +847,32 @@ def test_load_checkpoint_falls_back_then_stops_saying_what_to_do(tmp_path, capsy
 
         def print(self, *args):
             print(*args)
+
     for step in (2, 4):  # two complete checkpoints, each recording its file's size: 4 bytes
         (tmp_path / f"checkpoint-{step}").mkdir()
         (tmp_path / f"checkpoint-{step}" / "model.safetensors").write_bytes(b"abcd")
         (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(
-            json.dumps({"step": step, "files": {"model.safetensors": 4}}))
+            json.dumps({"step": step, "files": {"model.safetensors": 4}})
+        )
     (tmp_path / "latest").write_text("checkpoint-4")
     (tmp_path / "checkpoint-6").mkdir()  # torn by a kill: newer than `latest`, never tried
     loader = Loader({"checkpoint-4"})  # corrupt in place: the size is right, the loader fails
     assert load_checkpoint(loader, str(tmp_path))["step"] == 2 and loader.loaded == ["checkpoint-2"]
-    assert "checkpoint-4 is unreadable: loading it failed (RuntimeError: Error while " \
-           "deserializing header: invalid header length); its files have the sizes they were " \
-           "saved with" \
-           in capsys.readouterr().out
+    assert (
+        "checkpoint-4 is unreadable: loading it failed (RuntimeError: Error while "
+        "deserializing header: invalid header length); its files have the sizes they were "
+        "saved with" in capsys.readouterr().out
+    )
     assert (tmp_path / "latest").read_text() == "checkpoint-2"  # what the run goes on from
     (tmp_path / "latest").write_text("checkpoint-4")
     (tmp_path / "checkpoint-2" / "model.safetensors").write_bytes(b"ab")  # the previous one: torn
-    with pytest.raises(SystemExit, match=r"no readable checkpoint in .* \(checkpoint-4: loading it "
-                                         r"failed .*; checkpoint-2: model.safetensors has 2 bytes, "
-                                         r"4 when saved .*\): put back the named files \(from a "
-                                         r"backup\), or start over with --overwrite"):
+    with pytest.raises(
+        SystemExit,
+        match=r"no readable checkpoint in .* \(checkpoint-4: loading it "
+        r"failed .*; checkpoint-2: model.safetensors has 2 bytes, "
+        r"4 when saved .*\): put back the named files \(from a "
+        r"backup\), or start over with --overwrite",
+    ):
         load_checkpoint(Loader({"checkpoint-4"}), str(tmp_path))
 
 
@@ -503,13 +884,17 @@ def test_the_console_says_little_and_the_run_directory_holds_the_config(env, str
     run = env / "out" / "runs" / "straight4"
     config = json.loads((run / "config.json").read_text())
     assert config["steps"] == 4 and config["lr"] == 5e-5 and config["kl_coef"] == 0.001  # all of it
-    assert f"config: {run}/config.json; not the defaults: --model {env / 'tiny'} --out_dir " \
-           f"{env / 'out'} --run_name straight4 --steps 4 --prompts_per_step 2 " \
-           f"--micro_batch_size 4 --eval_every 0 --eval_n 2 --checkpoint_every 0 --algo grpo" \
-           in out.stdout, out.stdout
+    assert (
+        f"config: {run}/config.json; not the defaults: --model {env / 'tiny'} --out_dir "
+        f"{env / 'out'} --run_name straight4 --steps 4 --prompts_per_step 2 "
+        f"--micro_batch_size 4 --eval_every 0 --eval_n 2 --checkpoint_every 0 --algo grpo"
+        in out.stdout
+    ), out.stdout
     assert '"kl_coef"' not in out.stdout and len(out.stdout.splitlines()) <= 8, out.stdout
-    assert f"accelerate: {hf_home / 'accelerate' / 'default_config.yaml'} is not used by a run " \
-           f"started without `accelerate launch`" in out.stdout
+    assert (
+        f"accelerate: {hf_home / 'accelerate' / 'default_config.yaml'} is not used by a run "
+        f"started without `accelerate launch`" in out.stdout
+    )
     # stderr is a pipe here: the bar is drawn when it opens, every 20 s, and when it closes
     assert out.stderr.count("grpo:") <= 2 + wall // 20, out.stderr
 
@@ -520,23 +905,50 @@ def test_two_runs_sharing_an_out_dir_train_one_warm_start(env, tmp_path):
     # on. Here the test holds the warm start's lock while both runs reach it, then lets them go.
     import fcntl
     import shutil
+
     shutil.copytree(env / "out" / "world", tmp_path / "world")  # the small world
-    cmd = [sys.executable, str(ROOT / "train.py"), "--out_dir", str(tmp_path), *FAST, "--steps",
-           "1", "--eval_every", "0", "--copy_steps", "2", "--sft_steps", "2", "--warm_batch_size",
-           "2", "--target_em", "0"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--out_dir",
+        str(tmp_path),
+        *FAST,
+        "--steps",
+        "1",
+        "--eval_every",
+        "0",
+        "--copy_steps",
+        "2",
+        "--sft_steps",
+        "2",
+        "--warm_batch_size",
+        "2",
+        "--target_em",
+        "0",
+    ]
     with open(tmp_path / "warmstart.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         lock.write(f"{os.getpid()} testhost\n")
         lock.flush()
-        runs = [subprocess.Popen(cmd + ["--seed", seed], cwd=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True) for seed in ("1", "2")]
+        runs = [
+            subprocess.Popen(
+                cmd + ["--seed", seed],
+                cwd=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for seed in ("1", "2")
+        ]
         for run in runs:  # each says what it waits for
             lines = []
             while not lines or "waiting for" not in lines[-1]:
                 lines.append(run.stdout.readline())
                 assert lines[-1], "".join(lines) + run.stderr.read()
-            assert f"waiting for process {os.getpid()} testhost to finish with the warm start " \
-                   f"{tmp_path / 'warmstart'} (lock: {tmp_path / 'warmstart.lock'})" in lines[-1]
+            assert (
+                f"waiting for process {os.getpid()} testhost to finish with the warm start "
+                f"{tmp_path / 'warmstart'} (lock: {tmp_path / 'warmstart.lock'})" in lines[-1]
+            )
     outputs = [run.communicate(timeout=600) for run in runs]
     codes = [run.returncode for run in runs]
     assert sorted(codes) == [0, 1], outputs
@@ -545,8 +957,11 @@ def test_two_runs_sharing_an_out_dir_train_one_warm_start(env, tmp_path):
     assert seed == first + 1
     # ...and the other, once it had the lock, found a warm start of another seed and refused it
     refused = outputs[1 - first][1]
-    assert f"trained with other settings (setting: (cached, asked)) {{'seed': ({seed}, " \
-           f"{2 - first})}}" in refused and "give this run its own --out_dir" in refused
+    assert (
+        f"trained with other settings (setting: (cached, asked)) {{'seed': ({seed}, {2 - first})}}"
+        in refused
+        and "give this run its own --out_dir" in refused
+    )
 
 
 def test_model_paths_are_checked_before_anything_loads(env, tmp_path):
@@ -558,14 +973,19 @@ def test_model_paths_are_checked_before_anything_loads(env, tmp_path):
     (only / "config.json").write_text((env / "tiny" / "config.json").read_text())
     none = tmp_path / "none"
     no_tokenizer = f"{only} has no tokenizer files (none of tokenizer.json"
-    out = train(env, "--algo", "grpo", "--steps", "1", "--run_name", "only_config", "--model",
-                str(only))
+    out = train(
+        env, "--algo", "grpo", "--steps", "1", "--run_name", "only_config", "--model", str(only)
+    )
     assert out.returncode != 0 and no_tokenizer in out.stderr, out.stderr[-3000:]
     assert not (env / "out" / "runs" / "only_config").exists()
     for script in (["eval.py", "--judge_model", str(only)], ["rollout.py", "--dump", "x.json"]):
-        out = subprocess.run([sys.executable, str(ROOT / script[0]), "--model", str(none),
-                              *script[1:]], cwd=tmp_path, capture_output=True, text=True,
-                             timeout=300)
+        out = subprocess.run(
+            [sys.executable, str(ROOT / script[0]), "--model", str(none), *script[1:]],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode != 0, out.stderr[-3000:]
         assert f"no model at {none}: no such directory" in out.stderr, out.stderr[-3000:]
         assert script[0] == "rollout.py" or no_tokenizer in out.stderr  # eval.py: both at once

@@ -1,17 +1,37 @@
 """tree.py: structure helpers, JSON round trip, rendering, and trees -> token-level training samples (TITO)."""
+
 import json
 
 import pytest
 
-from tree import (FLAGS, Node, Trajectory, Tree, context_ids, drawing, leaves, load_trees, path, save_trees,
-                  scored_leaves, step_credit, to_samples)
+from tree import (
+    FLAGS,
+    Node,
+    Trajectory,
+    Tree,
+    context_ids,
+    drawing,
+    leaves,
+    load_trees,
+    path,
+    save_trees,
+    scored_leaves,
+    step_credit,
+    to_samples,
+)
 
 
 def small_tree() -> Tree:
     """prompt [1,2] -> s0 (search) -> {a0 (answer, r=1), a1 (answer, r=0)}; prompt -> s1 (answer, env_error)."""
     root = Node("p", tokens=[1, 2])
-    s0 = root.add_child(tokens=[10, 11], logprobs=[-0.1, -0.2], obs_tokens=[50, 51, 52], action="search",
-                        query="q", doc_ids=["d1", "d2"])
+    s0 = root.add_child(
+        tokens=[10, 11],
+        logprobs=[-0.1, -0.2],
+        obs_tokens=[50, 51, 52],
+        action="search",
+        query="q",
+        doc_ids=["d1", "d2"],
+    )
     s0.add_child(tokens=[20], logprobs=[-0.3], action="answer", answer="x", reward=1.0)
     s0.add_child(tokens=[21, 22], logprobs=[-0.4, -0.5], action="answer", answer="y", reward=0.0)
     root.add_child(tokens=[30], logprobs=[-0.6], action="answer", reward=0.0, flags=["env_error"])
@@ -22,7 +42,10 @@ def test_nodes_leaves_paths_and_depths_of_a_small_tree():
     t = small_tree()
     assert [n.id for n in t.nodes()] == ["p", "p.0", "p.0.0", "p.0.1", "p.1"]
     assert [n.id for n in leaves(t.root)] == ["p.0.0", "p.0.1", "p.1"]
-    assert [n.id for n in scored_leaves(t.root)] == ["p.0.0", "p.0.1"]  # env_error leaf is discarded
+    assert [n.id for n in scored_leaves(t.root)] == [
+        "p.0.0",
+        "p.0.1",
+    ]  # env_error leaf is discarded
     leaf = t.find("p.0.1")
     assert [n.id for n in path(leaf)] == ["p.0", "p.0.1"]  # root (the prompt) is not a step
     assert (t.root.depth, t.find("p.0").depth, leaf.depth) == (0, 1, 2)
@@ -48,7 +71,11 @@ def test_json_round_trip_keeps_every_field_in_both_file_formats(tmp_path):
     assert back.to_dict() == d
     assert back.find("p.0.1").parent.id == "p.0"
     assert back.find("p.0").doc_ids == ["d1", "d2"] and back.find("p.1").flags == ["env_error"]
-    assert (back.question, back.golden_answers, back.stats) == ("Q?", ["x"], {"generated_tokens": 6})
+    assert (back.question, back.golden_answers, back.stats) == (
+        "Q?",
+        ["x"],
+        {"generated_tokens": 6},
+    )
     # the rollout dump format (one list of trees per prompt) and the --trees format (one prompt's list)
     save_trees([[t, t]], tmp_path / "dump.json")
     per_prompt = json.loads((tmp_path / "dump.json").read_text())
@@ -104,7 +131,9 @@ def test_samples_drop_truncated_and_untrained():
     t = small_tree()
     a0, a1 = t.find("p.0.0"), t.find("p.0.1")
     a1.flags.append("truncated")  # token budget exceeded: reward counts, tokens are not trained
-    assert [s.leaf_id for s in to_samples([Trajectory(a0, [None, None]), Trajectory(a1, [1.0, 1.0])])] == []
+    assert [
+        s.leaf_id for s in to_samples([Trajectory(a0, [None, None]), Trajectory(a1, [1.0, 1.0])])
+    ] == []
     with pytest.raises(ValueError, match="1 advantages for 2 steps"):
         to_samples([Trajectory(a0, [1.0])])
     a0.logprobs = []
@@ -113,16 +142,29 @@ def test_samples_drop_truncated_and_untrained():
 
 
 def test_the_abnormal_flags_are_the_six_outcomes():
-    assert set(FLAGS) == {"parse_error", "repeated_query", "too_many_calls", "max_turns", "truncated", "env_error"}
+    assert set(FLAGS) == {
+        "parse_error",
+        "repeated_query",
+        "too_many_calls",
+        "max_turns",
+        "truncated",
+        "env_error",
+    }
 
 
 def test_step_credit_sums_the_rows_that_train_a_step():
     t = small_tree()
     a0, a1 = t.find("p.0.0"), t.find("p.0.1")
     # p.0 is trained in both rows: 0.5 + (-2.0) = -1.5; p.0.1 only in the second; None counts nothing
-    assert step_credit([Trajectory(a0, [0.5, None]), Trajectory(a1, [-2.0, 1.0])]) == {"p.0": -1.5, "p.0.1": 1.0}
+    assert step_credit([Trajectory(a0, [0.5, None]), Trajectory(a1, [-2.0, 1.0])]) == {
+        "p.0": -1.5,
+        "p.0.1": 1.0,
+    }
     a1.flags.append("truncated")  # to_samples drops the row: its advantages reach no token
-    assert step_credit([Trajectory(a0, [0.5, 2.0]), Trajectory(a1, [-2.0, 1.0])]) == {"p.0": 0.5, "p.0.0": 2.0}
+    assert step_credit([Trajectory(a0, [0.5, 2.0]), Trajectory(a1, [-2.0, 1.0])]) == {
+        "p.0": 0.5,
+        "p.0.0": 2.0,
+    }
 
 
 def test_drawing_kinds_marks_and_dropped_children():
@@ -132,10 +174,27 @@ def test_drawing_kinds_marks_and_dropped_children():
     t.root.n_sampled = 4  # two children kept of four sampled
     rows = {r["id"]: r for r in drawing([t], [Trajectory(t.find("p.0.0"), [0.5, 2.0])])}
     assert list(rows) == ["p", "p.0", "p.0.0", "p.0.1", "p.1"]
-    assert [r["kind"] for r in rows.values()] == ["prompt", "search", "answer", "truncated", "discarded"]
+    assert [r["kind"] for r in rows.values()] == [
+        "prompt",
+        "search",
+        "answer",
+        "truncated",
+        "discarded",
+    ]
     assert [r["credit"] for r in rows.values()] == [None, 0.5, 2.0, None, None]
     assert [r["reward"] for r in rows.values()] == [None, None, 1.0, 0.0, 0.0]
-    assert rows["p"] | {"marks": None} == {"id": "p", "parent": None, "kind": "prompt", "credit": None,
-                                           "reward": None, "marks": None, "dropped": 2}
-    assert rows["p"]["marks"] == ["fork"] and rows["p.0"]["marks"] == ["prefix_end", "fork", "retained"]
+    assert rows["p"] | {"marks": None} == {
+        "id": "p",
+        "parent": None,
+        "kind": "prompt",
+        "credit": None,
+        "reward": None,
+        "marks": None,
+        "dropped": 2,
+    }
+    assert rows["p"]["marks"] == ["fork"] and rows["p.0"]["marks"] == [
+        "prefix_end",
+        "fork",
+        "retained",
+    ]
     assert rows["p.0.1"]["parent"] == "p.0" and rows["p.0.1"]["marks"] == []

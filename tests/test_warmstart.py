@@ -1,4 +1,5 @@
 """infra/warmstart.py: the thought format, every deliberate mistake, loss masks, and the cached checkpoint's contract."""
+
 import json
 import random
 
@@ -11,14 +12,27 @@ from infra.data import QARow
 from infra.engines import load_policy
 from infra.search import BM25Retriever, load_corpus
 
-ROW = QARow(id="t", question="where is the employer of kalo mire based?", golden_answers=["latori"],
-            data_source="world", split="train", index=0, hops=2, gold_chain=["kalo mire", "ravoki", "latori"],
-            gold_relations=["works_for", "based_in"], gold_queries=["kalo mire", "ravoki"])
+ROW = QARow(
+    id="t",
+    question="where is the employer of kalo mire based?",
+    golden_answers=["latori"],
+    data_source="world",
+    split="train",
+    index=0,
+    hops=2,
+    gold_chain=["kalo mire", "ravoki", "latori"],
+    gold_relations=["works_for", "based_in"],
+    gold_queries=["kalo mire", "ravoki"],
+)
 
 
 def test_open_question_rewords_each_resolved_hop_and_fact_states_it():
-    assert warmstart.open_question(ROW, 0) == ROW.question  # nothing resolved yet: the original wording
-    assert warmstart.open_question(ROW, 1) == "where is ravoki based?"  # "the employer of kalo mire" -> ravoki
+    assert (
+        warmstart.open_question(ROW, 0) == ROW.question
+    )  # nothing resolved yet: the original wording
+    assert (
+        warmstart.open_question(ROW, 1) == "where is ravoki based?"
+    )  # "the employer of kalo mire" -> ravoki
     assert warmstart.fact(ROW, 0) == "kalo mire works for ravoki."
     assert warmstart.fact(ROW, 1) == "ravoki is based in latori."
 
@@ -28,8 +42,9 @@ def setup(env):
     world = str(env / "out" / "world")
     retriever = BM25Retriever(load_corpus(f"{world}/corpus.jsonl"))
     tok = warmstart.world_tokenizer(rollout)
-    agent = rollout.Agent(None, retriever, tok, rollout.AgentConfig(instruction="short", topk=2,
-                                                                    max_obs_tokens=60))
+    agent = rollout.Agent(
+        None, retriever, tok, rollout.AgentConfig(instruction="short", topk=2, max_obs_tokens=60)
+    )
     rows = data.load_rows(world, "train")
     return agent, retriever, rows, world
 
@@ -55,11 +70,17 @@ def steps_of(agent, ids, mask):
 def test_gold_trajectory_quotes_facts_and_masks_prompt_and_observations(setup):
     agent, retriever, rows, _ = setup
     row = next(r for r in rows if r.hops == 3)
-    ids, mask = warmstart.trajectory(agent, row, random.Random(0), None, [], observed(agent, row.gold_queries))
+    ids, mask = warmstart.trajectory(
+        agent, row, random.Random(0), None, [], observed(agent, row.gold_queries)
+    )
     runs, actions, observations = steps_of(agent, ids, mask)
     assert runs[0] == (0, agent.prompt_ids(row.question))  # the prompt is never trained
-    assert actions == [("search", q, None) for q in row.gold_queries] + [("answer", row.golden_answers[0], None)]
-    for q, obs in zip(row.gold_queries, observations):  # exactly the ids the agent would append at RL time
+    assert actions == [("search", q, None) for q in row.gold_queries] + [
+        ("answer", row.golden_answers[0], None)
+    ]
+    for q, obs in zip(
+        row.gold_queries, observations
+    ):  # exactly the ids the agent would append at RL time
         assert obs == agent.observation_ids(rollout.format_passages(retriever.search([q], 2)[0]))
     thoughts = [agent.tok.decode(seg) for m, seg in runs if m]
     assert thoughts[0].startswith("<think> " + row.question)
@@ -75,16 +96,30 @@ def test_each_deliberate_mistake_is_well_formed_and_does_what_it_says(setup, see
     gold = row.gold_queries
 
     def searches(mistake):
-        ids, mask = warmstart.trajectory(agent, row, random.Random(seed), mistake, [other],
-                                         observed(agent, [*row.gold_queries, other]))
+        ids, mask = warmstart.trajectory(
+            agent,
+            row,
+            random.Random(seed),
+            mistake,
+            [other],
+            observed(agent, [*row.gold_queries, other]),
+        )
         _, actions, _ = steps_of(agent, ids, mask)
         assert all(flag is None for _, _, flag in actions)  # every mistake is well-formed
         return [c for a, c, _ in actions if a == "search"], actions[-1]
 
     qs, last = searches("early")  # after 1 or 2 hops, answers the entity reached so far
-    assert qs == gold[:len(qs)] and 1 <= len(qs) < 3 and last == ("answer", row.gold_chain[len(qs)], None)
-    qs, last = searches("wrong")  # one unrelated search inserted before some gold query; still answers right
-    assert len(qs) == 4 and [q for q in qs if q != other] == gold and last[1] == row.golden_answers[0]
+    assert (
+        qs == gold[: len(qs)]
+        and 1 <= len(qs) < 3
+        and last == ("answer", row.gold_chain[len(qs)], None)
+    )
+    qs, last = searches(
+        "wrong"
+    )  # one unrelated search inserted before some gold query; still answers right
+    assert (
+        len(qs) == 4 and [q for q in qs if q != other] == gold and last[1] == row.golden_answers[0]
+    )
     qs, last = searches("repeat")  # one gold query issued twice in a row
     assert len(qs) == 4 and sorted(set(qs), key=qs.index) == gold
     assert any(a == b for a, b in zip(qs, qs[1:])) and last[1] == row.golden_answers[0]
@@ -94,10 +129,14 @@ def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, c
     agent, retriever, _, world = setup
     # the copy stage ends once the mean loss of its last 50 steps is below copy_loss: at once (50 of 60 steps)
     # when that is any loss at all
-    cfg = warmstart.WarmConfig(copy_steps=60, copy_loss=1e9, sft_steps=2, warm_batch_size=2, target_em=0)
+    cfg = warmstart.WarmConfig(
+        copy_steps=60, copy_loss=1e9, sft_steps=2, warm_batch_size=2, target_em=0
+    )
     out = str(tmp_path / "warm")
     capsys.readouterr()
-    warmstart.ensure(out, world, cfg, agent.cfg, rollout, evaluate, retriever)  # the run's BM25 over the world corpus
+    warmstart.ensure(
+        out, world, cfg, agent.cfg, rollout, evaluate, retriever
+    )  # the run's BM25 over the world corpus
     assert "retriever: bm25" not in capsys.readouterr().out  # reused (before: a second index)
     saved = json.loads((tmp_path / "warm" / "warmstart.json").read_text())
     assert saved["sft_steps"] == 2 and saved["topk"] == 2 and saved["max_obs_tokens"] == 60
@@ -106,27 +145,47 @@ def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, c
     assert rollout.is_world_tokenizer(tok)
     warmstart.ensure(out, world, cfg, agent.cfg, rollout, evaluate)
     assert "cached" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="topk"):  # another observation format: the checkpoint does not fit
-        warmstart.ensure(out, world, cfg, rollout.AgentConfig(**{**agent.cfg.__dict__, "topk": 3}), rollout,
-                         evaluate)
+    with pytest.raises(
+        ValueError, match="topk"
+    ):  # another observation format: the checkpoint does not fit
+        warmstart.ensure(
+            out,
+            world,
+            cfg,
+            rollout.AgentConfig(**{**agent.cfg.__dict__, "topk": 3}),
+            rollout,
+            evaluate,
+        )
     (tmp_path / "warm" / "tokenizer.json").unlink()  # a cache that lost a file: said before loading
-    with pytest.raises(ValueError, match=r"the cached warm start in .*warm is incomplete: .*warm "
-                                         r"has no tokenizer files \(none of tokenizer.json.*delete "
-                                         r".*warm to retrain it"):
+    with pytest.raises(
+        ValueError,
+        match=r"the cached warm start in .*warm is incomplete: .*warm "
+        r"has no tokenizer files \(none of tokenizer.json.*delete "
+        r".*warm to retrain it",
+    ):
         warmstart.ensure(out, world, cfg, agent.cfg, rollout, evaluate)
 
 
-def test_a_warm_start_below_target_trains_to_its_cap_then_fails_loudly_and_saves_nothing(setup, tmp_path, capsys):
+def test_a_warm_start_below_target_trains_to_its_cap_then_fails_loudly_and_saves_nothing(
+    setup, tmp_path, capsys
+):
     agent, _, _, world = setup
     # 2 steps, validate (EM 0 < 0.6), 2 more at half the lr, validate again, then 4 + 2 > sft_max_steps 5: stop
-    cfg = warmstart.WarmConfig(copy_steps=0, sft_steps=2, sft_max_steps=5, warm_batch_size=2,
-                               target_em=0.6, val_n=4)
+    cfg = warmstart.WarmConfig(
+        copy_steps=0, sft_steps=2, sft_max_steps=5, warm_batch_size=2, target_em=0.6, val_n=4
+    )
     out = tmp_path / "warm"
-    with pytest.raises(RuntimeError, match=r"warm start failed: greedy dev EM 0\.000 < target_em 0\.6 after 4 "
-                                           r"trajectory steps \(sft_max_steps 5\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"warm start failed: greedy dev EM 0\.000 < target_em 0\.6 after 4 "
+        r"trajectory steps \(sft_max_steps 5\)",
+    ):
         warmstart.ensure(str(out), world, cfg, agent.cfg, rollout, evaluate)
     printed = capsys.readouterr().out
-    assert "greedy dev EM 0.000 after 2 trajectory steps" in printed and "after 4 trajectory steps" in printed
+    assert (
+        "greedy dev EM 0.000 after 2 trajectory steps" in printed
+        and "after 4 trajectory steps" in printed
+    )
     assert not out.exists()  # nothing a later run could mistake for a usable warm start
 
 
@@ -136,20 +195,31 @@ def test_the_demonstrator_stops_at_its_search_budget_on_longer_questions_only(se
     other = next(r.gold_queries[0] for r in rows if r.gold_queries[0] not in four.gold_chain)
 
     def searches(row, cfg, rng):
-        ids, mask = warmstart.demonstration(agent, row, rng, cfg, [other], observed(agent, [*row.gold_queries, other]))
+        ids, mask = warmstart.demonstration(
+            agent, row, rng, cfg, [other], observed(agent, [*row.gold_queries, other])
+        )
         _, actions, _ = steps_of(agent, ids, mask)
         return [c for a, c, _ in actions if a == "search"], actions[-1]
 
     always = warmstart.WarmConfig(search_budget=3, budget_rate=1.0, mistake_rate=0.0)
-    qs, last = searches(four, always, random.Random(0))  # 3 searches, then the entity reached: chain[3], wrong
+    qs, last = searches(
+        four, always, random.Random(0)
+    )  # 3 searches, then the entity reached: chain[3], wrong
     assert qs == four.gold_queries[:3] and last == ("answer", four.gold_chain[3], None)
     assert last[1] != four.golden_answers[0]
-    qs, last = searches(three, always, random.Random(0))  # a 3-hop question fits the budget: the gold chain
+    qs, last = searches(
+        three, always, random.Random(0)
+    )  # a 3-hop question fits the budget: the gold chain
     assert qs == three.gold_queries and last == ("answer", three.golden_answers[0], None)
-    never = warmstart.WarmConfig(search_budget=0, budget_rate=1.0, mistake_rate=0.0)  # 0 = no budget
+    never = warmstart.WarmConfig(
+        search_budget=0, budget_rate=1.0, mistake_rate=0.0
+    )  # 0 = no budget
     assert searches(four, never, random.Random(0))[0] == four.gold_queries
     # budget_rate 0.7: of 300 demonstrations of a 4-hop question, ~210 stop at 3 searches (binomial sd
     # sqrt(300 x 0.7 x 0.3) = 7.9, so 210 +- 4 sd = [178, 242]); the others search all 4 hops
-    rng, cfg = random.Random(1), warmstart.WarmConfig(search_budget=3, budget_rate=0.7, mistake_rate=0.0)
+    rng, cfg = (
+        random.Random(1),
+        warmstart.WarmConfig(search_budget=3, budget_rate=0.7, mistake_rate=0.0),
+    )
     counts = [len(searches(four, cfg, rng)[0]) for _ in range(300)]
     assert set(counts) == {3, 4} and 178 <= counts.count(3) <= 242
