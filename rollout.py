@@ -728,8 +728,8 @@ def metrics(prompts: list[list[Tree]]) -> dict[str, float]:
     leaves = [leaf for trees in prompts for t in trees for leaf in t.leaves()]
     scored = [leaf for leaf in leaves if leaf.scored]
     em = [x.em or 0.0 for x in scored]  # a missing answer scores 0
-    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
-    stat = lambda key: sum(t.stats.get(key, 0) for trees in prompts for t in trees) / n  # noqa: E731
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0
+    stat = lambda key: sum(t.stats.get(key, 0) for trees in prompts for t in trees) / n
     groups = [[x.reward for t in trees for x in t.leaves() if x.scored] for trees in prompts]
     m = {
         "rollout/reward": mean([x.reward for x in scored]),

@@ -258,7 +258,7 @@ def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, entropy: bool =
     B, T, V = logits.shape
     targets = ids.roll(-1, 1)  # (B, T): the next token; each row's last is a dummy, dropped below
     logp, ent = _TokenLogp.apply(logits.reshape(B * T, V), targets.reshape(B * T), entropy)  # (BT,)
-    aligned = lambda x: F.pad(x.view(B, T)[:, :-1], (1, 0))  # noqa: E731  (B, T): t predicts ids[t]
+    aligned = lambda x: F.pad(x.view(B, T)[:, :-1], (1, 0))
     return aligned(logp), aligned(ent) if entropy else None  # (B, T), (B, T) or None
 
 
@@ -276,7 +276,7 @@ def ppo_loss(logp, old_logp, ref_logp, rollout_logp, adv, mask, args: Args, deno
     # ratios become 0 before any exp and torch.where drops their loss (x mask would make inf x 0 =
     # NaN in the loss or its gradient). log-ratio-bound then clamps each log ratio to +-20.
     bound = LOG_RATIO_BOUND
-    bounded = lambda x: torch.where(m, x, 0.0).clamp(-bound, bound)  # noqa: E731
+    bounded = lambda x: torch.where(m, x, 0.0).clamp(-bound, bound)
     ratio = torch.exp(bounded(logp - old_logp))  # (B, T)
     unclipped, clipped = (
         -adv * ratio,
@@ -305,7 +305,7 @@ def ppo_loss(logp, old_logp, ref_logp, rollout_logp, adv, mask, args: Args, deno
 def collate(samples, pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad a list of tree.Sample into (B, T) tensors."""
     T = max(len(s.input_ids) for s in samples)
-    pad = lambda xs, v: [x + [v] * (T - len(x)) for x in xs]  # noqa: E731
+    pad = lambda xs, v: [x + [v] * (T - len(x)) for x in xs]
     return {
         "ids": torch.tensor(pad([s.input_ids for s in samples], pad_id)),  # (B, T)
         "attn": torch.tensor(pad([[1] * len(s.input_ids) for s in samples], 0)),  # (B, T)
@@ -414,8 +414,8 @@ def update(micro, accelerator, model, optimizer, scheduler, args: Args):
 
 def train_metrics(stats, grad_norms, losses, args: Args) -> dict[str, float]:
     """The update's train/ metrics (the README lists them)."""
-    cat = lambda k: torch.cat([s[k].float().cpu() for s in stats]) if stats else torch.zeros(0)  # noqa: E731
-    mean = lambda x: x.mean().item() if stats else 0.0  # noqa: E731
+    cat = lambda k: torch.cat([s[k].float().cpu() for s in stats]) if stats else torch.zeros(0)
+    mean = lambda x: x.mean().item() if stats else 0.0
     return {
         "train/loss": sum(losses) / max(len(losses), 1),
         "train/kl": mean(cat("kl")),

@@ -106,7 +106,7 @@ def main(a: Args):
         )
     gains = [r["after"]["eval/em"] - r["before"]["eval/em"] for r in rows]
     if len(rows) > 1:
-        sd = lambda xs: statistics.stdev(xs)  # noqa: E731  (sample std over seeds)
+        sd = lambda xs: statistics.stdev(xs)
         print(
             f"mean ± std over {len(rows)} seeds: {statistics.mean(r['wall'] for r in rows) / 60:.1f} ± "
             f"{sd([r['wall'] / 60 for r in rows]):.1f} min; EM warm "

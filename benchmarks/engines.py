@@ -22,8 +22,8 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from infra import flags  # noqa: E402
-from infra.engines import HFEngine, Sampling  # noqa: E402
+from infra import flags
+from infra.engines import HFEngine, Sampling
 
 
 @dataclass

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import train  # noqa: E402
-from infra import flags  # noqa: E402
+import train
+from infra import flags
 
 GIB = 2**30
 
@@ -59,7 +59,7 @@ def cell(impl: str, B: int, T: int, V: int) -> tuple[float, float]:
     ids = torch.randint(V, (B, T))  # (B, T)
     mask = (torch.arange(T) >= T // 4).float().expand(B, T)  # (B, T): a quarter is the prompt
     adv = torch.randn(B, T)  # (B, T)
-    model = lambda input_ids, attention_mask: SimpleNamespace(logits=logits)  # noqa: E731
+    model = lambda input_ids, attention_mask: SimpleNamespace(logits=logits)
     # pi_old, pi_ref, pi_rollout near the policy's own log-probs (a random policy's are about
     # -log V), made with a gather only: nothing before the pass may rise above the logits, since
     # the peak read below is the process's maximum

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import rollout  # noqa: E402
-from infra import data, flags  # noqa: E402
-from infra.engines import load_policy, make_engine  # noqa: E402
-from infra.search import BM25Retriever, load_corpus  # noqa: E402
+import rollout
+from infra import data, flags
+from infra.engines import load_policy, make_engine
+from infra.search import BM25Retriever, load_corpus
 
 BUDGETS = {  # ~8 full-trajectory units per prompt each
     "grpo": {"G": 8},  # 8 chains

@@ -236,7 +236,7 @@ def passage(e, entities):
     return e.name + "\n" + " ".join([KIND_SENTENCE.format(s=e.name, kind=e.kind)] + facts)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _can_start(kind, hops):
     """Whether some path of `hops` relations starts at an entity of `kind`."""
     return hops == 0 or any(

@@ -502,7 +502,7 @@ def model_problem(name_or_dir: str, gguf_file: str = "") -> str:
             f"weights and tokenizer files, as save_pretrained writes them); files there: "
             f"{', '.join(sorted(files)) or 'none'}"
         )
-    has = lambda *globs: any(fnmatch.fnmatch(f, g) for f in files for g in globs)  # noqa: E731
+    has = lambda *globs: any(fnmatch.fnmatch(f, g) for f in files for g in globs)
     missing = []
     if not has(*TOKENIZER_FILES):
         missing.append(

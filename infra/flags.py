@@ -46,7 +46,7 @@ def check(configs, rules, extra=()):
     its rule. rules: [(flag names separated by spaces, what is allowed, test(value) -> bool)]; extra: [(broken?,
     message)] for rules that involve several flags."""
     configs = configs if isinstance(configs, tuple) else (configs,)
-    value = lambda name: getattr(next(c for c in configs if hasattr(c, name)), name)  # noqa: E731
+    value = lambda name: getattr(next(c for c in configs if hasattr(c, name)), name)
     errors = [
         f"--{name} {value(name)!r}: must be {allowed}"
         for names, allowed, test in rules

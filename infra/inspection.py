@@ -10,7 +10,6 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from typing import Optional
 
 from infra import data, draw, flags
 from infra.engines import RULES as ENGINE_RULES
@@ -71,7 +70,7 @@ class CreditArgs:
 
     trees: str = ""
     """JSON list of trees for ONE prompt (see tree.py for the node format), or a rollout dump (with --prompt)."""
-    prompt: Optional[int] = None
+    prompt: int | None = None
     """With a rollout dump (one list of trees per prompt): which prompt."""
     budget: str = ""
     """With --algo tree_grpo: M,N,L -> rollouts and expected budget."""

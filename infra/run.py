@@ -17,7 +17,6 @@ from pathlib import Path
 import accelerate.utils
 from matplotlib.figure import Figure
 
-
 TRACKERS = {
     n: getattr(accelerate.utils, f"is_{n}_available")
     for n in (  # --log_with n: its check
@@ -255,7 +254,7 @@ def load_checkpoint(accelerator, run_dir: str) -> dict | None:
     if not latest.exists():
         return None
     newest = latest.read_text().strip()
-    step_of = lambda name: int(name.removeprefix("checkpoint-"))  # noqa: E731
+    step_of = lambda name: int(name.removeprefix("checkpoint-"))
     names = sorted(
         (
             n

@@ -58,7 +58,7 @@ def test_each_split_has_its_questions_per_hop_indexed_without_duplicates(world):
 
 def test_dev_split_is_held_out_from_test_and_leaves_test_unchanged(world):
     assert [sum(r.hops == h for r in world.dev) for h in range(1, 5)] == [SMALL.dev_per_hop] * 4
-    key = lambda r: (r.gold_chain[0], tuple(r.gold_relations))  # noqa: E731
+    key = lambda r: (r.gold_chain[0], tuple(r.gold_relations))
     assert not {key(r) for r in world.dev} & {
         key(r) for r in world.test
     }  # no test question is a dev question

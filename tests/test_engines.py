@@ -126,7 +126,7 @@ def test_hf_logprobs_are_untempered_teacher_forced(hf):
 def test_hf_seed_reproducible_and_rng_untouched(hf):
     model, tok = hf
     engine = HFEngine(model, tok)
-    sampling = lambda seed: Sampling(temperature=1.0, max_tokens=16, seed=seed)  # noqa: E731
+    sampling = lambda seed: Sampling(temperature=1.0, max_tokens=16, seed=seed)
     state = torch.get_rng_state()
     a, b, c = (engine.generate(PROMPTS, sampling(s)) for s in (7, 7, 8))
     assert [x.token_ids for x in a] == [x.token_ids for x in b]

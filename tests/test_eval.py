@@ -72,9 +72,10 @@ def test_check_format_detail_says_where():
 
 
 def test_evaluate_leaves_out_and_counts_questions_lost_to_retrieval_errors():
-    from infra.data import QARow
-    from eval import evaluate
     from test_rollout import agent_with, turns
+
+    from eval import evaluate
+    from infra.data import QARow
 
     agent, _ = agent_with(
         lambda c: (

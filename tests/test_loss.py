@@ -10,10 +10,10 @@ import torch
 import advantages
 import rollout
 from advantages import AlgoConfig
+from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
 from rollout import AgentConfig
 from train import Args, collate, ppo_loss
-from infra.warmstart import WarmConfig
 from tree import Sample
 
 ARGS = Args(clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=0.0)

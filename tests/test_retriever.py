@@ -18,18 +18,18 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may come from a model hub
 
-from infra.data import WorldConfig, build_world, write_jsonl  # noqa: E402
+from infra.data import WorldConfig, build_world, write_jsonl
 from infra.search import (
     BM25Retriever,
     Corpus,
     DenseRetriever,
     Passage,
-    load_corpus,  # noqa: E402
+    load_corpus,
     offline_encoder_dir,
     split_contents,
 )
-from infra.server import RemoteRetriever, SearchServer  # noqa: E402
-from retriever import RetrievalError  # noqa: E402
+from infra.server import RemoteRetriever, SearchServer
+from retriever import RetrievalError
 
 SMALL = WorldConfig(
     people=300,

@@ -10,7 +10,7 @@ import advantages
 from infra.engines import Completion
 from infra.search import Passage
 from retriever import RetrievalError
-from rollout import Agent, AgentConfig, Refiner, STRATEGIES, jaccard_prune, metrics, parse_action
+from rollout import STRATEGIES, Agent, AgentConfig, Refiner, jaccard_prune, metrics, parse_action
 from tree import Node, context_ids, path, to_samples, walk
 
 PIECES = [
@@ -209,7 +209,7 @@ def test_token_in_token_out_keeps_generated_ids():
 def test_reward_f1_em_and_format_penalty():
     answer = lambda text: (
         lambda c: "<search>q</search>" if turns(c) == 0 else f"<answer>{text}</answer>"
-    )  # noqa
+    )
     gold = Ex("q", ["Ivo Ra"])
     for cfg, text, want in [
         ({"reward": "f1"}, "Ivo", 2 / 3),
@@ -493,7 +493,7 @@ def test_carl_forks_from_lowest_density():
     # search actions are uncertain (NLL 2 per token), answers confident (NLL 0.1): H(root) = 2, H(search) = 0.1
     policy = lambda c: (
         ("<search>q</search>", -2.0) if turns(c) == 0 else ("<answer>Ivo</answer>", -0.1)
-    )  # noqa
+    )
     agent, eng = agent_with(policy)
     ([tree],) = STRATEGIES["carl"][0](agent, [EX], random.Random(0), N0=1, N=2)
     # fork 1: root (H/n = 2/1) beats the search state (0.1/1); fork 2: root (2/2 = 1) again
@@ -503,7 +503,7 @@ def test_carl_forks_from_lowest_density():
     ].entropy == pytest.approx(0.1)
     policy2 = lambda c: (
         ("<search>q</search>", -0.1) if turns(c) == 0 else ("<answer>Ivo</answer>", -2.0)
-    )  # noqa
+    )
     agent, _ = agent_with(policy2)
     ([tree],) = STRATEGIES["carl"][0](agent, [EX], random.Random(0), N0=1, N=2)
     # now the search state is the uncertain one: both forks resample the answer (2/1, then 2/2 vs root 0.1)

@@ -691,7 +691,7 @@ TIMING = ("time", "seconds")  # metrics that measure the machine, not the run
 def same_run(rows, reference):
     """Whether two metrics histories agree on every step's numbers, timings aside (deterministic on
     CPU)."""
-    strip = lambda r: {k: v for k, v in r.items() if not any(t in k for t in TIMING)}  # noqa: E731
+    strip = lambda r: {k: v for k, v in r.items() if not any(t in k for t in TIMING)}
     return [strip(r) for r in rows] == [strip(r) for r in reference]
 
 
@@ -810,7 +810,7 @@ def test_an_unreadable_checkpoint_is_named_and_the_previous_one_loaded(env, stra
     out = train(env, *args, "--steps", "3")
     assert out.returncode == 0, out.stderr[-3000:]
     run = env / "out" / "runs" / "torn"
-    kept = lambda: sorted(p.name for p in run.glob("checkpoint-*"))  # noqa: E731
+    kept = lambda: sorted(p.name for p in run.glob("checkpoint-*"))
     assert kept() == ["checkpoint-2", "checkpoint-3"]  # the previous one too
     weights = run / "checkpoint-3" / "model.safetensors"
     size = weights.stat().st_size
