@@ -1,36 +1,41 @@
-"""Credit assignment: one pure function per paper, from the rollout trees of ONE prompt to per-step advantages.
+"""Credit assignment: one pure function per paper, from the rollout trees of ONE prompt to per-step
+advantages.
 
-Each function (grpo, tree_grpo, branpo, carl, treeps) fills the nodes' `value` / `advantage` where its method
-defines them per node (never `reward`) and returns one `Trajectory` per trained leaf: the advantage multiplying each
-step's tokens in that trajectory's loss, None where the step is not trained there. No model or optimizer code here.
+Each function (grpo, tree_grpo, branpo, carl, treeps) fills the nodes' `value` / `advantage` where
+its method defines them per node (never `reward`) and returns one `Trajectory` per trained leaf: the
+advantage multiplying each step's tokens in that trajectory's loss, None where the step is not
+trained there. No model or optimizer code here.
 
 Deviations from the papers, each cited by its name:
-- group-of-one: a group of one reward gets advantage 0 (its std is undefined); verl returns r itself.
-- rsm-excluded: BranPO Eq. 14 multiplies redundant steps' branch advantage by 0; we leave them out of
-  the loss (None), as §4.4 says ("masked and excluded from gradient computation"), so they count in
-  neither the token mean nor the KL term.
-- branch-norm: BranPO's Algorithm 1 normalizes branch rewards per (prompt, trajectory), its Eq. 12 per
-  prompt. We follow Eq. 12; `branch_norm="prefix"` gives Algorithm 1.
+- group-of-one: a group of one reward gets advantage 0 (its std is undefined); verl returns r
+  itself.
+- rsm-excluded: BranPO Eq. 14 multiplies redundant steps' branch advantage by 0; we leave them out
+  of the loss (None), as §4.4 says ("masked and excluded from gradient computation"), so they count
+  in neither the token mean nor the KL term.
+- branch-norm: BranPO's Algorithm 1 normalizes branch rewards per (prompt, trajectory), its Eq. 12
+  per prompt. We follow Eq. 12; `branch_norm="prefix"` gives Algorithm 1.
 - carl-defined-children: CARL's V(s) averages over the children with a defined value: a child whose
   every leaf was discarded (retrieval failure) is left out rather than counted as 0.
-- budget-formula: Tree-GRPO's text prints the expected budget E[B] = M*B + L*N*B/2; its Tables 3 and 7
-  fit M*B + M*L*N*B/2 (N expansions in each of the M trees), which `tree_grpo_budget` implements.
+- budget-formula: Tree-GRPO's text prints the expected budget E[B] = M*B + L*N*B/2; its Tables 3
+  and 7 fit M*B + M*L*N*B/2 (N expansions in each of the M trees), which `tree_grpo_budget`
+  implements.
 - carl-phase1: CARL App. C.1 leaves the N0 first-phase chains (sampled before any fork) untrained;
-  Eq. 13 (every action with a sibling) and Eq. 15's lower bound N + 1 count them. We follow Eqs. 13/15;
-  `phase1_chains=N0` gives App. C.1.
+  Eq. 13 (every action with a sibling) and Eq. 15's lower bound N + 1 count them. We follow
+  Eqs. 13/15; `phase1_chains=N0` gives App. C.1.
 - first-untruncated: a step trained once (CARL's forked action, BranPO's prefix) is trained in the
-  first trajectory through it that is not `truncated` (tree.to_samples drops those); the papers, which
-  truncate nothing, just say "once".
+  first trajectory through it that is not `truncated` (tree.to_samples drops those); the papers,
+  which truncate nothing, just say "once".
 - treeps-sampled: TreePS-RAG trains the N paths the rollout drew (leaves marked `sampled`, §2.3), or
-  every leaf of an unmarked tree (hand-built, the CLI); V(n) always averages over every leaf of the tree.
+  every leaf of an unmarked tree (hand-built, the CLI); V(n) always averages over every leaf of the
+  tree.
 - empty-prefix-stats: BranPO's Eq. 11 normalizes r_base over the N prefixes of the prompt, an empty
   one (k = 0, the whole trajectory resampled) included, and so do we; its official code leaves empty
   prefixes out of those statistics (their base mask is empty): `skip_empty_base=True`.
 - preference-mask: BranPO's official code replaces Eq. 14 by a preference mask: the losing
   continuation of a pair (the original of a redundancy pair; the lower reward of a contrastive one)
-  takes min(A_branch, 0) on every suffix step, all kept in the loss; we follow Eq. 14 (rsm-excluded):
-  `clip_losers=True`. With both switches BranPO's advantages are its official code's, apart from
-  group-of-one and first-untruncated.
+  takes min(A_branch, 0) on every suffix step, all kept in the loss; we follow Eq. 14
+  (rsm-excluded): `clip_losers=True`. With both switches BranPO's advantages are its official
+  code's, apart from group-of-one and first-untruncated.
 """
 
 import math
@@ -43,8 +48,8 @@ from tree import Node, Trajectory, Tree, leaves, path, scored_leaves, truncated,
 
 
 def group_normalize(rewards: list[float]) -> list[float]:
-    """(r_i - mean) / (std + 1e-6) with the unbiased std, as verl and Tree-GRPO's code; a group of one gets 0
-    (group-of-one)."""
+    """(r_i - mean) / (std + 1e-6) with the unbiased std, as verl and Tree-GRPO's code; a group of
+    one gets 0 (group-of-one)."""
     if len(rewards) < 2:
         return [0.0] * len(rewards)
     r = torch.tensor(rewards, dtype=torch.float64)  # (G,)
@@ -52,7 +57,8 @@ def group_normalize(rewards: list[float]) -> list[float]:
 
 
 def _reset(trees: list[Tree]) -> list[Node]:
-    """Clear value/advantage written by an earlier method; return the scored leaves of all trees, in order."""
+    """Clear value/advantage written by an earlier method; return the scored leaves of all trees, in
+    order."""
     for t in trees:
         for n in walk(t.root):
             n.value = n.advantage = None
@@ -60,11 +66,11 @@ def _reset(trees: list[Tree]) -> list[Node]:
 
 
 def _first_trained(ends: list[Node]) -> dict[Node, Node]:
-    """Step -> the leaf of the trajectory that trains a step trained once (first-untruncated): the first not truncated."""
+    """Step -> the leaf of the trajectory that trains a step trained once (first-untruncated): the
+    first not truncated."""
     owner = {}
-    for leaf in sorted(
-        ends, key=truncated
-    ):  # stable: trained trajectories first, each in tree order
+    # stable: trained trajectories first, each in tree order
+    for leaf in sorted(ends, key=truncated):
         for step in path(leaf):
             owner.setdefault(step, leaf)
     return owner
@@ -87,8 +93,9 @@ def _mark_node_advantages(trajectories: list[Trajectory]) -> list[Trajectory]:
 
 
 def grpo(trees: list[Tree]) -> list[Trajectory]:
-    """GRPO ("Cut the Bill" §5.3, Shao et al. 2024 Eq. 3): A_i = (r_i - mean(r)) / (std(r) + 1e-6) over the G
-    trajectories of the prompt, broadcast to every step of trajectory i. Each tree must be a chain."""
+    """GRPO ("Cut the Bill" §5.3, Shao et al. 2024 Eq. 3): A_i = (r_i - mean(r)) / (std(r) + 1e-6)
+    over the G trajectories of the prompt, broadcast to every step of trajectory i. Each tree must
+    be a chain."""
     scored = _reset(trees)
     for t in trees:
         if branching := [n.id for n in walk(t.root) if len(n.children) > 1]:
@@ -101,17 +108,19 @@ def grpo(trees: list[Tree]) -> list[Trajectory]:
 
 
 def tree_grpo(trees: list[Tree], mode: str = "both") -> list[Trajectory]:
-    """Tree-GRPO §4.2.4: A_tree(H_i) = A_intra(H_i) + A_inter(H_i), R(H_i) normalized over the leaves of H_i's own
-    tree T_i (intra) and over the leaves of all M trees of the prompt (inter). Each root-to-leaf trajectory H_i is
-    trained with its own A_tree(H_i): a prefix shared by k leaves is trained k times, as in the paper's objective.
-    `mode` = "intra" or "inter" is the Table 4 ablation (inter alone is GRPO over the tree leaves)."""
+    """Tree-GRPO §4.2.4: A_tree(H_i) = A_intra(H_i) + A_inter(H_i), R(H_i) normalized over the
+    leaves of H_i's own tree T_i (intra) and over the leaves of all M trees of the prompt (inter).
+    Each root-to-leaf trajectory H_i is trained with its own A_tree(H_i): a prefix shared by k
+    leaves is trained k times, as in the paper's objective. `mode` = "intra" or "inter" is the
+    Table 4 ablation (inter alone is GRPO over the tree leaves)."""
     if mode not in ("both", "intra", "inter"):
         raise ValueError(f"tree_grpo mode must be 'both', 'intra' or 'inter', got {mode!r}")
     scored = _reset(trees)
     inter = group_normalize([leaf.reward for leaf in scored])  # G_inter: the leaves of all M trees
+    # G_intra(T_i)
     intra = [
         a for t in trees for a in group_normalize([leaf.reward for leaf in scored_leaves(t.root)])
-    ]  # G_intra(T_i)
+    ]
     A = {"both": [a + b for a, b in zip(intra, inter)], "intra": intra, "inter": inter}[mode]
     return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(scored, A)])
 
@@ -159,30 +168,32 @@ def branpo(
     skip_empty_base: bool = False,
     clip_losers: bool = False,
 ) -> list[Trajectory]:
-    """BranPO §4.3 (Eqs. 8-12) with Redundant Step Masking §4.4 (Eq. 14). Each original trajectory n was grown into
-    a prefix B_n (root .. the `prefix_end` node, Eq. 8) and continuations C_n, the leaves under it (Eq. 9):
+    """BranPO §4.3 (Eqs. 8-12) with Redundant Step Masking §4.4 (Eq. 14). Each original trajectory n
+    was grown into a prefix B_n (root .. the `prefix_end` node, Eq. 8) and continuations C_n, the
+    leaves under it (Eq. 9):
         r_base(n)     = mean_{i in C_n} r_branch(n, i)                                      (Eq. 10)
         A_base(n)     = (r_base(n) - mean_j r_base(j)) / std_j r_base(j),  j over the N prefixes  (Eq. 11)
         A_branch(n,i) = (r_branch(n,i) - mean) / std over all continuations of the prompt   (Eq. 12)
-    A_base multiplies the prefix steps, trained once (first-untruncated); A_branch each continuation's own steps but the
-    `redundant` ones (Eq. 14, rsm-excluded). `branch_norm="prefix"`: Algorithm 1 (branch-norm). With one continuation
-    for every prefix, every step gets the GRPO advantage (Theorem B.1). The official code's two
-    differences: `skip_empty_base` (empty-prefix-stats), `clip_losers` (preference-mask)."""
+    A_base multiplies the prefix steps, trained once (first-untruncated); A_branch each
+    continuation's own steps but the `redundant` ones (Eq. 14, rsm-excluded).
+    `branch_norm="prefix"`: Algorithm 1 (branch-norm). With one continuation for every prefix, every
+    step gets the GRPO advantage (Theorem B.1). The official code's two differences:
+    `skip_empty_base` (empty-prefix-stats), `clip_losers` (preference-mask)."""
     if branch_norm not in ("prompt", "prefix"):
         raise ValueError(
             f"branpo branch_norm must be 'prompt' (Eq. 12) or 'prefix' (Algorithm 1), got {branch_norm!r}"
         )
     _reset(trees)
-    # (B_n's last node, C_n); an original trajectory whose continuations were all discarded (env_error) is dropped
+    # (B_n's last node, C_n); an original trajectory whose continuations were all discarded
+    # (env_error) is dropped
     groups = [(end, C) for end in _prefix_ends(trees) if (C := scored_leaves(end))]
     for end, C in groups:
         end.value = sum(leaf.reward for leaf in C) / len(C)  # r_base, Eq. 10
     based = [end for end, _ in groups if end.depth or not skip_empty_base]  # empty-prefix-stats
     A_base = dict(zip(based, group_normalize([end.value for end in based])))  # Eq. 11, N prefixes
     continuations = [leaf for _, C in groups for leaf in C]
-    branch_groups = (
-        [continuations] if branch_norm == "prompt" else [C for _, C in groups]
-    )  # Eq. 12 or Algorithm 1
+    # Eq. 12 or Algorithm 1
+    branch_groups = [continuations] if branch_norm == "prompt" else [C for _, C in groups]
     A_branch = {
         leaf: a for G in branch_groups for leaf, a in zip(G, group_normalize([x.reward for x in G]))
     }
@@ -201,11 +212,12 @@ def branpo(
 
 
 def carl(trees: list[Tree], update_all: bool = False, phase1_chains: int = 0) -> list[Trajectory]:
-    """CARL §5: V(leaf) = R (Eq. 9), V(s) = mean of its children's V (Eq. 10, not of its descendant leaves),
-    A(s -> s') = V(s') - V(s) (Eq. 11), not group-normalized. Only actions whose parent state has more than one child
-    are trained, each once (Eq. 13; first-untruncated). `update_all=True` is the §6.3 ablation (Eq. 16): a single-child
-    action inherits the advantage of the edge into its parent (0 below the root). `phase1_chains=N0` leaves the N0
-    first-phase chains (the root's first N0 children, then first children down) untrained (App. C.1, carl-phase1)."""
+    """CARL §5: V(leaf) = R (Eq. 9), V(s) = mean of its children's V (Eq. 10, not of its descendant
+    leaves), A(s -> s') = V(s') - V(s) (Eq. 11), not group-normalized. Only actions whose parent
+    state has more than one child are trained, each once (Eq. 13; first-untruncated).
+    `update_all=True` is the §6.3 ablation (Eq. 16): a single-child action inherits the advantage of
+    the edge into its parent (0 below the root). `phase1_chains=N0` leaves the N0 first-phase chains
+    (the root's first N0 children, then first children down) untrained (App. C.1, carl-phase1)."""
     scored = _reset(trees)
     nodes = [n for t in trees for n in walk(t.root)]
     for n in reversed(nodes):  # bottom-up (App. C.2): every child before its parent
@@ -223,9 +235,10 @@ def carl(trees: list[Tree], update_all: bool = False, phase1_chains: int = 0) ->
                 trained[c] = edge[c]  # Eq. 13
             elif update_all:
                 trained[c] = edge[c] = edge.get(s, 0.0)  # Eq. 16: the edge above; 0 below the root
+    # App. C.1
     phase1 = {
         step for t in trees for c in t.root.children[:phase1_chains] for step in path(leaves(c)[0])
-    }  # App. C.1
+    }
     owner = _first_trained(scored)
     return _mark_node_advantages(
         [
@@ -242,11 +255,13 @@ def carl(trees: list[Tree], update_all: bool = False, phase1_chains: int = 0) ->
 
 
 def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
-    """TreePS-RAG §2.3 (Algorithm 1, lines 28-30): V(n) = mean reward over the descendant leaves L(n), and
+    """TreePS-RAG §2.3 (Algorithm 1, lines 28-30): V(n) = mean reward over the descendant leaves
+    L(n), and
         A(n) = (2 V(n) - V(root) - V(parent(n))) / sqrt(|L(n)|)
-    i.e. global advantage V(n) - V(root) plus local advantage V(n) - V(parent), damped by sqrt(|L(n)|) because a
-    node with many leaves appears in that many trajectories. Only the N trajectories drawn for training (§2.3,
-    treeps-sampled) are trained, each with A(n) on every step n. `process=False`: the Table 2 ablation, GRPO over them."""
+    i.e. global advantage V(n) - V(root) plus local advantage V(n) - V(parent), damped by
+    sqrt(|L(n)|) because a node with many leaves appears in that many trajectories. Only the N
+    trajectories drawn for training (§2.3, treeps-sampled) are trained, each with A(n) on every step
+    n. `process=False`: the Table 2 ablation, GRPO over them."""
     scored = _reset(trees)
     chosen = [leaf for leaf in scored if leaf.sampled] or scored  # Y = {y_1 .. y_N}
     if not process:
@@ -266,8 +281,9 @@ def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
     )
 
 
-# The algorithm registry, credit half: name -> (advantage function, its options from AlgoConfig); rollout.STRATEGIES
-# holds the rollout half under the same names (tests/test_layout.py checks they agree).
+# The algorithm registry, credit half: name -> (advantage function, its options from AlgoConfig);
+# rollout.STRATEGIES holds the rollout half under the same names (tests/test_layout.py checks they
+# agree).
 ALGOS = {
     "grpo": (grpo, lambda c: {}),
     "tree_grpo": (tree_grpo, lambda c: {"mode": c.tree_mode}),
@@ -295,7 +311,8 @@ class AlgoConfig:
     """Which paper, and every paper's knobs (rollout budgets and credit options), one name each."""
 
     algo: str = field(default="tree_grpo", metadata={"choices": list(ALGOS)})
-    """Which paper: picks a rollout strategy (rollout.STRATEGIES) and an advantage function (ALGOS)."""
+    """Which paper: picks a rollout strategy (rollout.STRATEGIES) and an advantage function
+    (ALGOS)."""
     grpo_G: int = 8
     """GRPO: trajectories per prompt (Search-R1: 5; Cut the Bill: 8)."""
     tree_M: int = 2
@@ -305,7 +322,8 @@ class AlgoConfig:
     tree_L: int = 1
     """Tree-GRPO: expansion rounds."""
     tree_replace: bool = False
-    """Tree-GRPO: draw the N expansion nodes with replacement (the official code's random.choices)."""
+    """Tree-GRPO: draw the N expansion nodes with replacement (the official code's
+    random.choices)."""
     tree_mode: str = field(default="both", metadata={"choices": ["both", "intra", "inter"]})
     """Tree-GRPO advantage: intra + inter (paper), or one of them (Table 4 ablation)."""
     branpo_N: int = 4
@@ -325,13 +343,15 @@ class AlgoConfig:
     carl_update_all: bool = False
     """CARL: also train single-child actions (Eq. 16 ablation)."""
     carl_train_phase1: bool = True
-    """CARL: train the N0 first-phase chains' forked actions (Eqs. 13, 15); False: not trained (App. C.1)."""
+    """CARL: train the N0 first-phase chains' forked actions (Eqs. 13, 15); False: not trained (App.
+    C.1)."""
     treeps_N: int = 8
     """TreePS-RAG: nodes per layer (rollout budget N)."""
     treeps_retain: int = 2
     """TreePS-RAG: N_retain, search children kept per parent."""
     treeps_D: int = 0
-    """TreePS-RAG: depth limit D, at most max_turns + 1; 0 = max_turns + 1 (the paper uses D = 4)."""
+    """TreePS-RAG: depth limit D, at most max_turns + 1; 0 = max_turns + 1 (the paper uses D =
+    4)."""
     treeps_train: int = 0
     """TreePS-RAG: root-to-leaf paths sampled for training (§2.3); 0 = treeps_N, as the paper."""
     treeps_process: bool = True
@@ -355,9 +375,10 @@ def credit(cfg: AlgoConfig, trees: list[Tree]) -> list[Trajectory]:
 
 
 def tree_grpo_budget(M: int, N: int, L: int) -> tuple[int, float]:
-    """Tree-GRPO §4.2.3 (budget-formula): M trees, L rounds of N expansions per tree, each one new leaf starting at a
-    uniform depth (B/2 on average). Returns rollouts = M (L N + 1) and E[B_tree] = M B + M L N B / 2 in units of B,
-    the full trajectory: Table 3's budgets 2, 4, 8, 16 for (M,N,L) = (1,2,1) .. (8,2,1), ~16 for (6,3,1), (4,5,1)."""
+    """Tree-GRPO §4.2.3 (budget-formula): M trees, L rounds of N expansions per tree, each one new
+    leaf starting at a uniform depth (B/2 on average). Returns rollouts = M (L N + 1) and E[B_tree]
+    = M B + M L N B / 2 in units of B, the full trajectory: Table 3's budgets 2, 4, 8, 16 for
+    (M,N,L) = (1,2,1) .. (8,2,1), ~16 for (6,3,1), (4,5,1)."""
     return M * (L * N + 1), M * (1 + L * N / 2)
 
 
@@ -416,9 +437,8 @@ def demo() -> tuple[Tree, dict[str, list[Trajectory]]]:
     return tree, {name: fn(chains if name == "grpo" else [tree]) for name, (fn, _) in ALGOS.items()}
 
 
-if (
-    __name__ == "__main__"
-):  # python advantages.py --demo | --algo ALGO --trees FILE | --budget M,N,L
+# python advantages.py --demo | --algo ALGO --trees FILE | --budget M,N,L
+if __name__ == "__main__":
     import tree
     from infra import inspection
 

@@ -146,8 +146,9 @@ JUDGE_PROMPT = (  # BranPO Table 7
 
 
 def judge(engine, tokenizer, items):
-    """LLM-as-judge (BranPO Table 7) with a local model: 1.0 where its judgement says "Correct". `items` are
-    (question, golden answers, prediction); a missing prediction is judged incorrect without asking."""
+    """LLM-as-judge (BranPO Table 7) with a local model: 1.0 where its judgement says "Correct".
+    `items` are (question, golden answers, prediction); a missing prediction is judged incorrect
+    without asking."""
     asks = [i for i, (_, _, p) in enumerate(items) if p]
     prompts = [
         user_turn_ids(
@@ -171,7 +172,8 @@ def judge(engine, tokenizer, items):
 
 
 def means(metrics, keys, lost):
-    """n, env_errors and the mean of each of `keys` over `metrics` (one dict per scored question; 0.0 if none)."""
+    """n, env_errors and the mean of each of `keys` over `metrics` (one dict per scored question;
+    0.0 if none)."""
     return {
         "n": len(metrics),
         "env_errors": lost,
@@ -180,11 +182,12 @@ def means(metrics, keys, lost):
 
 
 def evaluate(agent, rows, k=1, seed=0, judge_fn=None):
-    """Roll out every question k times (independent chains) and score the first sample: em and f1 (the reward's;
-    no answer scores 0), cover_em, format (passes check_format), turns, searches, judge (with `judge_fn`); and
-    pass@k (any of the k samples has EM 1). Means over all questions, per data_source ("by_source"), and EM per hop
-    count where rows know it (em_hop{h}: the embedded world). A sample whose retrieval failed (env_error) is the
-    environment's fault: left out; a question left with none counts in env_errors, not n; losing all raises."""
+    """Roll out every question k times (independent chains) and score the first sample: em and f1
+    (the reward's; no answer scores 0), cover_em, format (passes check_format), turns, searches,
+    judge (with `judge_fn`); and pass@k (any of the k samples has EM 1). Means over all questions,
+    per data_source ("by_source"), and EM per hop count where rows know it (em_hop{h}: the embedded
+    world). A sample whose retrieval failed (env_error) is the environment's fault: left out; a
+    question left with none counts in env_errors, not n; losing all raises."""
     prompts = chain(agent, rows, random.Random(seed), G=k)
     scored, lost = [], Counter()  # scored: (row, its first sample's answer, its metrics)
     for row, trees in zip(rows, prompts):
@@ -250,14 +253,16 @@ def table(report):
 
 @dataclass
 class EvalArgs:
-    """`python eval.py --model DIR --data NAME|PATH`: a policy under train.py's agent settings and retriever."""
+    """`python eval.py --model DIR --data NAME|PATH`: a policy under train.py's agent settings and
+    retriever."""
 
     model: str = "out/warmstart"
     """Policy: a checkpoint directory (e.g. out/runs/tree_grpo-seed0/final) or a hub name."""
     gguf_file: str = ""
     """A GGUF file inside --model's directory."""
     data: str = ""
-    """Questions: .parquet / .jsonl / a directory with {split}.* / a datasets name; empty = the embedded world."""
+    """Questions: .parquet / .jsonl / a directory with {split}.* / a datasets name; empty = the
+    embedded world."""
     split: str = "test"
     """Split to evaluate."""
     corpus: str = ""

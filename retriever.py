@@ -1,9 +1,11 @@
-"""The search engine the agent calls: `search(queries, k) -> list[list[Passage]]`, in process or over HTTP.
+"""The search engine the agent calls: `search(queries, k) -> list[list[Passage]]`, in process or
+over HTTP.
 
-`connect` picks it: the retrieval server at --retriever_url (infra/server.py's `RemoteRetriever`: a timeout, retries
-with backoff, a concurrency cap), else an in-process index over the corpus file (infra/search.py: BM25 through bm25s,
-or a Hugging Face encoder with FAISS; --retriever chooses), and checks it with one query. Queries the server could not
-answer raise `RetrievalError`, which the agent counts ("Cut the Bill" §5.4.2: environment errors are discarded).
+`connect` picks it: the retrieval server at --retriever_url (infra/server.py's `RemoteRetriever`: a
+timeout, retries with backoff, a concurrency cap), else an in-process index over the corpus file
+(infra/search.py: BM25 through bm25s, or a Hugging Face encoder with FAISS; --retriever chooses),
+and checks it with one query. Queries the server could not answer raise `RetrievalError`, which the
+agent counts ("Cut the Bill" §5.4.2: environment errors are discarded).
 
     python retriever.py serve --corpus FILE --port 8000   # Search-R1's POST /retrieve (infra/server.py)
 """
@@ -21,7 +23,8 @@ class RetrieverConfig:
     """Which in-process retriever to build, and how."""
 
     retriever: str = field(default="bm25", metadata={"choices": ["bm25", "dense"]})
-    """In-process retriever when --retriever_url is empty: bm25 (bm25s) or dense (HF encoder + FAISS)."""
+    """In-process retriever when --retriever_url is empty: bm25 (bm25s) or dense (HF encoder +
+    FAISS)."""
     retriever_url: str = ""
     """A Search-R1 retrieval server (python retriever.py serve ...); empty = in-process."""
     retriever_timeout_s: float = 10.0
@@ -29,9 +32,11 @@ class RetrieverConfig:
     retriever_retries: int = 2
     """Further tries of a failed retrieval request, after 0.5 s, 1 s, ... (--retriever_url)."""
     encoder: str = ""
-    """Dense encoder: hub name or local directory (Search-R1: intfloat/e5-base-v2); empty = offline MiniLM."""
+    """Dense encoder: hub name or local directory (Search-R1: intfloat/e5-base-v2); empty = offline
+    MiniLM."""
     index_dir: str = ""
-    """Directory to load the index from, or to save it to after building; empty: build in memory every start."""
+    """Directory to load the index from, or to save it to after building; empty: build in memory
+    every start."""
     encode_batch_size: int = 64
     """Texts per encoder forward pass."""
     max_length: int = 256
@@ -43,8 +48,9 @@ class RetrieverConfig:
 
 
 def health_check(retriever, where):
-    """Search one query before a run starts, so a dead or misconfigured retriever stops it at once with a clear
-    message instead of looking like a model that never finds anything (every trajectory an env_error)."""
+    """Search one query before a run starts, so a dead or misconfigured retriever stops it at once
+    with a clear message instead of looking like a model that never finds anything (every trajectory
+    an env_error)."""
     try:
         (passages,) = retriever.search(["health check"], 1)
     except RetrievalError as e:
@@ -60,8 +66,8 @@ RULES = [  # flags.check: (flags, what is allowed, test)
 
 
 def connect(cfg: RetrieverConfig, corpus_path: str):
-    """The retriever a run searches with (the server at --retriever_url, else the in-process one over the corpus
-    file), checked with one query; and its name for messages."""
+    """The retriever a run searches with (the server at --retriever_url, else the in-process one
+    over the corpus file), checked with one query; and its name for messages."""
     if cfg.retriever_url:
         search = RemoteRetriever(cfg.retriever_url, cfg.retriever_timeout_s, cfg.retriever_retries)
         where = f"the retrieval server {cfg.retriever_url}"

@@ -1,14 +1,16 @@
-"""Rollout: the outcome reward, the multi-turn search agent, and every paper's tree-building strategy.
+"""Rollout: the outcome reward, the multi-turn search agent, and every paper's tree-building
+strategy.
 
-The agent speaks Search-R1's protocol (<think>, <search> query </search>, <information> ... </information>,
-<answer> ... </answer>). `Agent.step` advances a frontier of nodes across all prompts by one step with ONE batched
-engine call and ONE batched retriever call; `Agent.run` steps until every branch has ended. A strategy (chain for
-GRPO, tree_grpo, branpo, carl, treeps) picks the nodes to continue from; a chain is the degenerate tree.
+The agent speaks Search-R1's protocol (<think>, <search> query </search>, <information> ...
+</information>, <answer> ... </answer>). `Agent.step` advances a frontier of nodes across all
+prompts by one step with ONE batched engine call and ONE batched retriever call; `Agent.run` steps
+until every branch has ended. A strategy (chain for GRPO, tree_grpo, branpo, carl, treeps) picks the
+nodes to continue from; a chain is the degenerate tree.
 
-Abnormal outcomes ("Cut the Bill" §5.4), each a flag on the node and a counter: too_many_calls, parse_error,
-repeated_query (5.4.1) and max_turns (5.4.3) stop with reward 0; env_error (retrieval failed or timed out) is
-discarded, neither trained nor in group statistics (5.4.2); truncated (token budget exceeded) stops, its reward
-counts in statistics, its tokens are not trained (5.4.4).
+Abnormal outcomes ("Cut the Bill" §5.4), each a flag on the node and a counter: too_many_calls,
+parse_error, repeated_query (5.4.1) and max_turns (5.4.3) stop with reward 0; env_error (retrieval
+failed or timed out) is discarded, neither trained nor in group statistics (5.4.2); truncated (token
+budget exceeded) stops, its reward counts in statistics, its tokens are not trained (5.4.4).
 
 Deviations from the papers, each cited by its name:
 - branch-waves: BranPO samples the Bran(r, acc) branches of one truncation point together and keeps
@@ -20,30 +22,30 @@ Deviations from the papers, each cited by its name:
   at k = T - 2 like any original whose branching found nothing (Algorithm 1: B = τ≤k_d,
   C = {(τ>k_d, R)}, k_d the last tried).
 - rsm-threshold: BranPO's RSM check runs for r >= 0.8 (§4.4: "correct trajectories", with App. A.1's
-  correctness threshold); App. A.1 writes r = 1. A trajectory of T <= Recur steps is also truncated at
-  k = 0 (resampled from the prompt; its prefix is empty, so A_base trains nothing there); the paper
-  only says "near the tail".
+  correctness threshold); App. A.1 writes r = 1. A trajectory of T <= Recur steps is also truncated
+  at k = 0 (resampled from the prompt; its prefix is empty, so A_base trains nothing there); the
+  paper only says "near the tail".
 - carl-entropy: CARL's entropy H(s) uses the rollout engine's log-probs of the sampled action tokens
   (length-normalised NLL, Eq. 8). Forks of different prompts run in one batch, one fork per prompt
   per wave.
 - treeps-pruning: TreePS-RAG keeps, per cluster of search children, the first sampled member. Search
-  children at the depth limit D = max_turns + 1 were ended by the agent (max_turns, reward 0) without
-  retrieval: with no documents their distances all tie and the clustering's merge order picks the
-  kept ones (Alg. 1 l. 15 retrieves for them only to choose which reward-0 leaves stay). With
-  D <= max_turns they are retrieved, pruned, then ended. With --retry_invalid a step that broke the
-  format is retried, not ended: neither search nor answer, it is not pruned (Alg. 1 l. 11 clusters
-  search children only) and continues in the next layer. The N training paths (§2.3) are drawn among
-  the scored leaves; a drawn `truncated` one is then not trained (Cut the Bill §5.4.4).
+  children at the depth limit D = max_turns + 1 were ended by the agent (max_turns, reward 0)
+  without retrieval: with no documents their distances all tie and the clustering's merge order
+  picks the kept ones (Alg. 1 l. 15 retrieves for them only to choose which reward-0 leaves stay).
+  With D <= max_turns they are retrieved, pruned, then ended. With --retry_invalid a step that broke
+  the format is retried, not ended: neither search nor answer, it is not pruned (Alg. 1 l. 11
+  clusters search children only) and continues in the next layer. The N training paths (§2.3) are
+  drawn among the scored leaves; a drawn `truncated` one is then not trained (Cut the Bill §5.4.4).
 - format-penalty: with the format penalty on (BranPO App. A.3), tag-format breaks and answers given
-  without any search get -0.5 instead of their reward; repeated queries, max turns and truncation keep
-  reward 0.
+  without any search get -0.5 instead of their reward; repeated queries, max turns and truncation
+  keep reward 0.
 - expand-without-replacement: Tree-GRPO draws the N expansion nodes without replacement (the text's
   "N nodes are randomly selected"); the official code uses random.choices, with replacement:
   `with_replacement=True`.
 - squad-reward: the outcome reward follows SQuAD's official script (normalisation, EM, token F1) and
   scores the best-matching golden answer; normalisation also removes Unicode punctuation (categories
-  P*) after Unicode NFC, and token F1 adds HotpotQA's rule: yes / no / noanswer get no partial credit.
-  Each leaf records both EM and F1.
+  P*) after Unicode NFC, and token F1 adds HotpotQA's rule: yes / no / noanswer get no partial
+  credit. Each leaf records both EM and F1.
 """
 
 from __future__ import annotations
@@ -90,30 +92,36 @@ INSTRUCTIONS = {"search_r1": INSTRUCTION, "short": SHORT_INSTRUCTION}
 
 @dataclass
 class AgentConfig:
-    """How an agent step is generated, parsed, executed and scored, the same in training, eval, warm start, dumps."""
+    """How an agent step is generated, parsed, executed and scored, the same in training, eval, warm
+    start, dumps."""
 
     instruction: str = field(default="auto", metadata={"choices": ["auto", "search_r1", "short"]})
     """Prompt: auto = the short one for the embedded default's tokenizer, else Search-R1's."""
     think_tag: str = "think"
-    """Reasoning tag name: "think" (Search-R1), "thinking" or "reason" (the Qwen3 runs in the papers)."""
+    """Reasoning tag name: "think" (Search-R1), "thinking" or "reason" (the Qwen3 runs in the
+    papers)."""
     max_turns: int = 4
-    """Search rounds (Search-R1's max_turns); step max_turns + 1 may only answer (a search there: reward 0)."""
+    """Search rounds (Search-R1's max_turns); step max_turns + 1 may only answer (a search there:
+    reward 0)."""
     max_step_tokens: int = 64
     """Tokens generated per step."""
     max_traj_tokens: int = 1024
-    """Token budget per trajectory after the prompt; exceeding it truncates (reward counts, tokens not trained)."""
+    """Token budget per trajectory after the prompt; exceeding it truncates (reward counts, tokens
+    not trained)."""
     max_obs_tokens: int = 160
     """Observation tokens appended per search (the passages are cut, the closing tag kept)."""
     topk: int = 3
     """Passages retrieved per query."""
     max_calls: int = 1
-    """Tool calls allowed in one step; more is too_many_calls (Cut the Bill uses 5 or 10 with parallel calls)."""
+    """Tool calls allowed in one step; more is too_many_calls (Cut the Bill uses 5 or 10 with
+    parallel calls)."""
     temperature: float = 1.0
     """Rollout sampling temperature."""
     top_p: float = 1.0
     """Rollout nucleus mass."""
     eval_temperature: float = 0.0
-    """Evaluation sampling temperature (0 = greedy, deterministic; for the seeds' protocol: 0.7 with top-p 0.8)."""
+    """Evaluation sampling temperature (0 = greedy, deterministic; for the seeds' protocol: 0.7 with
+    top-p 0.8)."""
     eval_top_p: float = 1.0
     """Evaluation nucleus mass."""
     reward: str = field(default="f1", metadata={"choices": ["f1", "em"]})
@@ -121,9 +129,11 @@ class AgentConfig:
     format_penalty: bool = False
     """BranPO's -0.5 for a broken tag format or an answer without any search."""
     retry_invalid: bool = False
-    """Search-R1's behaviour: on a parse error, append "invalid action, try again" instead of stopping."""
+    """Search-R1's behaviour: on a parse error, append "invalid action, try again" instead of
+    stopping."""
     seed: int = 0
-    """Seed of the run: data order, the engine's sampling, the strategies' random choices, the warm start."""
+    """Seed of the run: data order, the engine's sampling, the strategies' random choices, the warm
+    start."""
 
 
 RULES = [  # flags.check: (flags, what is allowed, test)
@@ -147,18 +157,21 @@ def depth_rule(algo: AlgoConfig, cfg: AgentConfig) -> tuple[bool, str]:
 
 
 def for_eval(cfg: AgentConfig) -> AgentConfig:
-    """The agent settings evaluation samples with (eval_temperature, eval_top_p), every budget unchanged."""
+    """The agent settings evaluation samples with (eval_temperature, eval_top_p), every budget
+    unchanged."""
     return replace(cfg, temperature=cfg.eval_temperature, top_p=cfg.eval_top_p)
 
 
 def is_world_tokenizer(tokenizer) -> bool:
-    """Whether `tokenizer` is the embedded default's (its syllable continuation pieces are in the vocabulary)."""
+    """Whether `tokenizer` is the embedded default's (its syllable continuation pieces are in the
+    vocabulary)."""
     vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
     return all("##" + s in vocab for s in data.SYLLABLES)
 
 
 def instruction_template(choice: str, tokenizer) -> str:
-    """AgentConfig.instruction's template ("auto": short for the embedded default's tokenizer, else Search-R1's)."""
+    """AgentConfig.instruction's template ("auto": short for the embedded default's tokenizer, else
+    Search-R1's)."""
     return (
         INSTRUCTIONS.get(choice)
         or INSTRUCTIONS["short" if is_world_tokenizer(tokenizer) else "search_r1"]
@@ -170,7 +183,8 @@ def instruction_template(choice: str, tokenizer) -> str:
 
 
 def normalize_answer(s):
-    """SQuAD normalisation: lowercase, drop punctuation, drop articles (a, an, the), collapse whitespace."""
+    """SQuAD normalisation: lowercase, drop punctuation, drop articles (a, an, the), collapse
+    whitespace."""
     s = unicodedata.normalize("NFC", s).lower()
     s = "".join(
         ch
@@ -224,8 +238,9 @@ def token_f1(prediction, golden_answers):
 
 
 def parse_action(text: str, think: str, max_calls: int) -> tuple[str, str | None, str | None]:
-    """One step's (action, content, abnormal flag): "search" or "answer" for the FIRST complete tag, else "invalid"
-    with too_many_calls (> max_calls <search> tags) or parse_error (no tag, unclosed tag, empty, unbalanced think)."""
+    """One step's (action, content, abnormal flag): "search" or "answer" for the FIRST complete tag,
+    else "invalid" with too_many_calls (> max_calls <search> tags) or parse_error (no tag, unclosed
+    tag, empty, unbalanced think)."""
     if text.count("<search>") > max_calls:
         return "invalid", None, "too_many_calls"
     found = [(text.find(f"<{tag}>"), tag) for tag in ("search", "answer") if f"<{tag}>" in text]
@@ -245,7 +260,8 @@ def format_passages(passages) -> str:
 
 
 def user_turn_ids(tokenizer, text: str) -> list[int]:
-    """`text` as a user turn: the chat template (generation prompt added) if the tokenizer has one, else plain."""
+    """`text` as a user turn: the chat template (generation prompt added) if the tokenizer has one,
+    else plain."""
     if getattr(tokenizer, "chat_template", None):
         return list(
             tokenizer.apply_chat_template(
@@ -263,8 +279,9 @@ def _key(query: str) -> str:
 
 
 class Refiner:
-    """Cut the Bill §6: a second, frozen model reads each query's retrieved passages and writes a query-relevant
-    summary; only the summary is appended to the agent's context. It is never trained."""
+    """Cut the Bill §6: a second, frozen model reads each query's retrieved passages and writes a
+    query-relevant summary; only the summary is appended to the agent's context. It is never
+    trained."""
 
     PROMPT = (
         "Summarize the information in the passages below that is relevant to the query, in a few "
@@ -291,7 +308,8 @@ class Refiner:
 
 
 class Agent:
-    """Generates, parses, executes and scores agent steps for frontiers of nodes, batched across prompts."""
+    """Generates, parses, executes and scores agent steps for frontiers of nodes, batched across
+    prompts."""
 
     def __init__(self, engine, retriever, tokenizer, cfg: AgentConfig, refiner=None):
         self.engine, self.retriever, self.tok, self.cfg, self.refiner = (
@@ -323,7 +341,8 @@ class Agent:
         )
 
     def new_tree(self, example, tree_id: str) -> Tree:
-        """An empty tree for one prompt: the root holds the prompt's token ids; `stats` counts from 0 (a Counter)."""
+        """An empty tree for one prompt: the root holds the prompt's token ids; `stats` counts from
+        0 (a Counter)."""
         return Tree(
             Node(tree_id, tokens=self.prompt_ids(example.question)),
             question=example.question,
@@ -334,13 +353,13 @@ class Agent:
     # ---- one step for a frontier --------------------------------------------------------------------------------
 
     def step(self, frontier: list[tuple[Tree, Node]]) -> list[tuple[Tree, Node]]:
-        """Sample one child for every (tree, node) entry (repeat an entry for several children) and return them in
-        frontier order. A child that ended carries its reward and flags; an open one has its observation."""
+        """Sample one child for every (tree, node) entry (repeat an entry for several children) and
+        return them in frontier order. A child that ended carries its reward and flags; an open one
+        has its observation."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        sampling = replace(
-            self.sampling, seed=cfg.seed + 7919 * self.counters["rollout/waves"]
-        )  # fresh per wave
+        # fresh per wave
+        sampling = replace(self.sampling, seed=cfg.seed + 7919 * self.counters["rollout/waves"])
         outs = self.engine.generate([context_ids(node) for _, node in frontier], sampling)
         gen_time = time.perf_counter() - t0
         self.counters["rollout/waves"] += 1
@@ -355,9 +374,8 @@ class Agent:
             children.append((tree, child))
             # a wave is one engine call: its time is shared among prompts by generated tokens
             tree.stats["generated_tokens"] += len(out.token_ids)
-            tree.stats["gen_seconds"] += gen_time * (
-                len(out.token_ids) / total_tokens
-            )  # its share of the wave, by tokens
+            # its share of the wave, by tokens
+            tree.stats["gen_seconds"] += gen_time * (len(out.token_ids) / total_tokens)
             self.counters["rollout/steps"] += 1
             action, content, flag = parse_action(child.text, cfg.think_tag, cfg.max_calls)
             child.action = action
@@ -375,9 +393,8 @@ class Agent:
                     exact_match(content, tree.golden_answers),
                     token_f1(content, tree.golden_answers),
                 )
-                penalty = cfg.format_penalty and not any(
-                    s.action == "search" for s in path(child)
-                )  # format-penalty
+                # format-penalty
+                penalty = cfg.format_penalty and not any(s.action == "search" for s in path(child))
                 child.reward = -0.5 if penalty else child.f1 if cfg.reward == "f1" else child.em
             else:
                 child.query = content
@@ -391,28 +408,28 @@ class Agent:
         return children
 
     def _end(self, child: Node, flag: str, reward: float | None):
-        """Stop the trajectory at `child` with an abnormal outcome (a flag and a counter) and its reward."""
+        """Stop the trajectory at `child` with an abnormal outcome (a flag and a counter) and its
+        reward."""
         child.flags.append(flag)
         child.reward = reward
         self.counters["abnormal/" + flag] += 1
 
     def _observe(self, searching: list[tuple[Tree, Node, str]]):
-        """One retriever call for the wave's queries; append each <information> observation (failed: env_error)."""
+        """One retriever call for the wave's queries; append each <information> observation (failed:
+        env_error)."""
         if not searching:
             return
         queries = [q for _, _, q in searching]
         t0 = time.perf_counter()
         try:
             results = self.retriever.search(queries, self.cfg.topk)
-        except (
-            RetrievalError
-        ) as e:  # carries the passages of the queries that did succeed, None for the others
+        except RetrievalError as e:
+            # carries the passages of the queries that did succeed, None for the others
             self.counters["rollout/retrieval_failed_queries"] += len(e.failed)
             results = e.partial
         bodies = [None if r is None else format_passages(r) for r in results]
-        if (
-            self.refiner is not None
-        ):  # Cut the Bill §6: only the frozen model's summary reaches the agent
+        # Cut the Bill §6: only the frozen model's summary reaches the agent
+        if self.refiner is not None:
             bodies = self.refiner.summarize(queries, results)
         retrieval_time = time.perf_counter() - t0
         for (tree, child, _), passages, body in zip(searching, results, bodies):
@@ -434,7 +451,8 @@ class Agent:
         return self.obs_open + self.encode(body)[: max(room, 0)] + self.obs_close
 
     def run(self, frontier: list[tuple[Tree, Node]]) -> list[Node]:
-        """Continue every frontier entry to its end, one `step` per wave; return the leaves in frontier order."""
+        """Continue every frontier entry to its end, one `step` per wave; return the leaves in
+        frontier order."""
         heads = list(frontier)
         going = list(range(len(heads)))
         while going:
@@ -445,7 +463,8 @@ class Agent:
 
 
 def ended(node: Node) -> bool:
-    """A step after which the trajectory stops: it has a reward, or it was discarded by a retrieval error."""
+    """A step after which the trajectory stops: it has a reward, or it was discarded by a retrieval
+    error."""
     return node.reward is not None or "env_error" in node.flags
 
 
@@ -471,9 +490,10 @@ def tree_grpo(
     L: int = 1,
     with_replacement: bool = False,
 ) -> list[list[Tree]]:
-    """Tree-GRPO §4.2.3: M chains per prompt (the initial trees), then L rounds in which N nodes per tree, drawn
-    uniformly among the root and the non-leaf nodes (without replacement unless the tree has fewer, or with
-    `with_replacement`: expand-without-replacement), each get one new full continuation. M (L N + 1) leaves per prompt."""
+    """Tree-GRPO §4.2.3: M chains per prompt (the initial trees), then L rounds in which N nodes per
+    tree, drawn uniformly among the root and the non-leaf nodes (without replacement unless the tree
+    has fewer, or with `with_replacement`: expand-without-replacement), each get one new full
+    continuation. M (L N + 1) leaves per prompt."""
     prompts = [
         [agent.new_tree(ex, f"p{i}.t{m}") for m in range(M)] for i, ex in enumerate(examples)
     ]
@@ -481,9 +501,8 @@ def tree_grpo(
     for _ in range(L):
         frontier = []
         for t in (t for trees in prompts for t in trees):
-            inner = [
-                n for n in walk(t.root) if n.children
-            ]  # root + intermediate steps (never a final answer)
+            # root + intermediate steps (never a final answer)
+            inner = [n for n in walk(t.root) if n.children]
             picks = (
                 rng.choices(inner, k=N)
                 if with_replacement or len(inner) < N
@@ -495,7 +514,8 @@ def tree_grpo(
 
 
 def _f1(leaf: Node) -> float:
-    """The F1 the agent recorded on a leaf (0 without an answer): BranPO's r, correct when >= CORRECT_F1."""
+    """The F1 the agent recorded on a leaf (0 without an answer): BranPO's r, correct when >=
+    CORRECT_F1."""
     return leaf.f1 or 0.0
 
 
@@ -514,12 +534,18 @@ def _recur(r: float, acc: float) -> int:
 def branpo(
     agent: Agent, examples, rng: random.Random, N: int = 4, rsm: bool = True
 ) -> list[list[Tree]]:
-    """BranPO §4.2, App. A.1 (Algorithm 1; branch-waves, rsm-threshold, rsm-fallback-split): N chains per prompt, one tree per original trajectory; acc = their mean
-    F1. Each trajectory (F1 r, T steps) is truncated at depth k = T-1, T-2, ... (Recur(r, acc) points, Eq. 16) with
-    Bran(acc) continuations at each (Eq. 15) until one's correctness (F1 >= 0.8) differs from the original's: it is
-    kept and its truncation node marked `prefix_end`. With `rsm` (§4.4), a correct trajectory longer than the
-    group's mean correct length (acc > 0.5) is instead branched 5 times before its penultimate step; the first
-    shorter correct branch is kept and the original's penultimate step marked `redundant`. Unkept branches are
+    """BranPO §4.2, App. A.1 (Algorithm 1; branch-waves, rsm-threshold, rsm-fallback-split): N
+    chains per prompt, one tree per original trajectory; acc = their mean
+    F1. Each trajectory (F1 r, T steps) is truncated at depth k = T-1, T-2, ... (Recur(r, acc)
+    points, Eq. 16) with
+    Bran(acc) continuations at each (Eq. 15) until one's correctness (F1 >= 0.8) differs from the
+    original's: it is
+    kept and its truncation node marked `prefix_end`. With `rsm` (§4.4), a correct trajectory longer
+    than the
+    group's mean correct length (acc > 0.5) is instead branched 5 times before its penultimate step;
+    the first
+    shorter correct branch is kept and the original's penultimate step marked `redundant`. Unkept
+    branches are
     removed (their tokens still count in the stats). An original with no branch kept stays split at
     the last truncation point tried (Algorithm 1): marked `prefix_end`, its one continuation the
     original suffix."""
@@ -527,7 +553,8 @@ def branpo(
         [agent.new_tree(ex, f"p{i}.n{j}") for j in range(N)] for i, ex in enumerate(examples)
     ]
     agent.run([(t, t.root) for trees in prompts for t in trees])
-    jobs = []  # (tree, original leaf, plan: the truncations still to try, each (depth k, n branches, mode))
+    # (tree, original leaf, plan: the truncations still to try, each (depth k, n branches, mode))
+    jobs = []
     for trees in prompts:
         originals = [(t, t.leaves()[0]) for t in trees if t.leaves()[0].scored]
         f1s = [_f1(leaf) for _, leaf in originals]
@@ -548,9 +575,8 @@ def branpo(
                 ]
             jobs.append((t, leaf, plan))
     while jobs:  # one wave of truncation points: each job's next one, all jobs in one batch
-        starts = [
-            ([t.root] + path(leaf))[plan[0][0]] for t, leaf, plan in jobs
-        ]  # the truncation nodes
+        # the truncation nodes
+        starts = [([t.root] + path(leaf))[plan[0][0]] for t, leaf, plan in jobs]
         ends = agent.run(
             [(t, start) for (t, _, plan), start in zip(jobs, starts) for _ in range(plan[0][1])]
         )
@@ -576,9 +602,8 @@ def branpo(
                     start.children.remove(path(e)[k])
             if keep is not None:
                 if mode == "shorter":
-                    path(leaf)[
-                        k
-                    ].redundant = True  # the original's extra step (its penultimate one)
+                    # the original's extra step (its penultimate one)
+                    path(leaf)[k].redundant = True
                 agent.counters["rollout/branpo_" + mode] += 1
                 plan.clear()
             if not plan:  # kept one, or the last truncation point tried: B = τ≤k (Algorithm 1)
@@ -593,7 +618,8 @@ def _action_nll(node: Node) -> float:
 
 
 def _states(tree: Tree) -> list[Node]:
-    """Set H(s) (CARL Eq. 6-8) on every state of `tree` (the root and each intermediate node); return them."""
+    """Set H(s) (CARL Eq. 6-8) on every state of `tree` (the root and each intermediate node);
+    return them."""
     states = [n for n in walk(tree.root) if n.children]
     for s in states:
         s.entropy = sum(_action_nll(c) for c in s.children) / len(s.children)
@@ -601,10 +627,11 @@ def _states(tree: Tree) -> list[Node]:
 
 
 def carl(agent: Agent, examples, rng: random.Random, N0: int = 1, N: int = 16) -> list[list[Tree]]:
-    """CARL App. C.1 (progressive rollout; carl-entropy), one tree per prompt: N0 chains from the root, then N forks, each a full
-    trajectory from the state of lowest action density n(s) / H(s) (Eq. 12): n(s) actions sampled at s, H(s) their
-    mean length-normalised NLL (Eq. 6-8). It samples N0/N + 1/2 of the actions of GRPO with N chains (Eq. 14: a
-    fork starts halfway down, on average)."""
+    """CARL App. C.1 (progressive rollout; carl-entropy), one tree per prompt: N0 chains from the
+    root, then N forks, each a full trajectory from the state of lowest action density n(s) / H(s)
+    (Eq. 12): n(s) actions sampled at s, H(s) their mean length-normalised NLL (Eq. 6-8). It samples
+    N0/N + 1/2 of the actions of GRPO with N chains (Eq. 14: a fork starts halfway down, on
+    average)."""
     prompts = [[agent.new_tree(ex, f"p{i}")] for i, ex in enumerate(examples)]
     agent.run([(trees[0], trees[0].root) for trees in prompts for _ in range(N0)])
     for _ in range(N):  # lowest n/H = highest H/n
@@ -617,9 +644,10 @@ def carl(agent: Agent, examples, rng: random.Random, N0: int = 1, N: int = 16) -
 
 
 def jaccard_prune(children: list[Node], k: int) -> list[Node]:
-    """TreePS-RAG §2.2: keep min(k, |children|) search children, one per cluster of a hierarchical clustering
-    (average linkage) on the Jaccard distance 1 - |P_i ∩ P_j| / |P_i ∪ P_j| of their retrieved doc-id sets.
-    The dendrogram is cut into exactly k clusters (cut_tree; fcluster's maxclust returns fewer on tied distances)."""
+    """TreePS-RAG §2.2: keep min(k, |children|) search children, one per cluster of a hierarchical
+    clustering (average linkage) on the Jaccard distance 1 - |P_i ∩ P_j| / |P_i ∪ P_j| of their
+    retrieved doc-id sets. The dendrogram is cut into exactly k clusters (cut_tree; fcluster's
+    maxclust returns fewer on tied distances)."""
     if len(children) <= k:
         return children
     sets = [set(c.doc_ids) for c in children]
@@ -642,11 +670,13 @@ def treeps(
     N_retain: int = 2,
     N_train: int = 0,
 ) -> list[list[Tree]]:
-    """TreePS-RAG §2.2 (Algorithm 1, phase 1; treeps-pruning), layer by layer from M(0) = {root}: at depth d each retained parent gets
-    B_d = ceil(N / |M(d-1)|) children (Eq. 2), every tree's layer in one engine call; answers (and abnormal ends)
-    are leaves; of each parent's search children min(N_retain, count) are kept by Jaccard clustering as M(d), the
-    rest pruned (a retried invalid step joins M(d) unpruned). At the depth limit D (0: max_turns +
-    1) the kept search children end with reward 0 (Alg. 1 l. 24; treeps-pruning). Then N_train (0: N)
+    """TreePS-RAG §2.2 (Algorithm 1, phase 1; treeps-pruning), layer by layer from M(0) = {root}: at
+    depth d each retained parent gets B_d = ceil(N / |M(d-1)|) children (Eq. 2), every tree's layer
+    in one engine call; answers (and abnormal ends) are leaves; of each parent's search children
+    min(N_retain, count) are kept by Jaccard clustering as M(d), the rest pruned (a retried invalid
+    step joins M(d) unpruned). At the depth limit D (0: max_turns +
+    1) the kept search children end with reward 0 (Alg. 1 l. 24; treeps-pruning). Then N_train (0:
+       N)
     root-to-leaf paths per tree are drawn with `rng` and their leaves marked `sampled`: the
     trajectories advantages.treeps trains (§2.3)."""
     D = D or agent.cfg.max_turns + 1
@@ -679,22 +709,20 @@ def treeps(
                 keep = jaccard_prune(search, N_retain)
                 p.children = [c for c in p.children if c not in search or c in keep]
                 kept += [c for c in p.children if c in keep or not ended(c)]  # + retried invalid
-            for c in [
-                c for c in kept if d == D and not ended(c)
-            ]:  # Alg. 1 l. 24: leaves at D, reward 0
+            # Alg. 1 l. 24: leaves at D, reward 0
+            for c in [c for c in kept if d == D and not ended(c)]:
                 agent._end(c, "max_turns", 0.0)
             retained[i] = kept
     for t in trees:
         pool = scored_leaves(t.root)
-        for leaf in rng.sample(
-            pool, min(N_train or N, len(pool))
-        ):  # §2.3: "randomly sample N trajectories"
+        # §2.3: "randomly sample N trajectories"
+        for leaf in rng.sample(pool, min(N_train or N, len(pool))):
             leaf.sampled = True
     return [[t] for t in trees]
 
 
-# The algorithm registry, rollout half: name -> (strategy, its hyperparameters from advantages.AlgoConfig);
-# advantages.ALGOS holds the credit half under the same names.
+# The algorithm registry, rollout half: name -> (strategy, its hyperparameters from
+# advantages.AlgoConfig); advantages.ALGOS holds the credit half under the same names.
 STRATEGIES = {
     "grpo": (chain, lambda c: {"G": c.grpo_G}),
     "tree_grpo": (
@@ -722,8 +750,9 @@ def grow(algo: AlgoConfig, agent: Agent, examples, rng: random.Random) -> list[l
 
 
 def metrics(prompts: list[list[Tree]]) -> dict[str, float]:
-    """One rollout batch's metrics (the README lists them): reward, EM/F1 (as the agent recorded them), behaviour,
-    effective groups, budgets per prompt, failed retrieval queries (summed over the batch), abnormal rates."""
+    """One rollout batch's metrics (the README lists them): reward, EM/F1 (as the agent recorded
+    them), behaviour, effective groups, budgets per prompt, failed retrieval queries (summed over
+    the batch), abnormal rates."""
     n = max(len(prompts), 1)
     leaves = [leaf for trees in prompts for t in trees for leaf in t.leaves()]
     scored = [leaf for leaf in leaves if leaf.scored]
@@ -743,9 +772,10 @@ def metrics(prompts: list[list[Tree]]) -> dict[str, float]:
     ):
         correct = [v for v, e in zip(values, em) if e == 1]
         for suffix, picked in (("", values), ("_correct", correct)):
+            # upper median
             m[f"rollout/{name}_median{suffix}"] = (
                 sorted(picked)[len(picked) // 2] if picked else 0.0
-            )  # upper median
+            )
             m[f"rollout/{name}_max{suffix}"] = max(picked, default=0.0)
     m.update(
         {

@@ -1,11 +1,12 @@
-"""RL for multi-turn search agents: every paper's rollout and credit assignment, one PPO loss, under Accelerate.
+"""RL for multi-turn search agents: every paper's rollout and credit assignment, one PPO loss, under
+Accelerate.
 
     python train.py --algo tree_grpo             # grpo | tree_grpo | branpo | carl | treeps
     accelerate launch train.py --algo tree_grpo  # under your `accelerate config` (DDP, ...)
     python train.py warmstart --out DIR --world DIR  # only the embedded default's warm start, retrained into DIR
 
-With no --model it runs the embedded default: the generated world (infra/data.py), BM25 and a tiny Llama warm-started on
-gold trajectories (infra/warmstart.py); CPU only, no downloads.
+With no --model it runs the embedded default: the generated world (infra/data.py), BM25 and a tiny
+Llama warm-started on gold trajectories (infra/warmstart.py); CPU only, no downloads.
 
 Deviations from the papers, each cited by its name:
 - loss-form: PPO clipped surrogate per token with the per-token advantage, token-mean over the
@@ -13,12 +14,12 @@ Deviations from the papers, each cited by its name:
   the trained tokens as a loss term (GRPO style), not a reward penalty.
 - tis-old-policy: TIS ("Cut the Bill" §5.5.2) weighs the policy-gradient term per token by
   min(pi_old / pi_rollout, tis_cap); pi_rollout is the engine's log-prob of each sampled token.
-  pi_theta, pi_old and pi_ref share one forward and precision (the accelerator's autocast under mixed
-  precision). A float32 run on the HF engine takes pi_old from the engine, whose log-probs are the
-  trainer's (`exact_logprobs`, tested; TIS weight 1); otherwise (vLLM, or mixed precision: the
-  engine's incremental forward rounds differently) the trainer recomputes pi_old and TIS corrects the
-  engine/trainer difference. BranPO Table 5's "rollout IS batch normalize" (mean-1 weights per batch)
-  is not applied: Cut the Bill has none.
+  pi_theta, pi_old and pi_ref share one forward and precision (the accelerator's autocast under
+  mixed precision). A float32 run on the HF engine takes pi_old from the engine, whose log-probs are
+  the trainer's (`exact_logprobs`, tested; TIS weight 1); otherwise (vLLM, or mixed precision: the
+  engine's incremental forward rounds differently) the trainer recomputes pi_old and TIS corrects
+  the engine/trainer difference. BranPO Table 5's "rollout IS batch normalize" (mean-1 weights per
+  batch) is not applied: Cut the Bill has none.
 - dual-clip (`--dual_clip c`, 0 = off by default): a token with A < 0 loses at most -A c (Ye et
   al. 2020; verl's clip_ratio_c, always on there, 3). The papers' objective has no such cap.
 - log-ratio-bound: every log ratio is clamped to [-20, 20] before its exp, as verl does: the loss
@@ -60,30 +61,37 @@ from tree import Sample, Trajectory, to_samples, truncated
 
 @dataclass
 class Args:
-    """The run; with AlgoConfig, AgentConfig, RetrieverConfig and WarmConfig, every flag of `train.py --help`."""
+    """The run; with AlgoConfig, AgentConfig, RetrieverConfig and WarmConfig, every flag of
+    `train.py --help`."""
 
     model: str = ""
-    """Policy: HF hub name or local directory; empty = the embedded default (warm-started tiny Llama)."""
+    """Policy: HF hub name or local directory; empty = the embedded default (warm-started tiny
+    Llama)."""
     gguf_file: str = ""
     """A GGUF file inside --model's directory to load (transformers dequantizes it)."""
     data: str = ""
-    """Train questions: .parquet / .jsonl / a directory with train.* / a datasets name; empty = the embedded world."""
+    """Train questions: .parquet / .jsonl / a directory with train.* / a datasets name; empty = the
+    embedded world."""
     test_data: str = ""
-    """Test questions (same forms); empty = --data's test split (a single --data file has none), else the world's."""
+    """Test questions (same forms); empty = --data's test split (a single --data file has none),
+    else the world's."""
     corpus: str = ""
     """Retrieval corpus JSONL ({"id", "contents"}); empty = the embedded world's corpus."""
     max_env_error_rate: float = 0.5
-    """Stop when the share of trajectories lost to retrieval errors (abnormal/env_error) stays above this."""
+    """Stop when the share of trajectories lost to retrieval errors (abnormal/env_error) stays above
+    this."""
     env_error_patience: int = 3
     """Steps in a row above --max_env_error_rate before the run stops."""
     engine: str = field(default="auto", metadata={"choices": ["auto", "hf", "vllm"]})
-    """Rollout engine: vLLM when installed with CUDA, else Hugging Face generate (printed once at start)."""
+    """Rollout engine: vLLM when installed with CUDA, else Hugging Face generate (printed once at
+    start)."""
     vllm_gpu_memory_utilization: float = 0.3
     """Share of rank 0's GPU memory vLLM may take (the trainer's replica shares that GPU)."""
     vllm_dtype: str = field(
         default="", metadata={"choices": ["", "float32", "bfloat16", "float16"]}
     )
-    """vLLM's dtype; empty = the policy's, so TIS corrects kernel differences, not rounding to a narrower type."""
+    """vLLM's dtype; empty = the policy's, so TIS corrects kernel differences, not rounding to a
+    narrower type."""
     out_dir: str = "out"
     """Where the world, warm start, runs (metrics.jsonl, curve.png, checkpoints) go."""
     run_name: str = ""
@@ -112,7 +120,8 @@ class Args:
     kl_coef: float = 0.001
     """Weight of the k3 KL to the frozen initial policy (Search-R1, BranPO Table 5: 0.001)."""
     tis_cap: float = 2.0
-    """TIS cap C on pi_old / pi_rollout (BranPO Table 5: 2.0; its batch-normalize option: README); 0 disables TIS."""
+    """TIS cap C on pi_old / pi_rollout (BranPO Table 5: 2.0; its batch-normalize option: README); 0
+    disables TIS."""
     loss_agg: str = field(
         default="token-mean", metadata={"choices": ["token-mean", "seq-mean-token-mean"]}
     )
@@ -121,23 +130,28 @@ class Args:
     """Gradient-norm clip."""
 
     eval_every: int = 15
-    """Evaluate on test questions every this many steps (and at the end, and at the start: --eval_start); 0 = never."""
+    """Evaluate on test questions every this many steps (and at the end, and at the start:
+    --eval_start); 0 = never."""
     eval_n: int = 1000
-    """Test questions per evaluation, spread evenly over the split (the world's: 250 per hop count)."""
+    """Test questions per evaluation, spread evenly over the split (the world's: 250 per hop
+    count)."""
     eval_start: bool = True
-    """With --eval_every: evaluate the starting policy too (off where it was evaluated already, e.g. by compare.py)."""
+    """With --eval_every: evaluate the starting policy too (off where it was evaluated already, e.g.
+    by compare.py)."""
     checkpoint_every: int = 10
     """Save model, optimizer, scheduler, RNG states and step every this many steps (the last two are
     kept), and on SIGTERM / Ctrl-C; 0 = only then."""
     resume: bool = False
     """Continue from the run's last checkpoint (from the one before when the last is unreadable)."""
     overwrite: bool = False
-    """Delete what the run directory holds and start fresh (without --resume or this, a run there is refused)."""
+    """Delete what the run directory holds and start fresh (without --resume or this, a run there is
+    refused)."""
     log_with: str = field(default="", metadata={"choices": ["", *run.TRACKERS]})
     """An accelerate tracker to log to as well (pip install it: README, Metrics); empty = none."""
 
 
-RULES = [  # (flags, what is allowed, test): checked right after parsing, before any file or model is read
+# (flags, what is allowed, test): checked right after parsing, before any file or model is read
+RULES = [
     (
         "steps prompts_per_step ppo_mini_batches ppo_epochs micro_batch_size eval_n env_error_patience",
         "an integer >= 1",
@@ -159,7 +173,8 @@ RULES = [  # (flags, what is allowed, test): checked right after parsing, before
 
 
 def validate(args: Args, *configs):
-    """Every flag against its module's RULES, and the rules that tie flags together; one message lists all broken."""
+    """Every flag against its module's RULES, and the rules that tie flags together; one message
+    lists all broken."""
     algo, agent, warm = (
         next(c for c in configs if isinstance(c, t)) for t in (AlgoConfig, AgentConfig, WarmConfig)
     )
@@ -263,8 +278,8 @@ def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, entropy: bool =
 
 
 def ppo_loss(logp, old_logp, ref_logp, rollout_logp, adv, mask, args: Args, denom: float):
-    """Per-token PPO-clip surrogate x TIS weight + kl_coef x k3 KL, summed over masked tokens / `denom`
-    (loss-form, tis-old-policy, dual-clip, log-ratio-bound, k3-unclamped).
+    """Per-token PPO-clip surrogate x TIS weight + kl_coef x k3 KL, summed over masked tokens /
+    `denom` (loss-form, tis-old-policy, dual-clip, log-ratio-bound, k3-unclamped).
 
     All inputs (B, T). ratio = exp(logp - old_logp); surrogate = max(-A ratio, -A clip(ratio,
     1-eps_l, 1+eps_h)), for A < 0 at most -A c (--dual_clip c); TIS weight w = min(exp(old_logp -
@@ -278,10 +293,8 @@ def ppo_loss(logp, old_logp, ref_logp, rollout_logp, adv, mask, args: Args, deno
     bound = LOG_RATIO_BOUND
     bounded = lambda x: torch.where(m, x, 0.0).clamp(-bound, bound)
     ratio = torch.exp(bounded(logp - old_logp))  # (B, T)
-    unclipped, clipped = (
-        -adv * ratio,
-        -adv * ratio.clamp(1 - args.clip_low, 1 + args.clip_high),
-    )  # (B, T)
+    # (B, T)
+    unclipped, clipped = -adv * ratio, -adv * ratio.clamp(1 - args.clip_low, 1 + args.clip_high)
     surrogate = torch.max(unclipped, clipped)  # (B, T)
     stats = {"clipped": (clipped > unclipped)[m].detach()}  # the clipped branch: no gradient (verl)
     if args.dual_clip:  # dual-clip: a token with A < 0 loses at most -A c, whatever its ratio
@@ -309,7 +322,8 @@ def collate(samples, pad_id: int) -> dict[str, torch.Tensor]:
     return {
         "ids": torch.tensor(pad([s.input_ids for s in samples], pad_id)),  # (B, T)
         "attn": torch.tensor(pad([[1] * len(s.input_ids) for s in samples], 0)),  # (B, T)
-        "mask": torch.tensor(pad([s.loss_mask for s in samples], 0), dtype=torch.float),  # (B, T)
+        # (B, T)
+        "mask": torch.tensor(pad([s.loss_mask for s in samples], 0), dtype=torch.float),
         "adv": torch.tensor(pad([s.advantages for s in samples], 0.0)),  # (B, T)
         "rollout_logp": torch.tensor(pad([s.logprobs for s in samples], 0.0)),
     }  # (B, T)
@@ -336,9 +350,10 @@ def micro_batches(
     samples, accelerator, model, ref_model, args: Args, pad_id: int, old_from_engine: bool
 ):
     """This rank's shard of the samples in micro-batches, with pi_old (the trainer's before this
-    step's updates, or the engine's: tis-old-policy) and pi_ref log-probs by the policy's forward and
-    precision. Rank 0 rolls out and broadcasts the samples; each rank updates on its shard, padded to
-    equal rows with zero-weight copies (DDP's collectives need the same number of micro-batches)."""
+    step's updates, or the engine's: tis-old-policy) and pi_ref log-probs by the policy's forward
+    and precision. Rank 0 rolls out and broadcasts the samples; each rank updates on its shard,
+    padded to equal rows with zero-weight copies (DDP's collectives need the same number of
+    micro-batches)."""
     shard = samples[accelerator.process_index :: accelerator.num_processes]
     per_rank = math.ceil(len(samples) / accelerator.num_processes)
     weights = [1.0] * len(shard) + [0.0] * (per_rank - len(shard))  # padding rows carry zero loss
@@ -367,8 +382,9 @@ def micro_batches(
 
 
 def update(micro, accelerator, model, optimizer, scheduler, args: Args):
-    """PPO epochs x mini-batches of micro-batches. Returns per-micro-batch stats, the gradient norms and losses of
-    the applied optimizer steps, and how many were skipped for a non-finite loss or norm (never applied)."""
+    """PPO epochs x mini-batches of micro-batches. Returns per-micro-batch stats, the gradient norms
+    and losses of the applied optimizer steps, and how many were skipped for a non-finite loss or
+    norm (never applied)."""
     model.train()
     stats, grad_norms, losses = [], [], []
     n_mini = max(1, min(args.ppo_mini_batches, len(micro)))
@@ -401,9 +417,8 @@ def update(micro, accelerator, model, optimizer, scheduler, args: Args):
                 loss_sum += loss.item()
                 stats.append(s)
             norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
-            if (
-                math.isfinite(loss_sum) and torch.isfinite(torch.as_tensor(norm)).all()
-            ):  # else NaN/inf: skipped
+            # else NaN/inf: skipped
+            if math.isfinite(loss_sum) and torch.isfinite(torch.as_tensor(norm)).all():
                 optimizer.step()
                 scheduler.step()
                 grad_norms.append(float(norm))
@@ -472,16 +487,14 @@ def main(
         args.out_dir, "runs", args.run_name or f"{algo.algo}-seed{agent_cfg.seed}"
     )
     world = os.path.join(args.out_dir, "world") if not (args.data and args.corpus) else ""
-    model_path = args.model or os.path.join(
-        args.out_dir, "warmstart"
-    )  # the embedded default's warm start
+    # the embedded default's warm start
+    model_path = args.model or os.path.join(args.out_dir, "warmstart")
     config = {**asdict(args), **asdict(algo), **asdict(agent_cfg), **asdict(retriever_cfg)}
     accelerator = Accelerator(log_with=args.log_with or None, project_dir=run_dir)
     main_proc = accelerator.is_main_process
     if accelerator.num_processes == 1 and accelerator.device.type == "cpu":
-        torch.set_num_threads(
-            len(os.sched_getaffinity(0))
-        )  # `accelerate launch` sets OMP_NUM_THREADS=1; one
+        # `accelerate launch` sets OMP_NUM_THREADS=1; one
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
         # process may use every core it is allowed (taskset / cpuset)
     set_seed(agent_cfg.seed)
     if main_proc:
@@ -500,9 +513,8 @@ def main(
             accelerator.init_trackers("train", config=config)
 
     # ---- init: data, retriever, policy, reference, engine, agent
-    if (
-        world and main_proc
-    ):  # one rank writes the world (and below, the warm start); the others wait for it
+    # one rank writes the world (and below, the warm start); the others wait for it
+    if world and main_proc:
         data.ensure_world(world)
     accelerator.wait_for_everyone()
     seconds["world"] = time.perf_counter() - t_start
@@ -517,14 +529,12 @@ def main(
         search, where = retriever.connect(
             retriever_cfg, args.corpus or os.path.join(world, "corpus.jsonl")
         )
-    if (
-        not args.model
-    ):  # the embedded default: warm-start once, in this run's agent format, and cache it
+    # the embedded default: warm-start once, in this run's agent format, and cache it
+    if not args.model:
         t0 = time.perf_counter()
         if main_proc:
-            warmstart.ensure(
-                model_path, world, warm, agent_cfg, rollout, evaluate, search
-            )  # one BM25 index per run
+            # one BM25 index per run
+            warmstart.ensure(model_path, world, warm, agent_cfg, rollout, evaluate, search)
         accelerator.wait_for_everyone()
         seconds["warm start"] = time.perf_counter() - t0
     model, tok = engines.load_policy(model_path, args.gguf_file or None)
@@ -545,7 +555,8 @@ def main(
         )
         agent = rollout.Agent(engine, search, tok, agent_cfg)
         eval_agent = rollout.Agent(engine, search, tok, rollout.for_eval(agent_cfg))
-    # are the engine's log-probs pi_old (tis-old-policy)? Only the HF engine's in a float32 run. Rank 0
+    # are the engine's log-probs pi_old (tis-old-policy)? Only the HF engine's in a float32 run.
+    # Rank 0
     # knows the engine; every rank's micro_batches needs the answer
     exact = broadcast_object_list([agent.engine.exact_logprobs if main_proc else None])[0]
     old_from_engine = exact and accelerator.mixed_precision == "no"
@@ -600,9 +611,8 @@ def main(
             with torch.no_grad():
                 prompts = rollout.grow(algo, agent, batch, rng)  # 1. grow the trees (rollout.py)
             # ---- EDIT HERE: the credit, one function per paper (advantages.py) -----------------
-            trajectories = [
-                t for trees in prompts for t in advantages.credit(algo, trees)
-            ]  # 2. credit
+            # 2. credit
+            trajectories = [t for trees in prompts for t in advantages.credit(algo, trees)]
             samples = to_samples(trajectories)  # 3. training samples: token ids, mask, advantages
             rolled_out = (
                 samples,
@@ -620,9 +630,8 @@ def main(
         )  # 5. the PPO update
         skipped += n_skipped
         t3 = time.perf_counter()
-        if (
-            main_proc
-        ):  # 6. weight sync: the engine samples from the new weights from the next step on
+        # 6. weight sync: the engine samples from the new weights from the next step on
+        if main_proc:
             agent.engine.load_weights(accelerator.unwrap_model(model))
         metrics.update(
             train_metrics(stats, grad_norms, losses, args),
@@ -685,16 +694,16 @@ def main(
         tok.save_pretrained(os.path.join(run_dir, "final"))
         print(run.summary(history, seconds, time.perf_counter() - t_start, run_dir))
     if main_proc:
-        engine.close()  # before end_training tears down torch.distributed, which vLLM's shutdown still uses
+        # before end_training tears down torch.distributed, which vLLM's shutdown still uses
+        engine.close()
     accelerator.end_training()
     if stopped:
         raise SystemExit(128 + stopped)  # the shell's code for a process ended by that signal
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == [
-        "warmstart"
-    ]:  # the warm start alone (infra/warmstart.py), given the agent and its eval
+    # the warm start alone (infra/warmstart.py), given the agent and its eval
+    if sys.argv[1:2] == ["warmstart"]:
         warmstart.main(sys.argv[2:], rollout, evaluate)
     else:
         main(*flags.parse(Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig))

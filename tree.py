@@ -1,10 +1,11 @@
-"""The rollout tree: the one data structure every paper's rollout writes and every advantage function reads.
+"""The rollout tree: the one data structure every paper's rollout writes and every advantage
+function reads.
 
-A `Tree` holds one prompt's rollouts: its root `Node` is the prompt, every other node one agent step (sampled
-thought + action, then the environment's observation), every root-to-leaf path one trajectory (GRPO's trees are
-chains; the other methods differ only in where they branch).
-Token-in-token-out (Cut the Bill §5; BranPO App. A.3): a node's context is the exact concatenation of the ids on its
-path, never decoded and re-encoded.
+A `Tree` holds one prompt's rollouts: its root `Node` is the prompt, every other node one agent step
+(sampled thought + action, then the environment's observation), every root-to-leaf path one
+trajectory (GRPO's trees are chains; the other methods differ only in where they branch).
+Token-in-token-out (Cut the Bill §5; BranPO App. A.3): a node's context is the exact concatenation
+of the ids on its path, never decoded and re-encoded.
 
 Conventions every module relies on:
 - three-fields: reward, value and advantage are three fields (the rollout sets `reward` on leaves;
@@ -14,8 +15,8 @@ Conventions every module relies on:
 - discard: a trajectory whose retrieval failed (`env_error`) stays in the tree but is not *scored*:
   left out of every group statistic and never trained (Cut the Bill §5.4 "discard"). One cut by the
   token budget (`truncated`) is scored, but `to_samples` drops it from the loss.
-- aligned-arrays: a `Sample`'s per-token arrays are aligned with `input_ids` (entry t describes token
-  t); the trainer shifts by one.
+- aligned-arrays: a `Sample`'s per-token arrays are aligned with `input_ids` (entry t describes
+  token t); the trainer shifts by one.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import json
 from dataclasses import MISSING, dataclass, field, fields
 
 FLAGS = ("parse_error", "repeated_query", "too_many_calls", "max_turns", "truncated", "env_error")
-# parse_error: no valid tag, unclosed tag or empty query; repeated_query: same query earlier on the path;
-# too_many_calls: more tool calls in one step than allowed; max_turns: turn limit reached without an answer;
-# truncated: token budget per trajectory exceeded; env_error: retrieval failed or timed out (trajectory discarded).
+# parse_error: no valid tag, unclosed tag or empty query; repeated_query: same query earlier on the
+# path; too_many_calls: more tool calls in one step than allowed; max_turns: turn limit reached
+# without an answer; truncated: token budget per trajectory exceeded; env_error: retrieval failed or
+# timed out (trajectory discarded).
 
 
 @dataclass(eq=False)
@@ -34,58 +36,44 @@ class Node:
     """One agent step (thought + action + observation); the root is the prompt."""
 
     id: str  # unique within a prompt's trees; a child's is `parent.id + "." + k`
-    parent: Node | None = field(
-        default=None, repr=False
-    )  # the step this one continues; None for the root
-    children: list[Node] = field(
-        default_factory=list, repr=False
-    )  # in sampling order; child 0 is the original rollout
-    tokens: list[int] = field(
-        default_factory=list, repr=False
-    )  # the step's sampled ids; the root's: the prompt
-    logprobs: list[float] = field(
-        default_factory=list, repr=False
-    )  # rollout log-prob per token (root: empty)
-    obs_tokens: list[int] = field(
-        default_factory=list, repr=False
-    )  # observation ids appended (never trained)
+    # the step this one continues; None for the root
+    parent: Node | None = field(default=None, repr=False)
+    # in sampling order; child 0 is the original rollout
+    children: list[Node] = field(default_factory=list, repr=False)
+    # the step's sampled ids; the root's: the prompt
+    tokens: list[int] = field(default_factory=list, repr=False)
+    # rollout log-prob per token (root: empty)
+    logprobs: list[float] = field(default_factory=list, repr=False)
+    # observation ids appended (never trained)
+    obs_tokens: list[int] = field(default_factory=list, repr=False)
     text: str = ""  # `tokens` decoded, for reading only (never re-encoded)
     obs_text: str = ""  # `obs_tokens` decoded, for reading only
     action: str = ""  # parsed action: "search", "answer", "invalid", or "" for the root
     query: str | None = None  # the search query of a "search" step
     answer: str | None = None  # the answer text of an "answer" step
-    doc_ids: list[str] = field(
-        default_factory=list
-    )  # passages retrieved for `query` (TreePS-RAG's Jaccard pruning)
-    reward: float | None = (
-        None  # outcome reward R(H) of the trajectory ending here (leaves); None = not scored
-    )
-    em: float | None = (
-        None  # exact match of `answer` against the golden answers (set once, by the agent)
-    )
-    f1: float | None = (
-        None  # token F1 of `answer` against the golden answers (set once, by the agent)
-    )
-    value: float | None = (
-        None  # V(n) where a method has one (CARL, TreePS-RAG, BranPO's r_base), set by advantages.py
-    )
-    advantage: float | None = (
-        None  # the step's advantage if all trajectories that train it agree; set by advantages.py
-    )
-    flags: list[str] = field(
-        default_factory=list
-    )  # abnormal outcomes of this step, a subset of FLAGS
-    prefix_end: bool = False  # BranPO: last step of the shared prefix B (Eq. 8); its children: continuations C (Eq. 9)
-    redundant: bool = (
-        False  # BranPO RSM: a step a shorter correct continuation showed unnecessary (Eq. 14)
-    )
+    # passages retrieved for `query` (TreePS-RAG's Jaccard pruning)
+    doc_ids: list[str] = field(default_factory=list)
+    # outcome reward R(H) of the trajectory ending here (leaves); None = not scored
+    reward: float | None = None
+    # exact match of `answer` against the golden answers (set once, by the agent)
+    em: float | None = None
+    # token F1 of `answer` against the golden answers (set once, by the agent)
+    f1: float | None = None
+    # V(n) where a method has one (CARL, TreePS-RAG, BranPO's r_base), set by advantages.py
+    value: float | None = None
+    # the step's advantage if all trajectories that train it agree; set by advantages.py
+    advantage: float | None = None
+    # abnormal outcomes of this step, a subset of FLAGS
+    flags: list[str] = field(default_factory=list)
+    # BranPO: last step of the shared prefix B (Eq. 8); its children: continuations C (Eq. 9)
+    prefix_end: bool = False
+    # BranPO RSM: a step a shorter correct continuation showed unnecessary (Eq. 14)
+    redundant: bool = False
     sampled: bool = False  # TreePS-RAG: a leaf whose path is among the N drawn for training (§2.3)
-    entropy: float | None = (
-        None  # CARL: running mean of the length-normalised NLL of actions from here, H(s) (Eq. 6-8)
-    )
-    n_sampled: int = (
-        0  # children sampled so far, pruned ones included: CARL's n(s) (Eq. 12); names new children
-    )
+    # CARL: running mean of the length-normalised NLL of actions from here, H(s) (Eq. 6-8)
+    entropy: float | None = None
+    # children sampled so far, pruned ones included: CARL's n(s) (Eq. 12); names new children
+    n_sampled: int = 0
 
     @property
     def depth(self) -> int:
@@ -147,22 +135,26 @@ def leaves(node: Node) -> list[Node]:
 
 
 def scored_leaves(node: Node) -> list[Node]:
-    """L(n): the descendant leaves of `node` whose reward counts (discarded trajectories left out)."""
+    """L(n): the descendant leaves of `node` whose reward counts (discarded trajectories left
+    out)."""
     return [n for n in leaves(node) if n.scored]
 
 
 def path(node: Node) -> list[Node]:
-    """The steps from the root's child down to `node` (the root, being the prompt, is not a step)."""
+    """The steps from the root's child down to `node` (the root, being the prompt, is not a
+    step)."""
     return [] if node.parent is None else path(node.parent) + [node]
 
 
 def truncated(leaf: Node) -> bool:
-    """A trajectory cut by the token budget: its reward counts in group statistics, but `to_samples` drops it."""
+    """A trajectory cut by the token budget: its reward counts in group statistics, but `to_samples`
+    drops it."""
     return any("truncated" in s.flags for s in path(leaf))
 
 
 def context_ids(node: Node) -> list[int]:
-    """TITO: the exact token ids the model sees after `node`: prompt + (tokens + obs_tokens) of every step."""
+    """TITO: the exact token ids the model sees after `node`: prompt + (tokens + obs_tokens) of
+    every step."""
     steps = path(node)
     root = steps[0].parent if steps else node
     return [i for n in [root, *steps] for i in n.tokens + n.obs_tokens]
@@ -174,12 +166,10 @@ class Tree:
 
     root: Node  # the prompt node; its `tokens` are the prompt's token ids
     question: str = ""  # the question text, for reading
-    golden_answers: list[str] = field(
-        default_factory=list
-    )  # accepted answers the reward compares against
-    stats: dict[str, float] = field(
-        default_factory=dict
-    )  # rollout counters: generated_tokens, tool_calls, ...
+    # accepted answers the reward compares against
+    golden_answers: list[str] = field(default_factory=list)
+    # rollout counters: generated_tokens, tool_calls, ...
+    stats: dict[str, float] = field(default_factory=dict)
 
     def nodes(self) -> list[Node]:
         return list(walk(self.root))
@@ -213,7 +203,8 @@ class Tree:
 
 
 def _draw(n: Node, first: str, rest: str) -> list[str]:
-    """`Tree.render`'s lines: `n`'s id, action, query, answer, r / V / A, flags (after `first`), then its subtree."""
+    """`Tree.render`'s lines: `n`'s id, action, query, answer, r / V / A, flags (after `first`),
+    then its subtree."""
     what = (
         (n.action or "prompt")
         + (f" {n.query!r}" if n.query is not None else "")
@@ -239,7 +230,8 @@ def save_trees(prompts: list[list[Tree]], path_: str) -> None:
 
 
 def load_trees(path_: str, prompt: int | None = None) -> list[Tree]:
-    """The trees of ONE prompt: from a JSON list of tree dicts, or entry `prompt` of a `save_trees` rollout dump."""
+    """The trees of ONE prompt: from a JSON list of tree dicts, or entry `prompt` of a `save_trees`
+    rollout dump."""
     with open(path_) as f:
         data = json.load(f)
     if isinstance(data, list) and data and all(isinstance(x, list) for x in data):  # a rollout dump
@@ -263,12 +255,12 @@ def load_trees(path_: str, prompt: int | None = None) -> list[Tree]:
 
 @dataclass
 class Trajectory:
-    """One root-to-leaf path and the advantage each of its steps is trained with (None = not trained here)."""
+    """One root-to-leaf path and the advantage each of its steps is trained with (None = not trained
+    here)."""
 
     leaf: Node  # the trajectory's last step
-    advantages: list[
-        float | None
-    ]  # one per step of `path(leaf)`: multiplies its model tokens in this row's loss
+    # one per step of `path(leaf)`: multiplies its model tokens in this row's loss
+    advantages: list[float | None]
 
     @property
     def steps(self) -> list[Node]:
@@ -277,23 +269,22 @@ class Trajectory:
 
 @dataclass
 class Sample:
-    """One training row: a trajectory's exact token ids with per-token loss mask, advantage and rollout log-prob."""
+    """One training row: a trajectory's exact token ids with per-token loss mask, advantage and
+    rollout log-prob."""
 
-    input_ids: list[
-        int
-    ]  # prompt + every step's sampled ids + observation ids, exactly as generated (TITO)
-    loss_mask: list[
-        int
-    ]  # 1 on model tokens of steps trained in this row; 0 on prompt, observations, untrained steps
+    # prompt + every step's sampled ids + observation ids, exactly as generated (TITO)
+    input_ids: list[int]
+    # 1 on model tokens of steps trained in this row; 0 on prompt, observations, untrained steps
+    loss_mask: list[int]
     advantages: list[float]  # per-token advantage (0 where loss_mask is 0)
-    logprobs: list[
-        float
-    ]  # rollout log-prob per model token (0 elsewhere): the old policy for PPO / TIS
+    # rollout log-prob per model token (0 elsewhere): the old policy for PPO / TIS
+    logprobs: list[float]
     leaf_id: str  # the trajectory's leaf, to trace a row back to its tree
 
 
 def to_samples(trajectories: list[Trajectory]) -> list[Sample]:
-    """Training rows of the trajectories, except those cut by the token budget and those with no step trained."""
+    """Training rows of the trajectories, except those cut by the token budget and those with no
+    step trained."""
     samples = []
     for traj in trajectories:
         steps = traj.steps

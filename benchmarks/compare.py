@@ -70,7 +70,8 @@ def tree(M: int, N: int, L: int) -> str:
 
 # The matched budget: GRPO G=4's generated tokens per prompt per step, each method within +-15% of
 # it. Chosen among CANDIDATES with `--calibrate` on seed 0's warm start (README "Comparison"); the
-# comments give each against GRPO G=4 over 3 steps (every candidate) and 15 steps (the nearest ones).
+# comments give each against GRPO G=4 over 3 steps (every candidate) and 15 steps (the nearest
+# ones).
 MATCHED = {
     "grpo": grpo(4),
     "tree_grpo": tree(2, 1, 1),  # -12%, -15.2%; (2,2,1) +19%, +18%; M=1: intra = inter

@@ -1,14 +1,16 @@
-"""The main job's figures per seed: wall time, greedy test EM of the warm start and after RL, the gain, per hop.
-Prints figures; `--check` also turns the run into the product's correctness guard (CI runs it on seed 0).
+"""The main job's figures per seed: wall time, greedy test EM of the warm start and after RL, the
+gain, per hop. Prints figures; `--check` also turns the run into the product's correctness guard (CI
+runs it on seed 0).
 
     python benchmarks/default.py --seeds 0 1 2 3 4          # the README's table, in out/bench-default/
     python benchmarks/default.py --seeds 0 --check          # exit 1 if the warm start or RL broke (.ci/run)
 
-Each seed runs the README's main command, `python train.py --algo ALGO --seed S`, from nothing (world,
-warm start, RL) in its own directory, one seed after another so that the wall times are honest. The figures are
-the run's own evaluations (train.py: greedy, on --eval_n test questions spread over the hops): the first is the
-warm start's, the last the RL policy's. "warm steps" is copy + trajectory steps (warmstart.json): the stages run
-until their checks pass, so they show how hard each seed's warm start was.
+Each seed runs the README's main command, `python train.py --algo ALGO --seed S`, from nothing
+(world, warm start, RL) in its own directory, one seed after another so that the wall times are
+honest. The figures are the run's own evaluations (train.py: greedy, on --eval_n test questions
+spread over the hops): the first is the warm start's, the last the RL policy's. "warm steps" is copy
++ trajectory steps (warmstart.json): the stages run until their checks pass, so they show how hard
+each seed's warm start was.
 """
 
 import json
@@ -36,7 +38,8 @@ class Args:
     out: str = "out/bench-default"
     """Parent of the per-seed output directories (deleted first: every seed starts from nothing)."""
     check: bool = False
-    """Exit 1 unless every seed's warm start reaches min_warm_em and RL loses at most max_drop of it."""
+    """Exit 1 unless every seed's warm start reaches min_warm_em and RL loses at most max_drop of
+    it."""
     min_warm_em: float = 0.5
     """--check: lowest acceptable greedy test EM of the warm start."""
     max_drop: float = 0.03
@@ -44,7 +47,8 @@ class Args:
 
 
 def run_seed(a: Args, seed: int) -> dict:
-    """The main command for one seed, from nothing; its wall time and its first and last evaluation rows."""
+    """The main command for one seed, from nothing; its wall time and its first and last evaluation
+    rows."""
     out = os.path.abspath(os.path.join(a.out, f"seed{seed}"))
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)

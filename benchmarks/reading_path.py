@@ -10,8 +10,8 @@ Static: it parses the repository's code with `ast` and imports none of it. What 
   Its lines count as one definition, "main (the loop)". A `main` without such a loop is an error.
 - The path is the loop, the definitions (functions, classes, methods) it refers to, the ones those
   refer to, and so on, inside the top-level modules of the repository. It stops at PACKAGE, the
-  infrastructure package infra/ (engines, world and loaders, warm start, flags, run directory, search
-  indexes and server, inspection command lines), and at installed code.
+  infrastructure package infra/ (engines, world and loaders, warm start, flags, run directory,
+  search indexes and server, inspection command lines), and at installed code.
 - Names resolve through their module's imports (`import rollout`, `from tree import path`).
   Annotations count: `args: Args` puts the dataclass Args on the path. A module-level variable is
   followed into its value and not counted. An algorithm registry (a module-level dict with string

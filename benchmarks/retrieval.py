@@ -58,7 +58,8 @@ class BenchConfig:
     timeout_s: float = 60.0
     """HTTP timeout per request."""
     work_dir: str = ""
-    """Directory for the corpus file and the indexes (reused when present); empty: a temporary directory."""
+    """Directory for the corpus file and the indexes (reused when present); empty: a temporary
+    directory."""
 
 
 def ms(latencies):
@@ -80,7 +81,8 @@ def throughput_and_latency(search, queries, cfg):
 
 
 def burst(url, queries, cfg):
-    """cfg.concurrent threads released together, each POSTing one query: (answered, seconds, first error)."""
+    """cfg.concurrent threads released together, each POSTing one query: (answered, seconds, first
+    error)."""
     ready, answered, errors = threading.Barrier(cfg.concurrent + 1), [], []
 
     def one(query):
@@ -107,7 +109,8 @@ def burst(url, queries, cfg):
 
 
 def start_server(kind, corpus_path, retriever_cfg, log_path):
-    """`python retriever.py serve` in its own process (no GIL shared with the clients); returns (process, url)."""
+    """`python retriever.py serve` in its own process (no GIL shared with the clients); returns
+    (process, url)."""
     args = [
         sys.executable,
         os.path.join(ROOT, "retriever.py"),

@@ -1,17 +1,18 @@
-"""Rollout benchmark on the embedded default: what each paper's tree buys per generated token, and what the agent
-loop costs on top of the engine. Prints figures; asserts nothing.
+"""Rollout benchmark on the embedded default: what each paper's tree buys per generated token, and
+what the agent loop costs on top of the engine. Prints figures; asserts nothing.
 
     python benchmarks/rollout.py                      # the warm-start policy in out/warmstart (train.py makes it)
     python benchmarks/rollout.py --n_prompts 8 --model DIR
     VLLM_CPU_KVCACHE_SPACE=2 <vllm venv>/bin/python benchmarks/rollout.py --engine vllm --strategies tree_grpo
 
-With the vLLM engine it also prints the prompt tokens each strategy fed the engine and how many of them vLLM's
-prefix cache served instead of recomputing (the HF engine recomputes them all).
+With the vLLM engine it also prints the prompt tokens each strategy fed the engine and how many of
+them vLLM's prefix cache served instead of recomputing (the HF engine recomputes them all).
 
-For every strategy, at the budgets below (each about 8 full trajectories per prompt, so the rows compare at
-equal budget), it prints the generated tokens, tool calls and leaves per prompt, leaves per 1,000 generated
-tokens, and wall time. Then it compares the agent loop's token throughput (generation + parsing + retrieval +
-observation) with the raw engine's on the same prompts at the same batch size.
+For every strategy, at the budgets below (each about 8 full trajectories per prompt, so the rows
+compare at equal budget), it prints the generated tokens, tool calls and leaves per prompt, leaves
+per 1,000 generated tokens, and wall time. Then it compares the agent loop's token throughput
+(generation + parsing + retrieval + observation) with the raw engine's on the same prompts at the
+same batch size.
 """
 
 import os
@@ -51,12 +52,13 @@ class Args:
     strategies: str = "grpo,tree_grpo,branpo,carl,treeps"
     """Comma-separated strategies to run, each at its budget below."""
     vllm_block_size: int = 0
-    """vLLM KV-cache block size in tokens (prefix caching reuses whole blocks); 0 = vLLM's default (16 on GPU,
-    128 on CPU, where it must be a multiple of 32)."""
+    """vLLM KV-cache block size in tokens (prefix caching reuses whole blocks); 0 = vLLM's default
+    (16 on GPU, 128 on CPU, where it must be a multiple of 32)."""
 
 
 def main(a: Args, cfg: rollout.AgentConfig):
-    """The chosen strategies at BUDGETS, under the run's agent settings (train.py's budgets and --seed)."""
+    """The chosen strategies at BUDGETS, under the run's agent settings (train.py's budgets and
+    --seed)."""
     names = a.strategies.split(",")
     if set(names) - set(BUDGETS):  # checked before anything loads
         raise SystemExit(
@@ -94,9 +96,8 @@ def main(a: Args, cfg: rollout.AgentConfig):
             f"{1000 * leaves / max(tokens, 1):14.2f} {seconds:8.1f}"
         )
 
-    if (
-        prefill
-    ):  # the HF engine recomputes every prompt token of every call: its prefill is the first column
+    # the HF engine recomputes every prompt token of every call: its prefill is the first column
+    if prefill:
         print(
             f"\nvLLM prefix cache (block size {a.vllm_block_size or 'default'}): prompt tokens per prompt, "
             "of which served from the cache"

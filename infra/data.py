@@ -60,6 +60,7 @@ SYLLABLES = (
     "ne",
     "ra",
     "re",
+    # consonant+vowel: unique split
     "ri",
     "ru",
     "sa",
@@ -72,7 +73,7 @@ SYLLABLES = (
     "ve",
     "vo",
     "zu",
-)  # consonant+vowel: unique split
+)
 PUNCTUATION = (".", "?")
 KINDS = ("person", "city", "country", "company", "book")
 SPLITS = ("corpus", "train", "test", "dev")  # the world's files, {name}.jsonl
@@ -80,12 +81,12 @@ SPLITS = ("corpus", "train", "test", "dev")  # the world's files, {name}.jsonl
 
 @dataclass(frozen=True)
 class Relation:
-    """A typed, functional relation: every subject of `subject` kind has exactly one object of `object` kind."""
+    """A typed, functional relation: every subject of `subject` kind has exactly one object of
+    `object` kind."""
 
     subject: str  # kind of the entity the relation starts from
-    object: (
-        str  # kind of the entity it points to (the answer of a question ending in this relation)
-    )
+    # kind of the entity it points to (the answer of a question ending in this relation)
+    object: str
     fact: str  # sentence stating the relation in the subject's passage
     noun: str  # noun phrase naming the object through the subject, for the inner hops of a question
     question: str  # question asking for the object, for the last hop
@@ -116,25 +117,20 @@ RELATIONS = {
     ),
 }
 KIND_SENTENCE = "{s} is a {kind}."
-NAME_SHAPE = {
-    "person": (2, 2),
-    "city": (3,),
-    "country": (2,),
-    "company": (3,),
-    "book": (3,),
-}  # syllables per word
+# syllables per word
+NAME_SHAPE = {"person": (2, 2), "city": (3,), "country": (2,), "company": (3,), "book": (3,)}
 ANSWER_SUFFIX = {"company": " company"}  # extra accepted answer: "ravoki" or "ravoki company"
 _TEMPLATES = [KIND_SENTENCE.format(s="", kind=k) for k in KINDS] + list(ANSWER_SUFFIX.values())
 _TEMPLATES += [
     t.format(s="", o="") for r in RELATIONS.values() for t in (r.fact, r.noun, r.question)
 ]
-TEMPLATE_WORDS = tuple(
-    sorted({w for t in _TEMPLATES for w in re.findall(r"[a-z]+", t)})
-)  # every non-name word
+# every non-name word
+TEMPLATE_WORDS = tuple(sorted({w for t in _TEMPLATES for w in re.findall(r"[a-z]+", t)}))
 
 
 def vocabulary():
-    """Every piece the world's text is made of: syllables, template words, punctuation (for a tiny tokenizer)."""
+    """Every piece the world's text is made of: syllables, template words, punctuation (for a tiny
+    tokenizer)."""
     return list(SYLLABLES) + list(TEMPLATE_WORDS) + list(PUNCTUATION)
 
 
@@ -150,28 +146,25 @@ def syllabify(word):
 
 @dataclass
 class QARow:
-    """One question with its accepted answers, in Search-R1's row layout plus the world's gold chain."""
+    """One question with its accepted answers, in Search-R1's row layout plus the world's gold
+    chain."""
 
     id: str  # unique within the dataset (e.g. "test_17")
     question: str  # the question text, without any prompt template
-    golden_answers: (
-        list  # every accepted answer string; a prediction is scored against the best-matching one
-    )
+    # every accepted answer string; a prediction is scored against the best-matching one
+    golden_answers: list
     data_source: str  # dataset name (Search-R1's `data_source`), e.g. "world", "nq", "hotpotqa"
     split: str  # "train" or "test" (or the source's own split name)
     index: int  # position within its split (Search-R1's `extra_info.index`)
     hops: int = 0  # number of relations between subject and answer; 0 when the source does not say
     # The gold fields are empty when the source has no chain.
-    gold_chain: list = field(
-        default_factory=list
-    )  # entity names from the subject to the answer (hops + 1 names)
+    # entity names from the subject to the answer (hops + 1 names)
+    gold_chain: list = field(default_factory=list)
     gold_relations: list = field(default_factory=list)  # relation followed at each hop (hops names)
-    gold_queries: list = field(
-        default_factory=list
-    )  # per hop, the entity name whose passage holds the next fact
-    gold_doc_ids: list = field(
-        default_factory=list
-    )  # corpus id of the passage each gold query must find
+    # per hop, the entity name whose passage holds the next fact
+    gold_queries: list = field(default_factory=list)
+    # corpus id of the passage each gold query must find
+    gold_doc_ids: list = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -180,12 +173,14 @@ class QARow:
 
 @dataclass
 class WorldConfig:
-    """Sizes and seed of the embedded world (defaults: 4,000 people, hundreds of test questions per hop)."""
+    """Sizes and seed of the embedded world (defaults: 4,000 people, hundreds of test questions per
+    hop)."""
 
     seed: int = 0
     """Random seed; the same seed and sizes give byte-identical files."""
     people: int = 4000
-    """Number of real people (many entities, few questions each, so a tiny model must search and copy)."""
+    """Number of real people (many entities, few questions each, so a tiny model must search and
+    copy)."""
     companies: int = 800
     """Number of real companies."""
     books: int = 1600
@@ -203,7 +198,8 @@ class WorldConfig:
     test_per_hop: int = 500
     """Test questions per hop count."""
     dev_per_hop: int = 100
-    """Dev questions per hop: test-side entities, never a test question, drawn after test; the warm start's check."""
+    """Dev questions per hop: test-side entities, never a test question, drawn after test; the warm
+    start's check."""
     max_hops: int = 4
     """Largest hop count; questions have 1..max_hops hops."""
 
@@ -224,7 +220,8 @@ class World:
     """A generated world: its entities, corpus rows and question splits."""
 
     entities: list  # every Entity, distractors included
-    corpus: list  # Search-R1 / FlashRAG corpus rows {"id", "contents"}, one per entity, in shuffled order
+    # Search-R1 / FlashRAG corpus rows {"id", "contents"}, one per entity, in shuffled order
+    corpus: list
     train: list  # train QARows
     test: list  # test QARows
     dev: list  # dev QARows (held out from training and from the test split)
@@ -245,7 +242,8 @@ def _can_start(kind, hops):
 
 
 def _draw_names(rng, kind, n, owner):
-    """n new unique names of `kind`; `owner` maps each name word to the kind that uses it (kept disjoint)."""
+    """n new unique names of `kind`; `owner` maps each name word to the kind that uses it (kept
+    disjoint)."""
     names = set()
     for _ in range(50 * n + 1001):
         if len(names) == n:
@@ -260,7 +258,8 @@ def _draw_names(rng, kind, n, owner):
 
 
 def _confusable(rng, name, kind, owner, taken):
-    """A name one syllable away from `name`, free and not borrowing another kind's words (None if none found)."""
+    """A name one syllable away from `name`, free and not borrowing another kind's words (None if
+    none found)."""
     for _ in range(20):
         words = name.split()
         i = rng.randrange(len(words))
@@ -290,20 +289,19 @@ def _pick(rng, by_side_kind, side, kind):
 
 
 def build_world(cfg):
-    """Generate the world, its corpus and its train/test questions, deterministically from `cfg.seed`."""
+    """Generate the world, its corpus and its train/test questions, deterministically from
+    `cfg.seed`."""
     rng = random.Random(cfg.seed)
-    owner, entities, by_side_kind = (
-        {},
-        [],
-        {},
-    )  # by_side_kind: (side, kind) -> indices of the real entities there
+    # by_side_kind: (side, kind) -> indices of the real entities there
+    owner, entities, by_side_kind = {}, [], {}
     for kind, n in (
         ("country", cfg.countries),
         ("city", cfg.cities),
         ("company", cfg.companies),
+        # fewest first: people reuse the rest
         ("book", cfg.books),
         ("person", cfg.people),
-    ):  # fewest first: people reuse the rest
+    ):
         for name in _draw_names(rng, kind, n, owner):
             side = (
                 "shared"
@@ -341,7 +339,8 @@ def build_world(cfg):
 
 
 def _questions(rng, entities, side, split, per_hop, max_hops, asked):
-    """per_hop new questions per hop count 1..max_hops, chains on `side` only, none in `asked` (which receives them)."""
+    """per_hop new questions per hop count 1..max_hops, chains on `side` only, none in `asked`
+    (which receives them)."""
     rows = []
     for hops in range(1, max_hops + 1):
         subjects = [
@@ -365,7 +364,9 @@ def _questions(rng, entities, side, split, per_hop, max_hops, asked):
                 chain.append(here.facts[rels[-1]])
             key = (chain[0], tuple(rels))
             if key in seen or key in asked or len(set(chain)) < len(chain):
-                continue  # a chain that revisits an entity would need a repeated query, which the rollout stops
+                # a chain that revisits an entity would need a repeated query, which the rollout
+                # stops
+                continue
             seen.add(key)
             names = [entities[i].name for i in chain]
             phrase = names[0]
@@ -397,7 +398,8 @@ def _questions(rng, entities, side, split, per_hop, max_hops, asked):
 
 
 def spread(rows, n):
-    """At most n rows taken evenly across `rows` (the world's files are sorted by hops, so all hop counts appear)."""
+    """At most n rows taken evenly across `rows` (the world's files are sorted by hops, so all hop
+    counts appear)."""
     return rows[:: max(1, len(rows) // n)][:n]
 
 
@@ -410,9 +412,9 @@ def write_jsonl(path, rows):
 
 @contextlib.contextmanager
 def claimed(path, what):
-    """Hold an exclusive lock on the file `path` ("PID HOST" of its holder) while `what` is checked or written: of
-    two runs sharing an --out_dir, one writes, the other waits (saying for what), then finds it written. flock frees
-    the lock when its holder ends, however it ends."""
+    """Hold an exclusive lock on the file `path` ("PID HOST" of its holder) while `what` is checked
+    or written: of two runs sharing an --out_dir, one writes, the other waits (saying for what),
+    then finds it written. flock frees the lock when its holder ends, however it ends."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "a+") as lock:
         try:
@@ -427,8 +429,8 @@ def claimed(path, what):
 
 
 def ensure_world(out_dir, cfg=None):
-    """The embedded world's directory: written from `cfg` (default WorldConfig()) on first use, in seconds, under
-    the lock OUT_DIR.lock."""
+    """The embedded world's directory: written from `cfg` (default WorldConfig()) on first use, in
+    seconds, under the lock OUT_DIR.lock."""
     with claimed(out_dir.rstrip("/") + ".lock", f"the world {out_dir}"):
         if not all(os.path.exists(os.path.join(out_dir, f"{n}.jsonl")) for n in SPLITS):
             print(f"world: writing the embedded world to {out_dir}")
@@ -437,8 +439,9 @@ def ensure_world(out_dir, cfg=None):
 
 
 def write_world(world, out_dir):
-    """Write corpus.jsonl, train.jsonl, test.jsonl and dev.jsonl into out_dir, each complete or not at all (written
-    to NAME.tmp, then renamed): a world killed while being written is written again, never read half."""
+    """Write corpus.jsonl, train.jsonl, test.jsonl and dev.jsonl into out_dir, each complete or not
+    at all (written to NAME.tmp, then renamed): a world killed while being written is written again,
+    never read half."""
     os.makedirs(out_dir, exist_ok=True)
     for name in SPLITS:
         path = os.path.join(out_dir, f"{name}.jsonl")
@@ -451,7 +454,8 @@ def write_world(world, out_dir):
 
 
 class DataError(ValueError):
-    """A dataset file or row that cannot be read as questions; the message names the file and row."""
+    """A dataset file or row that cannot be read as questions; the message names the file and
+    row."""
 
 
 def _question_from_prompt(prompt, where):
@@ -477,7 +481,8 @@ def _integer(value, name, where):
 
 
 def row_from_record(rec, where, split, index):
-    """One QARow from a Search-R1 (prompt + reward_model) or FlashRAG (question + golden_answers) record."""
+    """One QARow from a Search-R1 (prompt + reward_model) or FlashRAG (question + golden_answers)
+    record."""
     if not isinstance(rec, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
     if "reward_model" in rec or "prompt" in rec:
@@ -520,7 +525,8 @@ def row_from_record(rec, where, split, index):
 
 
 def load_rows(source, split="train"):
-    """Questions from a .parquet / .jsonl file, a directory holding {split}.parquet or .jsonl, or a `datasets` name."""
+    """Questions from a .parquet / .jsonl file, a directory holding {split}.parquet or .jsonl, or a
+    `datasets` name."""
     if os.path.isdir(source):
         found = [
             p
@@ -556,7 +562,8 @@ def load_rows(source, split="train"):
 
 
 def read_jsonl(path, error=ValueError):
-    """(line number, parsed object) per non-blank line; a line not UTF-8 or not JSON raises `error` naming it."""
+    """(line number, parsed object) per non-blank line; a line not UTF-8 or not JSON raises `error`
+    naming it."""
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, 1):
             try:
@@ -582,16 +589,16 @@ class FilterReport:
 
     total: int  # questions given
     kept: int  # questions whose group has mixed rewards (they carry a GRPO signal)
-    dropped_all_zero: (
-        int  # groups with every reward 0: too hard, bad label, or retrieval finds nothing
-    )
+    # groups with every reward 0: too hard, bad label, or retrieval finds nothing
+    dropped_all_zero: int
     dropped_all_one: int  # groups with every reward 1: too easy, no multi-turn search needed
     kept_constant: int  # kept groups of equal rewards, not all 0 or all 1 (constant-groups-kept)
 
 
 def reject_sampling_filter(rows, rewards):
-    """Drop questions whose rollout group is all-0 or all-1 (Cut the Bill §3: n=8 rollouts per question).
-    rewards[i] lists the rewards of question rows[i]'s rollouts. Returns (kept rows, FilterReport)."""
+    """Drop questions whose rollout group is all-0 or all-1 (Cut the Bill §3: n=8 rollouts per
+    question). rewards[i] lists the rewards of question rows[i]'s rollouts. Returns (kept rows,
+    FilterReport)."""
     if len(rows) != len(rewards):
         raise ValueError(
             f"{len(rows)} rows but {len(rewards)} reward groups; pass one group per question"

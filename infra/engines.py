@@ -38,16 +38,14 @@ class Sampling:
     """How to sample one batch of completions."""
 
     temperature: float = 1.0  # softmax temperature; 0 = greedy
-    top_p: float = (
-        1.0  # nucleus mass in (0, 1]; 1 keeps the whole distribution; ignored when greedy
-    )
+    # nucleus mass in (0, 1]; 1 keeps the whole distribution; ignored when greedy
+    top_p: float = 1.0
     max_tokens: int = 512  # most generated tokens per completion
     # Stop strings, matched on the decoded completion alone (prompt excluded), across tokens, as
     # vLLM does; the token that completes one is kept.
     stop: list[str] = field(default_factory=list)
-    seed: int | None = (
-        None  # seed for this call (None: the engine's running RNG); vLLM: seed + i for prompt i
-    )
+    # seed for this call (None: the engine's running RNG); vLLM: seed + i for prompt i
+    seed: int | None = None
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -68,29 +66,22 @@ class Sampling:
 class Completion:
     """One generated continuation of one prompt."""
 
-    token_ids: list[
-        int
-    ]  # the sampled ids, up to and including the one that completed a stop string or the EOS
+    # the sampled ids, up to and including the one that completed a stop string or the EOS
+    token_ids: list[int]
     logprobs: list[float]  # log_softmax(raw logits)[token]: log pi_old at T=1 (raw-logprobs)
-    finish_reason: (
-        str  # "stop" (a stop string completed), "eos" (an EOS was sampled) or "length" (max_tokens)
-    )
+    # "stop" (a stop string completed), "eos" (an EOS was sampled) or "length" (max_tokens)
+    finish_reason: str
 
 
 class Engine(Protocol):
     """What rollout.py needs from a generation engine."""
 
-    def generate(
-        self, prompts: list[list[int]], sampling: Sampling
-    ) -> list[Completion]: ...  # one per prompt
-    def load_weights(
-        self, model: torch.nn.Module
-    ) -> None: ...  # sample from an unwrapped HF LM's current weights
-    def close(
-        self,
-    ) -> (
-        None
-    ): ...  # release what it holds (vLLM: engine core, distributed state); no generate after
+    # one per prompt
+    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]: ...
+    # sample from an unwrapped HF LM's current weights
+    def load_weights(self, model: torch.nn.Module) -> None: ...
+    # release what it holds (vLLM: engine core, distributed state); no generate after
+    def close(self) -> None: ...
 
 
 def _check_prompts(prompts: list[list[int]]) -> None:
@@ -110,30 +101,32 @@ class _StopOnText(StoppingCriteria):
 
     def __init__(self, tokenizer, stop: list[str], prompt_len: int):
         self.tokenizer, self.stop, self.prompt_len = tokenizer, stop, prompt_len
-        # Decode only the last `window` tokens: a stop string of c characters spans at most c tokens when every
-        # token decodes to >= 1 character; the slack covers tokens that decode to nothing (special tokens).
+        # Decode only the last `window` tokens: a stop string of c characters spans at most c tokens
+        # when every token decodes to >= 1 character; the slack covers tokens that decode to nothing
+        # (special tokens).
         self.window = max(len(s) for s in stop) + 8
-        self.ends: dict[
-            int, int
-        ] = {}  # row -> number of generated tokens when its first stop string completed
+        # row -> number of generated tokens when its first stop string completed
+        self.ends: dict[int, int] = {}
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
-        tails = input_ids[
-            :, max(self.prompt_len, input_ids.shape[1] - self.window) :
-        ]  # (B, <= window)
+        # (B, <= window)
+        tails = input_ids[:, max(self.prompt_len, input_ids.shape[1] - self.window) :]
         texts = self.tokenizer.batch_decode(tails.tolist(), skip_special_tokens=True)
         for row, text in enumerate(texts):
             if row not in self.ends and any(s in text for s in self.stop):
                 self.ends[row] = input_ids.shape[1] - self.prompt_len
+        # (B,)
         return torch.tensor(
             [row in self.ends for row in range(len(texts))], device=input_ids.device
-        )  # (B,)
+        )
 
 
 class HFEngine:
-    """Batched `model.generate` on the trainer's own model: left padding, stop strings, log-probs, chunking.
+    """Batched `model.generate` on the trainer's own model: left padding, stop strings, log-probs,
+    chunking.
 
-    It keeps max_batch_size x max_tokens x vocab float32 logits per chunk: lower `max_batch_size` to bound memory."""
+    It keeps max_batch_size x max_tokens x vocab float32 logits per chunk: lower `max_batch_size` to
+    bound memory."""
 
     # It samples from the trainer's own model object: in a float32 run the log-probs it returns are
     # the trainer's log pi_old (tests/test_train.py checks they agree), so the trainer need not
@@ -190,12 +183,10 @@ class HFEngine:
 
     def _generate_chunk(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]:
         B, P = len(prompts), max(len(p) for p in prompts)
-        input_ids = torch.tensor(
-            [[self.pad_id] * (P - len(p)) + list(p) for p in prompts]
-        )  # (B, P), left padded
-        attention_mask = torch.tensor(
-            [[0] * (P - len(p)) + [1] * len(p) for p in prompts]
-        )  # (B, P)
+        # (B, P), left padded
+        input_ids = torch.tensor([[self.pad_id] * (P - len(p)) + list(p) for p in prompts])
+        # (B, P)
+        attention_mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
         stop = _StopOnText(self.tokenizer, sampling.stop, P) if sampling.stop else None
         greedy = sampling.temperature == 0
         config = GenerationConfig(  # top_k 0 = off (default 50); output_logits: raw-logprobs
@@ -238,9 +229,8 @@ class HFEngine:
                 if stop is not None and row in stop.ends
                 else (len(ids), "length")
             )
-            eos_at = next(
-                (t for t, i in enumerate(ids) if i in self.eos_ids), None
-            )  # an EOS ends a row at once
+            # an EOS ends a row at once
+            eos_at = next((t for t, i in enumerate(ids) if i in self.eos_ids), None)
             if eos_at is not None and eos_at + 1 <= end:
                 end, reason = eos_at + 1, "eos"
             if reason == "length" and end < sampling.max_tokens:
@@ -259,7 +249,8 @@ class HFEngine:
 class VLLMEngine:
     """Offline `vllm.LLM` fed token ids, with prefix caching and an in-process weight update."""
 
-    exact_logprobs = False  # its own kernels (and maybe dtype): the trainer recomputes log pi_old (TIS, train.py)
+    # its own kernels (and maybe dtype): the trainer recomputes log pi_old (TIS, train.py)
+    exact_logprobs = False
 
     def __init__(
         self,
@@ -272,11 +263,13 @@ class VLLMEngine:
         seed: int = 0,
         **llm_kwargs,
     ):
-        """`model_path`: an HF model directory or hub name; `gpu_memory_utilization`: vLLM's share of GPU memory (leave
-        the trainer room; on CPU, VLLM_CPU_KVCACHE_SPACE in GiB sizes the KV cache); the rest go to `vllm.LLM`."""
+        """`model_path`: an HF model directory or hub name; `gpu_memory_utilization`: vLLM's share
+        of GPU memory (leave the trainer room; on CPU, VLLM_CPU_KVCACHE_SPACE in GiB sizes the KV
+        cache); the rest go to `vllm.LLM`."""
         # One process: the engine core lives in this process, so load_weights is an in-memory copy
         # (with tensor parallel, the weights go through vLLM's RPC, no NCCL broadcast).
-        # Read by vLLM when the engine starts, so it must be set before `LLM(...)`; an explicit value is kept.
+        # Read by vLLM when the engine starts, so it must be set before `LLM(...)`; an explicit
+        # value is kept.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if not torch.cuda.is_available():
             # vLLM 0.32's CPU start scans every loaded module and crashes on numba's llvmlite:
@@ -309,9 +302,8 @@ class VLLMEngine:
             **llm_kwargs,
         )
         self.prefill_tokens = 0  # prompt tokens given to generate (HF's engine has no prefix cache)
-        self.cached_prefill_tokens = (
-            0  # of those, served from the prefix cache instead of recomputed
-        )
+        # of those, served from the prefix cache instead of recomputed
+        self.cached_prefill_tokens = 0
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]:
         from vllm import SamplingParams
@@ -319,7 +311,8 @@ class VLLMEngine:
 
         _check_prompts(prompts)
         greedy = sampling.temperature == 0
-        common = dict(  # top_k 0: off; logprobs 0: the sampled token's only; include_stop_str: affects .text only
+        # top_k 0: off; logprobs 0: the sampled token's only; include_stop_str: affects .text only
+        common = dict(
             temperature=sampling.temperature,
             top_p=1.0 if greedy else sampling.top_p,
             top_k=0,
@@ -351,7 +344,8 @@ class VLLMEngine:
                 )
             ids = list(c.token_ids)
             logprobs = [position[token].logprob for position, token in zip(c.logprobs, ids)]
-            # vLLM: finish "stop" with a str stop_reason = stop string; None or an int = an EOS / stop token id.
+            # vLLM: finish "stop" with a str stop_reason = stop string; None or an int = an EOS /
+            # stop token id.
             reason = (
                 "length"
                 if c.finish_reason == "length"
@@ -372,9 +366,8 @@ class VLLMEngine:
                 f"load_weights got a wrapped model (parameter {wrapped[0]!r}); pass the unwrapped "
                 "HF model, e.g. accelerator.unwrap_model(model), with full (not sharded) weights"
             )
-        weights = [
-            (name, tensor.detach()) for name, tensor in state.items()
-        ]  # references, no copies
+        # references, no copies
+        weights = [(name, tensor.detach()) for name, tensor in state.items()]
         try:  # vLLM renames and fuses q/k/v and gate/up itself
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         except (TypeError, NotImplementedError) as e:
@@ -422,10 +415,10 @@ def make_engine(
     dtype: str = "",
     **vllm_kwargs,
 ) -> Engine:
-    """`kind`: "auto" (vLLM when it imports and CUDA is present, else HF), "hf" or "vllm"; prints the choice once.
-    `model` / `tokenizer`: the trainer's policy. A vLLM engine loads `model_path`, then syncs to `model` at once.
-    `dtype`: the vLLM engine's ("float32", ...; empty = `model`'s, so that rounding does not spread
-    pi_old / pi_rollout); `vllm_kwargs` go to `VLLMEngine`."""
+    """`kind`: "auto" (vLLM when it imports and CUDA is present, else HF), "hf" or "vllm"; prints
+    the choice once. `model` / `tokenizer`: the trainer's policy. A vLLM engine loads `model_path`,
+    then syncs to `model` at once. `dtype`: the vLLM engine's ("float32", ...; empty = `model`'s, so
+    that rounding does not spread pi_old / pi_rollout); `vllm_kwargs` go to `VLLMEngine`."""
     if kind not in ("auto", "hf", "vllm"):
         raise ValueError(f"engine kind must be 'auto', 'hf' or 'vllm', got {kind!r}")
     try:
@@ -515,14 +508,15 @@ def model_problem(name_or_dir: str, gguf_file: str = "") -> str:
 
 
 def load_policy(name_or_dir: str, gguf_file: str | None = None, dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) from a hub name, a local directory, or a GGUF file in it (transformers dequantizes it)."""
+    """(model, tokenizer) from a hub name, a local directory, or a GGUF file in it (transformers
+    dequantizes it)."""
     kw = {"gguf_file": gguf_file} if gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(name_or_dir, **kw)
     model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=dtype, **kw)
-    if gguf_file:  # transformers dequantizes GGUF into ordinary tensors but keeps the model marked "quantized",
-        model.hf_quantizer = (
-            None  # which would block save_pretrained; what we train and save is plain weights
-        )
+    # transformers dequantizes GGUF into ordinary tensors but keeps the model marked "quantized",
+    if gguf_file:
+        # which would block save_pretrained; what we train and save is plain weights
+        model.hf_quantizer = None
         model.is_quantized = False
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config

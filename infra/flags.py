@@ -22,7 +22,8 @@ def parse(*classes, args=None):
     written under each field into that metadata, read from the source with `ast` (classes defined
     under `if __name__ == "__main__":` included); `--help` also shows each field's default."""
     for cls in classes:
-        docs = {}  # field name -> the string literal written right under it, in cls and its dataclass bases
+        # field name -> the string literal written right under it, in cls and its dataclass bases
+        docs = {}
         for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
             body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
             for stmt, after in zip(body, body[1:]):
@@ -42,9 +43,9 @@ def parse(*classes, args=None):
 
 
 def check(configs, rules, extra=()):
-    """Stop with one message listing every flag of `configs` (a dataclass instance or a tuple of them) that breaks
-    its rule. rules: [(flag names separated by spaces, what is allowed, test(value) -> bool)]; extra: [(broken?,
-    message)] for rules that involve several flags."""
+    """Stop with one message listing every flag of `configs` (a dataclass instance or a tuple of
+    them) that breaks its rule. rules: [(flag names separated by spaces, what is allowed,
+    test(value) -> bool)]; extra: [(broken?, message)] for rules that involve several flags."""
     configs = configs if isinstance(configs, tuple) else (configs,)
     value = lambda name: getattr(next(c for c in configs if hasattr(c, name)), name)
     errors = [

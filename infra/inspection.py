@@ -1,7 +1,8 @@
-"""The inspection command lines: `python advantages.py` (one prompt's trees -> every step's credit as JSON, the worked
-demo side by side, Tree-GRPO's budget) and `python rollout.py --dump` (one rollout batch of the embedded default as
-JSON, every method drawn on one of its prompts). advantages.py and rollout.py call them from their `__main__` blocks
-and pass their modules in (and tree.py), as this package never imports the top level.
+"""The inspection command lines: `python advantages.py` (one prompt's trees -> every step's credit
+as JSON, the worked demo side by side, Tree-GRPO's budget) and `python rollout.py --dump` (one
+rollout batch of the embedded default as JSON, every method drawn on one of its prompts).
+advantages.py and rollout.py call them from their `__main__` blocks and pass their modules in (and
+tree.py), as this package never imports the top level.
 """
 
 import json
@@ -21,7 +22,8 @@ from infra.search import BM25Retriever, load_corpus
 
 
 def report(algo: str, trees, trajectories, walk) -> dict:
-    """The CLI's JSON: per-node value/advantage and per-trajectory step advantages (`walk`: tree.walk)."""
+    """The CLI's JSON: per-node value/advantage and per-trajectory step advantages (`walk`:
+    tree.walk)."""
     return {
         "algo": algo,
         "nodes": {
@@ -66,10 +68,12 @@ def demo_table(advantages, tree_module) -> str:
 
 @dataclass
 class CreditArgs:
-    """`python advantages.py --algo ALGO --trees FILE.json`: per-step advantages of one prompt's rollout trees."""
+    """`python advantages.py --algo ALGO --trees FILE.json`: per-step advantages of one prompt's
+    rollout trees."""
 
     trees: str = ""
-    """JSON list of trees for ONE prompt (see tree.py for the node format), or a rollout dump (with --prompt)."""
+    """JSON list of trees for ONE prompt (see tree.py for the node format), or a rollout dump (with
+    --prompt)."""
     prompt: int | None = None
     """With a rollout dump (one list of trees per prompt): which prompt."""
     budget: str = ""
@@ -83,7 +87,8 @@ class CreditArgs:
 
 
 def credit_cli(advantages, tree_module):
-    """`python advantages.py ...`: `advantages`, `tree_module`: the modules advantages.py and tree.py, passed in."""
+    """`python advantages.py ...`: `advantages`, `tree_module`: the modules advantages.py and
+    tree.py, passed in."""
     args, algo = flags.parse(CreditArgs, advantages.AlgoConfig)
     flags.check(algo, advantages.RULES)
     if args.demo:
@@ -141,7 +146,8 @@ def credit_cli(advantages, tree_module):
 
 @dataclass
 class DumpArgs:
-    """`python rollout.py --algo ALGO --dump FILE`: one rollout batch on the embedded default, dumped as JSON."""
+    """`python rollout.py --algo ALGO --dump FILE`: one rollout batch on the embedded default,
+    dumped as JSON."""
 
     dump: str = field(default="", metadata={"required": True})
     """Output JSON: one list of trees per prompt (advantages.py --trees FILE --prompt I)."""
@@ -156,14 +162,15 @@ class DumpArgs:
     split: str = field(default="train", metadata={"choices": ["train", "dev", "test"]})
     """Which questions of the world."""
     plot: str = ""
-    """Also grow every other method on the same questions (at the knobs given); draw all to this PNG."""
+    """Also grow every other method on the same questions (at the knobs given); draw all to this
+    PNG."""
     plot_prompt: int = 0
     """With --plot: which of the prompts to draw."""
 
 
 def dump_cli(rollout, advantages, tree_module):
-    """`python rollout.py --dump ...`: `rollout`, `advantages`, `tree_module`: the modules rollout.py, advantages.py
-    and tree.py, passed in."""
+    """`python rollout.py --dump ...`: `rollout`, `advantages`, `tree_module`: the modules
+    rollout.py, advantages.py and tree.py, passed in."""
     args, algo, agent_cfg = flags.parse(DumpArgs, advantages.AlgoConfig, rollout.AgentConfig)
     no_model = model_problem(args.model)
     if args.model == "out/warmstart" and not os.path.exists(args.model):

@@ -1,5 +1,6 @@
-"""A training run's bookkeeping: its directory and lock, configuration, metrics, learning curves, checkpoints and
-the signals that stop it. train.py calls these; its flags (`args`: train.py's Args) are passed in.
+"""A training run's bookkeeping: its directory and lock, configuration, metrics, learning curves,
+checkpoints and the signals that stop it. train.py calls these; its flags (`args`: train.py's Args)
+are passed in.
 """
 
 import fcntl
@@ -34,7 +35,8 @@ TRACKERS = {
 
 
 def log(row: dict, history: list[dict], run_dir: str, accelerator, args):
-    """Append a row to the history; rank 0 also writes it to metrics.jsonl, the trackers and curve.png."""
+    """Append a row to the history; rank 0 also writes it to metrics.jsonl, the trackers and
+    curve.png."""
     history.append(row)
     if accelerator.is_main_process:
         with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
@@ -45,7 +47,8 @@ def log(row: dict, history: list[dict], run_dir: str, accelerator, args):
 
 
 def summary(history: list[dict], seconds: dict[str, float], wall: float, run_dir: str) -> str:
-    """The run's last word: test EM before -> after RL (per hop), the wall time per stage, where the outputs are."""
+    """The run's last word: test EM before -> after RL (per hop), the wall time per stage, where the
+    outputs are."""
     evals = [h for h in history if "eval/em" in h]
     times = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
     where = f"outputs in {run_dir} (metrics.jsonl, curve.png, final/)"
@@ -58,9 +61,8 @@ def summary(history: list[dict], seconds: dict[str, float], wall: float, run_dir
         for k in a
         if k.startswith("eval/em_hop")
     )
-    se = math.sqrt(
-        sum(e["eval/em"] * (1 - e["eval/em"]) / max(e["eval/n"], 1) for e in (a, b))
-    )  # of the gain
+    # of the gain
+    se = math.sqrt(sum(e["eval/em"] * (1 - e["eval/em"]) / max(e["eval/n"], 1) for e in (a, b)))
     verdict = (
         "RL improved the policy"
         if gain > 2 * se
@@ -79,7 +81,8 @@ def summary(history: list[dict], seconds: dict[str, float], wall: float, run_dir
 def plot_curves(
     runs: dict[str, list[dict]], path: str, keys=("rollout/reward", "rollout/em", "eval/em")
 ):
-    """Learning curves, one colour per run ({label: metrics rows}): rollout reward (line) and EM (dotted), eval EM."""
+    """Learning curves, one colour per run ({label: metrics rows}): rollout reward (line) and EM
+    (dotted), eval EM."""
     fig = Figure(figsize=(6 + (len(runs) > 1), 3.5))
     ax = fig.subplots()
     styles = {"rollout/reward": "-", "rollout/em": ":", "eval/em": "o--"}
@@ -96,8 +99,9 @@ def plot_curves(
 
 
 def check_env_errors(history: list[dict], args, where: str):
-    """Stop the run when the share of trajectories lost to retrieval errors stayed above --max_env_error_rate for
-    --env_error_patience steps in a row: it would train on almost nothing while looking like a model that fails."""
+    """Stop the run when the share of trajectories lost to retrieval errors stayed above
+    --max_env_error_rate for --env_error_patience steps in a row: it would train on almost nothing
+    while looking like a model that fails."""
     rates = [row["abnormal/env_error"] for row in history if "abnormal/env_error" in row][
         -args.env_error_patience :
     ]
@@ -114,8 +118,9 @@ def check_env_errors(history: list[dict], args, where: str):
 
 
 def claim_run_dir(run_dir: str, args):
-    """Lock run_dir and refuse a run already there unless --resume or --overwrite (deletes all but the lock) says what
-    to do. Returns the open run.lock ("PID HOST"); flock frees it when the process ends, however it ends."""
+    """Lock run_dir and refuse a run already there unless --resume or --overwrite (deletes all but
+    the lock) says what to do. Returns the open run.lock ("PID HOST"); flock frees it when the
+    process ends, however it ends."""
     os.makedirs(run_dir, exist_ok=True)
     lock = open(os.path.join(run_dir, "run.lock"), "a+")
     try:
@@ -155,8 +160,8 @@ def claim_run_dir(run_dir: str, args):
 
 
 def save_config(run_dir: str, whole: dict, classes):
-    """Write the run's whole configuration (`whole`: flag -> value) to run_dir/config.json and print the flags
-    that differ from the defaults of `classes` (the run's flag dataclasses)."""
+    """Write the run's whole configuration (`whole`: flag -> value) to run_dir/config.json and print
+    the flags that differ from the defaults of `classes` (the run's flag dataclasses)."""
     Path(run_dir, "config.json").write_text(json.dumps(whole, indent=1))
     default = {k: v for c in classes for k, v in asdict(c()).items()}
     changed = " ".join(f"--{k} {shlex.quote(str(v))}" for k, v in whole.items() if v != default[k])
@@ -164,8 +169,8 @@ def save_config(run_dir: str, whole: dict, classes):
 
 
 def read_metrics(path: str) -> list[dict]:
-    """The rows of a metrics.jsonl: a missing file is empty, and a torn last line (a kill in the middle of a write)
-    is dropped, each with a note; any other line that is not JSON raises."""
+    """The rows of a metrics.jsonl: a missing file is empty, and a torn last line (a kill in the
+    middle of a write) is dropped, each with a note; any other line that is not JSON raises."""
     if not os.path.exists(path):
         print(
             f"resume: {path} is missing; the checkpoint is intact, the metrics before it are lost"
@@ -208,10 +213,8 @@ def save_checkpoint(accelerator, run_dir: str, step: int, state: dict, main_proc
             Path(path, "trainer_state.json").write_text(json.dumps({**state, "files": files}))
             Path(run_dir, "latest.tmp").write_text(name)
             os.replace(Path(run_dir, "latest.tmp"), latest)
-    except (
-        OSError,
-        RuntimeError,
-    ) as e:  # torch reports a full disk as RuntimeError("... file write failed")
+    except (OSError, RuntimeError) as e:
+        # torch reports a full disk as RuntimeError("... file write failed")
         shutil.rmtree(path, ignore_errors=True)  # the torn checkpoint: only frees space
         free_mib = shutil.disk_usage(run_dir).free / 2**20
         raise OSError(
@@ -219,8 +222,11 @@ def save_checkpoint(accelerator, run_dir: str, step: int, state: dict, main_proc
             f"{run_dir}: if it is full, free space, then --resume continues from "
             f"{previous or 'step 0 (no checkpoint yet)'} (`latest` is unchanged)"
         ) from e
-    if main_proc:  # only now delete the older ones (Accelerate's ProjectConfiguration(total_limit=...) is not used:
-        # it deletes the oldest checkpoint before writing the new one, so a failed save could leave none)
+    # only now delete the older ones (Accelerate's ProjectConfiguration(total_limit=...) is not
+    # used:
+    if main_proc:
+        # it deletes the oldest checkpoint before writing the new one, so a failed save could leave
+        # none)
         for old in os.listdir(run_dir):
             if old.startswith("checkpoint-") and old not in (name, previous):
                 shutil.rmtree(os.path.join(run_dir, old))

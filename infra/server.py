@@ -60,9 +60,8 @@ class _Batcher:
                 )
                 for qs, k, done in jobs:
                     done.set_result([next(results)[:k] for _ in qs])
-            except (
-                Exception
-            ) as e:  # handed to every waiting request, which answers 500 with the message
+            except Exception as e:
+                # handed to every waiting request, which answers 500 with the message
                 for _, _, done in jobs:
                     if not done.done():
                         done.set_exception(e)
@@ -73,16 +72,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     MAX_BODY = 16 * 2**20  # bytes: a request body, the queries' JSON, may not be larger
 
     def setup(self):
-        self.timeout = (
-            self.server.request_timeout_s
-        )  # a client that sends less than it announced cannot hang us
+        # a client that sends less than it announced cannot hang us
+        self.timeout = self.server.request_timeout_s
         super().setup()
 
     def _reply(self, status, body=None, error=None, hang_up=False):
         """Send `body`, or {"error": error}, as JSON."""
-        if (
-            hang_up
-        ):  # the request's body was not read, so the connection cannot serve another request
+        # the request's body was not read, so the connection cannot serve another request
+        if hang_up:
             self.close_connection = True
         data = json.dumps(body if error is None else {"error": error}).encode()
         self.send_response(status)
@@ -91,10 +88,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         try:
             self.wfile.write(data)
-        except (
-            BrokenPipeError,
-            ConnectionResetError,
-        ):  # expected when a client gave up (its timeout): say so
+        except (BrokenPipeError, ConnectionResetError):
+            # expected when a client gave up (its timeout): say so
             sys.stderr.write(
                 f"retriever server: {self.address_string()} left before its answer (client timeout?)\n"
             )
@@ -143,9 +138,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 error=f'body must be {{"queries": [str, ...], "topk": int|null, '
                 f'"return_scores": bool}}, got {str(req)[:200]}',
             )
-        topk = (
-            self.server.default_topk if req.get("topk") in (None, 0) else req["topk"]
-        )  # Search-R1: `if not topk`
+        # Search-R1: `if not topk`
+        topk = self.server.default_topk if req.get("topk") in (None, 0) else req["topk"]
         if type(topk) is not int or topk < 1:  # (a bool is not a topk)
             return self._reply(
                 400,
@@ -167,9 +161,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             200, {"result": [[_document(p, with_scores) for p in passages] for passages in results]}
         )
 
-    def log_request(
-        self, code="-", size="-"
-    ):  # errors only; a training run sends millions of requests
+    # errors only; a training run sends millions of requests
+    def log_request(self, code="-", size="-"):
         if isinstance(code, int) and code >= 400:
             super().log_request(code, size)
 
@@ -183,7 +176,8 @@ def _document(p, with_scores):
 
 
 class SearchServer(http.server.ThreadingHTTPServer):
-    """Search-R1's retrieval API over any object with `search(queries, k)`; run with `serve_forever()`."""
+    """Search-R1's retrieval API over any object with `search(queries, k)`; run with
+    `serve_forever()`."""
 
     daemon_threads = True
     request_queue_size = 4096  # listen backlog: 1024 simultaneous clients must not be refused
@@ -211,7 +205,8 @@ class _RequestFailed(Exception):
 
 
 class RetrievalError(RuntimeError):
-    """Some queries could not be answered by the retrieval server (an environment error, not the model's)."""
+    """Some queries could not be answered by the retrieval server (an environment error, not the
+    model's)."""
 
     def __init__(self, message, failed, partial):
         super().__init__(message)
@@ -220,10 +215,11 @@ class RetrievalError(RuntimeError):
 
 
 class RemoteRetriever:
-    """`search(queries, k)` against a Search-R1-compatible server, with the failure policy of Cut the Bill §8.2:
-    requests of `queries_per_request` queries, at most `max_concurrency` in flight (across all calling threads), each
-    with `timeout_s` and `retries` more tries after waits of backoff_s, 2*backoff_s, ... (a 4xx is not retried); the
-    queries of requests that still failed raise one RetrievalError that lists them and carries the rest's passages."""
+    """`search(queries, k)` against a Search-R1-compatible server, with the failure policy of Cut
+    the Bill §8.2: requests of `queries_per_request` queries, at most `max_concurrency` in flight
+    (across all calling threads), each with `timeout_s` and `retries` more tries after waits of
+    backoff_s, 2*backoff_s, ... (a 4xx is not retried); the queries of requests that still failed
+    raise one RetrievalError that lists them and carries the rest's passages."""
 
     def __init__(
         self,
@@ -260,13 +256,10 @@ class RemoteRetriever:
             except urllib.error.HTTPError as e:
                 error = f"HTTP {e.code}: {e.read()[:300].decode(errors='replace')}"
                 if e.code < 500 and e.code != 429:
-                    raise _RequestFailed(
-                        error
-                    ) from None  # our request is wrong; retrying cannot help
-            except (
-                OSError,
-                http.client.HTTPException,
-            ) as e:  # refused, reset, timed out (URLError is an OSError)
+                    # our request is wrong; retrying cannot help
+                    raise _RequestFailed(error) from None
+            except (OSError, http.client.HTTPException) as e:
+                # refused, reset, timed out (URLError is an OSError)
                 error = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
             except (ValueError, KeyError, TypeError) as e:
                 raise _RequestFailed(
@@ -307,7 +300,8 @@ class RemoteRetriever:
 
 @dataclass
 class ServeConfig:
-    """`python retriever.py serve`: what to serve and where (the retriever itself: RetrieverConfig)."""
+    """`python retriever.py serve`: what to serve and where (the retriever itself:
+    RetrieverConfig)."""
 
     corpus: str
     """Corpus JSONL: one {"id", "contents"} per line."""
@@ -322,8 +316,9 @@ class ServeConfig:
 
 
 def main(argv: list[str], retriever_config):
-    """`python retriever.py serve ...` (`argv`: the arguments after the script): ServeConfig and `retriever_config`
-    (retriever.py's RetrieverConfig, passed in: the package never imports the top level) parsed, checked, served."""
+    """`python retriever.py serve ...` (`argv`: the arguments after the script): ServeConfig and
+    `retriever_config` (retriever.py's RetrieverConfig, passed in: the package never imports the top
+    level) parsed, checked, served."""
     if argv[:1] != ["serve"]:
         sys.exit(
             "usage: python retriever.py serve --corpus FILE --retriever bm25|dense --port PORT [...]; "

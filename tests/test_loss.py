@@ -1,6 +1,6 @@
-"""train.py's loss and log-probs: the PPO loss on hand-made tensors (clipping on both sides, dual clip, k3, TIS cap,
-masks, aggregation, bounded log-ratios), the padded batch it reads, the chunked log-probs against the full
-log-softmax, and the HF engine's log-probs as the trainer's pi_old."""
+"""train.py's loss and log-probs: the PPO loss on hand-made tensors (clipping on both sides, dual
+clip, k3, TIS cap, masks, aggregation, bounded log-ratios), the padded batch it reads, the chunked
+log-probs against the full log-softmax, and the HF engine's log-probs as the trainer's pi_old."""
 
 import math
 
@@ -32,9 +32,8 @@ def loss_of(logp, old, adv, args=ARGS, ref=None, rollout=None, mask=None):
 
 def test_ppo_loss_clips_the_ratio_on_both_sides_and_stops_the_gradient_there():
     old = t([0.0, 0.0, 0.0, 0.0])
-    logp = t(
-        [math.log(1.5), math.log(1.5), math.log(0.5), math.log(0.5)]
-    )  # ratios 1.5, 1.5, 0.5, 0.5
+    # ratios 1.5, 1.5, 0.5, 0.5
+    logp = t([math.log(1.5), math.log(1.5), math.log(0.5), math.log(0.5)])
     adv = t([1.0, -1.0, 1.0, -1.0])
     loss, s = loss_of(logp, old, adv)
     # per token max(-A r, -A clip(r, 0.8, 1.2)):
@@ -43,12 +42,8 @@ def test_ppo_loss_clips_the_ratio_on_both_sides_and_stops_the_gradient_there():
     #   A=+1, r=0.5: max(-0.5, -0.8) = -0.5 (not clipped)
     #   A=-1, r=0.5: max(+0.5, +0.8) = +0.8 (clipped)
     assert loss.item() == pytest.approx((-1.2 + 1.5 - 0.5 + 0.8) / 4)
-    assert s["clipped"].tolist() == [
-        True,
-        False,
-        False,
-        True,
-    ]  # where the clipped branch wins (no gradient)
+    # where the clipped branch wins (no gradient)
+    assert s["clipped"].tolist() == [True, False, False, True]
     # gradient flows only through the unclipped tokens
     lp = logp.clone().requires_grad_()
     loss_of(lp, old, adv)[0].backward()
@@ -57,15 +52,15 @@ def test_ppo_loss_clips_the_ratio_on_both_sides_and_stops_the_gradient_there():
 
 
 def test_k3_kl_on_hand_computed_log_probs():
-    # logp = log 0.5, ref = log 0.25: log(ref/p) = log 0.5; k3 = 0.5 - log 0.5 - 1 = 0.5 + 0.693147 - 1 = 0.193147
+    # logp = log 0.5, ref = log 0.25: log(ref/p) = log 0.5; k3 = 0.5 - log 0.5 - 1 = 0.5 + 0.693147
+    # - 1 = 0.193147
     args = Args(kl_coef=1.0, tis_cap=0.0)
     logp = t([math.log(0.5)])
     loss, s = loss_of(logp, logp, t([0.0]), args, ref=t([math.log(0.25)]))
     assert s["kl"].item() == pytest.approx(0.5 - math.log(0.5) - 1)
     assert loss.item() == pytest.approx(0.193147, abs=1e-6)
-    assert (
-        loss_of(logp, logp, t([0.0]), args, ref=logp)[1]["kl"].item() == 0.0
-    )  # same policy: k3 = 0
+    # same policy: k3 = 0
+    assert loss_of(logp, logp, t([0.0]), args, ref=logp)[1]["kl"].item() == 0.0
 
 
 def test_tis_weight_is_capped_and_not_differentiated():
@@ -88,9 +83,8 @@ def test_masked_tokens_count_for_nothing_in_token_mean_and_seq_mean_token_mean()
     adv = t([1.0, 1.0, 1.0], [-1.0, 5.0, 5.0])
     mask = t([1, 1, 1], [1, 0, 0])
     loss, s = ppo_loss(logp, logp, logp, logp, adv, mask, ARGS, denom=4)
-    assert loss.item() == pytest.approx(
-        (-3 + 1) / 4
-    )  # token-mean: masked tokens (A=5) contribute nothing
+    # token-mean: masked tokens (A=5) contribute nothing
+    assert loss.item() == pytest.approx((-3 + 1) / 4)
     seq = Args(loss_agg="seq-mean-token-mean", tis_cap=0.0, kl_coef=0.0)
     loss, _ = ppo_loss(logp, logp, logp, logp, adv, mask, seq, denom=2)
     assert loss.item() == pytest.approx((-1 + 1) / 2)  # row means -1 and +1, averaged over 2 rows
@@ -204,9 +198,9 @@ def test_collate_right_pads_with_zero_mask_advantage_and_log_probs():
 
 
 def test_hf_engine_logprobs_are_the_trainers_pi_old(env):
-    # why train.py may skip its pi_old pass with the HF engine: on the samples of a real multi-turn rollout (prompt,
-    # sampled steps, observations; left-padded generation with a KV cache), the engine's log-probs equal the
-    # trainer's right-padded full forward pass on every trained token
+    # why train.py may skip its pi_old pass with the HF engine: on the samples of a real multi-turn
+    # rollout (prompt, sampled steps, observations; left-padded generation with a KV cache), the
+    # engine's log-probs equal the trainer's right-padded full forward pass on every trained token
     import random
 
     from infra import data
@@ -233,6 +227,5 @@ def test_hf_engine_logprobs_are_the_trainers_pi_old(env):
         logp, _ = token_logprobs(model, b["ids"], b["attn"])  # (B, T)
     m = b["mask"].bool()
     assert m.sum() > 50
-    assert (
-        logp[m] - b["rollout_logp"][m]
-    ).abs().max().item() < 1e-4  # measured: 4.8e-7 over 280 tokens
+    # measured: 4.8e-7 over 280 tokens
+    assert (logp[m] - b["rollout_logp"][m]).abs().max().item() < 1e-4

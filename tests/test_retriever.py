@@ -1,6 +1,6 @@
-"""retriever.py, infra/search.py, infra/server.py: corpus loading, BM25 and dense recall on a generated world,
-index save/load, the Search-R1 HTTP server (round trip and error paths) and the client's timeout / retry /
-concurrency-cap / partial-failure policy."""
+"""retriever.py, infra/search.py, infra/server.py: corpus loading, BM25 and dense recall on a
+generated world, index save/load, the Search-R1 HTTP server (round trip and error paths) and the
+client's timeout / retry / concurrency-cap / partial-failure policy."""
 
 import importlib.util
 import json
@@ -130,9 +130,8 @@ def test_contents_split_into_title_and_text_at_the_first_newline():
         "Paris is a city.\nMore.",
     )
     assert split_contents("no title") == ("", "no title")
-    p = Passage(
-        "0", "\nfirst line\nmore", 1.0
-    )  # an empty title: the contents start with the newline
+    # an empty title: the contents start with the newline
+    p = Passage("0", "\nfirst line\nmore", 1.0)
     assert (p.title, p.text, p.contents) == ("", "first line\nmore", "\nfirst line\nmore")
 
 
@@ -150,13 +149,11 @@ def test_bm25_finds_the_first_hop_passage(bm25, world):
 
 
 def test_bm25_answers_empty_stopword_and_unknown_queries_with_zero_scores(bm25, corpus):
-    results = bm25.search(
-        ["", "the of", "zzzz"], 2
-    )  # empty, stopwords only, unknown word: k passages, score 0
+    # empty, stopwords only, unknown word: k passages, score 0
+    results = bm25.search(["", "the of", "zzzz"], 2)
     assert [len(r) for r in results] == [2, 2, 2] and all(p.score == 0 for r in results for p in r)
-    assert len(bm25.search(["kalo"], 10**6)[0]) == len(
-        corpus.ids
-    )  # k beyond the corpus is cut to its size
+    # k beyond the corpus is cut to its size
+    assert len(bm25.search(["kalo"], 10**6)[0]) == len(corpus.ids)
 
 
 def test_bm25_index_loads_back_searching_the_same_and_refuses_another_corpus(
@@ -172,9 +169,10 @@ def test_bm25_index_loads_back_searching_the_same_and_refuses_another_corpus(
 
 
 def test_bm25_keeps_numba_out_for_vllm(corpus, tmp_path):
-    # infra/search.py's numba workaround: bm25s is imported with numba hidden, so BM25 runs its numpy backend and
-    # nothing numba loads is in the process when vLLM starts on CPU. A fresh interpreter, with numba importable: the
-    # real one where it is installed (the vLLM virtualenv), else a stand-in.
+    # infra/search.py's numba workaround: bm25s is imported with numba hidden, so BM25 runs its
+    # numpy backend and nothing numba loads is in the process when vLLM starts on CPU. A fresh
+    # interpreter, with numba importable: the real one where it is installed (the vLLM virtualenv),
+    # else a stand-in.
     fake = tmp_path / "fake" / "numba"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("njit = lambda f: f\n")
@@ -193,9 +191,8 @@ def test_bm25_keeps_numba_out_for_vllm(corpus, tmp_path):
         "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
     }
     if importlib.util.find_spec("numba") is None:
-        env["PYTHONPATH"] += os.pathsep + str(
-            fake.parent
-        )  # the stand-in, after the real path entries
+        # the stand-in, after the real path entries
+        env["PYTHONPATH"] += os.pathsep + str(fake.parent)
     out = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )
@@ -213,9 +210,8 @@ def dense(corpus, dense_dir):
         encoder = offline_encoder_dir()
     except ModuleNotFoundError as e:
         pytest.skip(str(e))
-    return DenseRetriever(
-        corpus, encoder, dense_dir, batch_size=128
-    )  # builds and saves into dense_dir
+    # builds and saves into dense_dir
+    return DenseRetriever(corpus, encoder, dense_dir, batch_size=128)
 
 
 def test_dense_finds_the_first_hop_passage(dense, world):
@@ -224,9 +220,8 @@ def test_dense_finds_the_first_hop_passage(dense, world):
     assert recall > 0.5
     results = dense.search(["kalo", "who founded it?"], 4)
     assert [len(r) for r in results] == [4, 4]
-    assert all(
-        r[0].score >= r[-1].score and -1.0001 <= r[-1].score <= 1.0001 for r in results
-    )  # sorted cosines
+    # sorted cosines
+    assert all(r[0].score >= r[-1].score and -1.0001 <= r[-1].score <= 1.0001 for r in results)
 
 
 def test_dense_index_loads_back_searching_the_same_and_refuses_other_settings(
@@ -258,9 +253,8 @@ def test_server_round_trip_matches_search_r1_schema(bm25):
                 {"id": p.id, "contents": p.contents} for p in want
             ]
             assert [d["score"] for d in got] == pytest.approx([p.score for p in want])
-        status, body = post(
-            url, {"queries": ["ravoki"]}
-        )  # Search-R1 defaults: topk null, return_scores false
+        # Search-R1 defaults: topk null, return_scores false
+        status, body = post(url, {"queries": ["ravoki"]})
         assert status == 200 and [set(d) for d in body["result"][0]] == [{"document"}] * 2
         assert post(url, {"queries": [], "topk": 3}) == (200, {"result": []})
         client = RemoteRetriever(url)
@@ -315,10 +309,11 @@ def test_server_sends_contents_unchanged_and_topk_0_means_its_default():
             "0": "\nkalo mire works for ravoki",
             "1": "Ravoki\nravoki is a company",
         }
-        # Search-R1's client reads title = contents.split("\n")[0]: "" (it read "kalo mire works for ravoki" when
-        # the leading newline was stripped)
+        # Search-R1's client reads title = contents.split("\n")[0]: "" (it read "kalo mire works for
+        # ravoki" when the leading newline was stripped)
         assert got["0"].split("\n")[0] == ""
-        # Search-R1's server: `if not request.topk: request.topk = config.retrieval_topk` -> 0 gets the default, 1
+        # Search-R1's server: `if not request.topk: request.topk = config.retrieval_topk` -> 0 gets
+        # the default, 1
         for topk in (0, None):
             status, body = post(url, {"queries": ["ravoki"], "topk": topk})
             assert status == 200 and len(body["result"][0]) == 1
@@ -464,9 +459,8 @@ def test_client_concurrency_cap_bounds_the_server_batches():
     try:
         client = RemoteRetriever(url, max_concurrency=2, queries_per_request=1)
         assert len(client.search([str(i) for i in range(12)], 1)) == 12
-        assert (
-            max(stub.batch_sizes) <= 2 and sum(stub.batch_sizes) == 12
-        )  # never more than 2 requests in flight
+        # never more than 2 requests in flight
+        assert max(stub.batch_sizes) <= 2 and sum(stub.batch_sizes) == 12
     finally:
         server.shutdown()
         server.server_close()
@@ -538,9 +532,8 @@ def test_server_answers_a_bad_content_length(bm25, length, body, message):
                 + body
             )
             answer = b""
-            while chunk := s.recv(
-                65536
-            ):  # the server answers, then closes: no hang, no silent drop
+            # the server answers, then closes: no hang, no silent drop
+            while chunk := s.recv(65536):
                 answer += chunk
         assert answer.startswith(b"HTTP/1.1 400") and message in answer.decode()
         assert post(url, {"queries": ["kalo"], "topk": 1})[0] == 200  # and keeps serving
@@ -550,8 +543,8 @@ def test_server_answers_a_bad_content_length(bm25, length, body, message):
 
 
 def test_server_answers_a_body_that_is_not_utf8(bm25):
-    # before: byte 0xff raised UnicodeDecodeError in the handler: the connection dropped with no answer and a
-    # traceback landed in the server's log
+    # before: byte 0xff raised UnicodeDecodeError in the handler: the connection dropped with no
+    # answer and a traceback landed in the server's log
     server, url = serve(bm25)
     try:
         request = urllib.request.Request(
@@ -589,8 +582,9 @@ def test_health_check_names_a_dead_server():
 
 
 def test_serve_checks_its_flags_before_reading_the_corpus(tmp_path):
-    # before: --topk 0 made every request without a topk answer 400 ("got 0"), --max_topk 0 refused every
-    # request, --port 70000 raised a bare OverflowError, a missing corpus only surfaced inside load_corpus
+    # before: --topk 0 made every request without a topk answer 400 ("got 0"), --max_topk 0 refused
+    # every request, --port 70000 raised a bare OverflowError, a missing corpus only surfaced inside
+    # load_corpus
     out = subprocess.run(
         [
             sys.executable,

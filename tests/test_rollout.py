@@ -1,5 +1,6 @@
-"""rollout.py: the agent step (parsing, TITO, abnormal outcomes, rewards) and every strategy's tree shape, with a
-scripted engine and an in-memory retriever so that every count below can be checked by hand."""
+"""rollout.py: the agent step (parsing, TITO, abnormal outcomes, rewards) and every strategy's tree
+shape, with a scripted engine and an in-memory retriever so that every count below can be checked by
+hand."""
 
 import random
 from dataclasses import dataclass
@@ -29,8 +30,9 @@ PIECES = [
 
 
 class ToyTokenizer:
-    """Greedy longest-match over a few multi-character pieces and every single character. Its decode/encode round
-    trip is not the identity: ids ['a', 'b'] decode to "ab", which encodes to the one piece 'ab'."""
+    """Greedy longest-match over a few multi-character pieces and every single character. Its
+    decode/encode round trip is not the identity: ids ['a', 'b'] decode to "ab", which encodes to
+    the one piece 'ab'."""
 
     chat_template = None
 
@@ -56,8 +58,8 @@ TOK = ToyTokenizer()
 
 
 class ScriptedEngine:
-    """Answers each prompt with policy(context_text) -> text or (text, logprob per token) or (ids, logprobs).
-    Records the batch size of every generate call."""
+    """Answers each prompt with policy(context_text) -> text or (text, logprob per token) or (ids,
+    logprobs). Records the batch size of every generate call."""
 
     def __init__(self, policy):
         self.policy, self.calls = policy, []
@@ -75,7 +77,8 @@ class ScriptedEngine:
 
 
 class MemoryRetriever:
-    """Doc ids from the query's first two characters; queries containing "boom" fail (as a timeout would)."""
+    """Doc ids from the query's first two characters; queries containing "boom" fail (as a timeout
+    would)."""
 
     def __init__(self):
         self.calls = []
@@ -133,10 +136,8 @@ def one_trajectory(policy, retriever=None, **cfg):
     [
         ("<think>x</think><search> who </search>", ("search", "who", None)),
         ("<think>x</think><answer>Ivo</answer>", ("answer", "Ivo", None)),
-        (
-            "<answer>A</answer><search>q</search>",
-            ("answer", "A", None),
-        ),  # the first complete tag is the action
+        # the first complete tag is the action
+        ("<answer>A</answer><search>q</search>", ("answer", "A", None)),
         ("<think>x</think> no tag at all", ("invalid", None, "parse_error")),
         ("<search>unclosed", ("invalid", None, "parse_error")),
         ("<search>   </search>", ("invalid", None, "parse_error")),  # empty query
@@ -187,9 +188,8 @@ def test_observation_cut_to_max_obs_tokens_keeps_closing_tag():
 
 def test_token_in_token_out_keeps_generated_ids():
     a, b = TOK.ids["a"], TOK.ids["b"]
-    step1 = (
-        TOK.encode("<search>") + [a, b] + TOK.encode("</search>")
-    )  # 'a','b' as two ids, as a model may sample
+    # 'a','b' as two ids, as a model may sample
+    step1 = TOK.encode("<search>") + [a, b] + TOK.encode("</search>")
     assert TOK.encode(TOK.decode(step1)) != step1  # re-tokenizing would merge them into 'ab'
     agent, tree, leaf = one_trajectory(
         lambda c: (step1, -0.5) if turns(c) == 0 else "<answer>Ivo</answer>"
@@ -235,13 +235,8 @@ def test_reward_f1_em_and_format_penalty():
         (lambda c: "I think so", {}, "parse_error", 0.0, 1),
         (lambda c: "<search>a</search><search>b</search>", {}, "too_many_calls", 0.0, 1),
         (lambda c: "<search>same</search>", {}, "repeated_query", 0.0, 2),
-        (
-            lambda c: f"<search>q{turns(c)}</search>",
-            {"max_turns": 3},
-            "max_turns",
-            0.0,
-            4,
-        ),  # 3 searches, then answer-only
+        # 3 searches, then answer-only
+        (lambda c: f"<search>q{turns(c)}</search>", {"max_turns": 3}, "max_turns", 0.0, 4),
         (lambda c: f"<search>q{turns(c)}</search>", {"max_traj_tokens": 40}, "truncated", 0.0, 1),
         (lambda c: "<search>boom</search>", {}, "env_error", None, 1),
     ],
@@ -250,9 +245,8 @@ def test_each_abnormal_outcome_is_flagged_counted_and_scored(policy, cfg, flag, 
     agent, tree, leaf = one_trajectory(policy, **cfg)
     assert leaf.flags == [flag] and leaf.reward == reward and leaf.depth == depth
     assert agent.counters["abnormal/" + flag] == 1
-    assert leaf.scored == (
-        flag != "env_error"
-    )  # a retrieval failure is discarded from group statistics
+    # a retrieval failure is discarded from group statistics
+    assert leaf.scored == (flag != "env_error")
 
 
 def test_truncated_counts_in_statistics_but_not_in_loss():
@@ -293,10 +287,8 @@ def test_retrieval_failure_discards_only_its_own_trajectory():
     assert retriever.calls == [["who", "boom", "who"]]  # one batched call for the wave
     assert agent.counters["rollout/retrieval_failed_queries"] == 1
     assert metrics([trees])["rollout/retrieval_failed_queries"] == 1  # logged per step by train.py
-    assert [t.leaf.id for t in advantages.grpo(trees)] == [
-        "p0.0.0",
-        "p2.0.0",
-    ]  # discarded: not in the group
+    # discarded: not in the group
+    assert [t.leaf.id for t in advantages.grpo(trees)] == ["p0.0.0", "p2.0.0"]
 
 
 def test_retry_invalid_keeps_going():
@@ -346,32 +338,25 @@ def test_tree_grpo_221_gives_two_trees_of_three_leaves():
     [trees] = STRATEGIES["tree_grpo"][0](agent, [EX], random.Random(0), M=2, N=2, L=1)
     # each chain has 2 expandable nodes (root, the search step); N = 2 picks both
     assert [len(t.leaves()) for t in trees] == [3, 3]  # M (L N + 1) = 2 * 3 = 6 leaves
-    assert all(
-        len(t.root.children) == 2 for t in trees
-    )  # one expansion from the root, one from the search step
-    assert eng.calls == [
-        2,
-        2,
-        4,
-        2,
-    ]  # init: 2 waves; expansion: 4 continuations, 2 of which need a 2nd step
+    # one expansion from the root, one from the search step
+    assert all(len(t.root.children) == 2 for t in trees)
+    # init: 2 waves; expansion: 4 continuations, 2 of which need a 2nd step
+    assert eng.calls == [2, 2, 4, 2]
 
 
 def test_tree_grpo_expansion_nodes_with_replacement():
     # one chain (M = 1): expandable nodes [root, search step]; N = 2 draws from random.Random(0):
-    assert random.Random(0).choices([0, 1], k=2) == [
-        1,
-        1,
-    ]  # with replacement (official code): the search step twice
+    # with replacement (official code): the search step twice
+    assert random.Random(0).choices([0, 1], k=2) == [1, 1]
     agent, eng = agent_with(search_then_answer)
     [[t]] = STRATEGIES["tree_grpo"][0](
         agent, [EX], random.Random(0), M=1, N=2, L=1, with_replacement=True
     )
-    assert (
-        len(t.root.children) == 1 and len(t.root.children[0].children) == 3
-    )  # its answer + 2 new answers
+    # its answer + 2 new answers
+    assert len(t.root.children) == 1 and len(t.root.children[0].children) == 3
     assert eng.calls == [1, 1, 2]  # init: 2 waves; expansion: 2 answers in one wave
-    # (without replacement both nodes are drawn once each: test_tree_grpo_221_gives_two_trees_of_three_leaves)
+    # (without replacement both nodes are drawn once each:
+    # test_tree_grpo_221_gives_two_trees_of_three_leaves)
 
 
 def queue_policy(script, default="<answer>Oda</answer>"):
@@ -382,17 +367,14 @@ def queue_policy(script, default="<answer>Oda</answer>"):
 def test_branpo_keeps_first_contrastive_branch():
     S, A, W = "<search>q</search>", "<answer>Ivo</answer>", "<answer>Oda</answer>"
     # initial: 2 chains (search, answer): correct + wrong -> acc 0.5; Recur = 2, Bran = 2 for both
-    # first truncation point k = 1 (resample the answer): A's branches [A, W] -> keeps W; B's [W, A] -> keeps A
+    # first truncation point k = 1 (resample the answer): A's branches [A, W] -> keeps W; B's [W, A]
+    # -> keeps A
     agent, eng = agent_with(queue_policy([S, S, A, W] + [A, W, W, A]))
     (trees,) = STRATEGIES["branpo"][0](agent, [EX], random.Random(0), N=2)
     a, b = trees
     assert eng.calls == [2, 2, 4]
-    assert [n.id for n in walk(a.root)] == [
-        "p0.n0",
-        "p0.n0.0",
-        "p0.n0.0.0",
-        "p0.n0.0.2",
-    ]  # branch .1 pruned
+    # branch .1 pruned
+    assert [n.id for n in walk(a.root)] == ["p0.n0", "p0.n0.0", "p0.n0.0.0", "p0.n0.0.2"]
     assert a.find("p0.n0.0").prefix_end and a.find("p0.n0.0").n_sampled == 3
     assert [x.reward for x in a.leaves()] == [1.0, 0.0] and [x.reward for x in b.leaves()] == [
         0.0,
@@ -428,9 +410,12 @@ def test_branpo_redundant_step_check():
         "<answer>Ivo</answer>",
         "<answer>Oda</answer>",
     )
-    # initial: A: S1 S2 A (3 steps, correct); B: S1 A (2, correct); C: S1 W (wrong) -> acc 2/3, mean correct len 2.5
-    # A is correct and longer than 2.5 -> RSM: 5 branches from depth 1; the 2nd answers at once (shorter, correct)
-    # B: contrast at k = 1: [A, A] no contrast, then k = 0 (default W: contrast, kept); C: [A, W] keeps A
+    # initial: A: S1 S2 A (3 steps, correct); B: S1 A (2, correct); C: S1 W (wrong) -> acc 2/3, mean
+    # correct len 2.5
+    # A is correct and longer than 2.5 -> RSM: 5 branches from depth 1; the 2nd answers at once
+    # (shorter, correct)
+    # B: contrast at k = 1: [A, A] no contrast, then k = 0 (default W: contrast, kept); C: [A, W]
+    # keeps A
     script = (
         [S1, S1, S1, S2, A, W, A]
         + [
@@ -462,7 +447,8 @@ def test_branpo_redundant_step_check():
 
 def test_branpo_redundant_step_check_fires_at_f1_0_8():
     # rollout rsm-threshold: "correct" is F1 >= 0.8 (App. A.1's threshold), not App. A.1's r = 1.
-    # gold "Ivo Ra", answer "Ivo Ra X": common 2 tokens, P = 2/3, R = 2/2 = 1, F1 = 2 (2/3)(1) / (2/3 + 1) = 0.8
+    # gold "Ivo Ra", answer "Ivo Ra X": common 2 tokens, P = 2/3, R = 2/2 = 1, F1 = 2 (2/3)(1) /
+    # (2/3 + 1) = 0.8
     S1, S2, P, W = (
         "<search>q1</search>",
         "<search>q2</search>",
@@ -470,9 +456,11 @@ def test_branpo_redundant_step_check_fires_at_f1_0_8():
         "<answer>Oda</answer>",
     )
     # initial: A: S1 S2 P (3 steps, F1 0.8); B: S1 P (2 steps, F1 0.8); C: S1 W (F1 0)
-    # acc = (0.8 + 0.8 + 0) / 3 = 0.533 > 0.5; mean correct length (3 + 2) / 2 = 2.5 < 3: A gets the RSM check
-    # (with r = 1 required it would not): 5 branches from depth 1 = T - 2; the 1st answers P at once (2 < 3 steps)
-    # B (2 steps, not longer): contrast at k = 1 [P, P] none, then k = 0 (default W, kept); C: k = 1 [P, W] keeps P
+    # acc = (0.8 + 0.8 + 0) / 3 = 0.533 > 0.5; mean correct length (3 + 2) / 2 = 2.5 < 3: A gets the
+    # RSM check (with r = 1 required it would not): 5 branches from depth 1 = T - 2; the 1st answers
+    # P at once (2 < 3 steps)
+    # B (2 steps, not longer): contrast at k = 1 [P, P] none, then k = 0 (default W, kept); C: k = 1
+    # [P, W] keeps P
     script = [S1, S1, S1, S2, P, W, P] + [P, W, W, W, W, P, P, P, W]
     agent, _ = agent_with(queue_policy(script))
     a, b, c = STRATEGIES["branpo"][0](agent, [Ex("who is it", ["Ivo Ra"])], random.Random(0), N=3)[
@@ -490,7 +478,8 @@ def test_branpo_redundant_step_check_fires_at_f1_0_8():
 
 
 def test_carl_forks_from_lowest_density():
-    # search actions are uncertain (NLL 2 per token), answers confident (NLL 0.1): H(root) = 2, H(search) = 0.1
+    # search actions are uncertain (NLL 2 per token), answers confident (NLL 0.1): H(root) = 2,
+    # H(search) = 0.1
     policy = lambda c: (
         ("<search>q</search>", -2.0) if turns(c) == 0 else ("<answer>Ivo</answer>", -0.1)
     )
@@ -506,12 +495,14 @@ def test_carl_forks_from_lowest_density():
     )
     agent, _ = agent_with(policy2)
     ([tree],) = STRATEGIES["carl"][0](agent, [EX], random.Random(0), N0=1, N=2)
-    # now the search state is the uncertain one: both forks resample the answer (2/1, then 2/2 vs root 0.1)
+    # now the search state is the uncertain one: both forks resample the answer (2/1, then 2/2 vs
+    # root 0.1)
     assert len(tree.root.children) == 1 and len(tree.root.children[0].children) == 3
 
 
 def alternating_searches():
-    """Every step searches; queries alternate between two doc families ('qa' / 'qb'): 2 clusters per parent."""
+    """Every step searches; queries alternate between two doc families ('qa' / 'qb'): 2 clusters per
+    parent."""
     n = iter(range(10_000))
 
     def policy(c):
@@ -522,19 +513,15 @@ def alternating_searches():
 
 
 def test_treeps_grows_eight_prompts_per_layer_and_keeps_two_per_parent():
-    agent, eng = agent_with(
-        alternating_searches(), max_turns=3
-    )  # 3 search rounds + the answer-only step: D = 4
+    # 3 search rounds + the answer-only step: D = 4
+    agent, eng = agent_with(alternating_searches(), max_turns=3)
     ([tree],) = STRATEGIES["treeps"][0](agent, [EX], random.Random(0), N=8, N_retain=2)
-    # B_d = ceil(8 / |M(d-1)|) with |M| = 1, 2, 4, 8 -> 8, 4, 2, 1 children per parent: 8 prompts per layer
+    # B_d = ceil(8 / |M(d-1)|) with |M| = 1, 2, 4, 8 -> 8, 4, 2, 1 children per parent: 8 prompts
+    # per layer
     assert eng.calls == [8, 8, 8, 8]
     by_depth = [sum(1 for x in walk(tree.root) if x.depth == d) for d in range(1, 5)]
-    assert by_depth == [
-        2,
-        4,
-        8,
-        8,
-    ]  # kept 2 per parent at depths 1-3; 1 per parent at depth 4 (nothing to prune)
+    # kept 2 per parent at depths 1-3; 1 per parent at depth 4 (nothing to prune)
+    assert by_depth == [2, 4, 8, 8]
     assert all(x.flags == ["max_turns"] for x in tree.leaves())
 
 
@@ -542,26 +529,26 @@ def test_treeps_prunes_at_the_depth_limit_and_samples_n_paths():
     retriever = MemoryRetriever()
     agent, eng = agent_with(alternating_searches(), retriever, max_turns=1)  # D = max_turns + 1 = 2
     ([tree],) = STRATEGIES["treeps"][0](agent, [EX], random.Random(0), N=8, N_retain=2, N_train=3)
-    # depth 1: 8 searches, 2 kept (one per doc family); depth 2: B = ceil(8/2) = 4 per parent, 8 searches that the
-    # agent ends at its step limit (max_turns, not retrieved): pruned like any, 2 per parent -> 4 leaves (8 before)
+    # depth 1: 8 searches, 2 kept (one per doc family); depth 2: B = ceil(8/2) = 4 per parent, 8
+    # searches that the agent ends at its step limit (max_turns, not retrieved): pruned like any, 2
+    # per parent -> 4 leaves (8 before)
     assert eng.calls == [8, 8] and [len(q) for q in retriever.calls] == [8]
     assert [sum(1 for x in walk(tree.root) if x.depth == d) for d in (1, 2)] == [2, 4]
     assert all(x.flags == ["max_turns"] and x.reward == 0.0 for x in tree.leaves())
-    # §2.3: N_train = 3 of the 4 leaves drawn with the strategies' rng: random.Random(0).sample(range(4), 3)
+    # §2.3: N_train = 3 of the 4 leaves drawn with the strategies' rng:
+    # random.Random(0).sample(range(4), 3)
     assert random.Random(0).sample(range(4), 3) == [3, 1, 0]
     leaves = tree.leaves()
     assert [x.sampled for x in leaves] == [True, True, False, True]
-    assert [t.leaf for t in advantages.treeps([tree])] == [
-        leaves[0],
-        leaves[1],
-        leaves[3],
-    ]  # only those trained
+    # only those trained
+    assert [t.leaf for t in advantages.treeps([tree])] == [leaves[0], leaves[1], leaves[3]]
     ([tree],) = STRATEGIES["treeps"][0](
         agent_with(alternating_searches(), max_turns=1)[0], [EX], random.Random(0)
     )
     assert all(x.sampled for x in tree.leaves())  # N_train = N = 8 >= 4 leaves: every path
 
-    # D <= max_turns: the depth-D searches are retrieved, pruned by Jaccard (a 'qa' and a 'qb' per parent), ended
+    # D <= max_turns: the depth-D searches are retrieved, pruned by Jaccard (a 'qa' and a 'qb' per
+    # parent), ended
     retriever = MemoryRetriever()
     agent, eng = agent_with(alternating_searches(), retriever, max_turns=3)
     ([tree],) = STRATEGIES["treeps"][0](agent, [EX], random.Random(0), N=8, D=2, N_retain=2)
@@ -600,18 +587,21 @@ def test_jaccard_prune_keeps_the_first_child_of_each_cluster():
         Node(f"c{i}", doc_ids=d)
         for i, d in enumerate([["a", "b"], ["a", "b"], ["c", "d"], ["a", "c"]])
     ]
-    # distances: c0-c1 0; c0-c2 1; c0-c3, c1-c3, c2-c3 = 1 - 1/3; average linkage merges c0+c1 first, then c3
+    # distances: c0-c1 0; c0-c2 1; c0-c3, c1-c3, c2-c3 = 1 - 1/3; average linkage merges c0+c1
+    # first, then c3
     # with one side (a tie): either way the 2 clusters' first members are c0 and c2
     assert [k.id for k in jaccard_prune(kids, 2)] == ["c0", "c2"]
     assert jaccard_prune(kids[:2], 2) == kids[:2]
-    # Algorithm 1 keeps exactly min(N_retain, |children|), ties or not (fcluster's maxclust kept fewer):
+    # Algorithm 1 keeps exactly min(N_retain, |children|), ties or not (fcluster's maxclust kept
+    # fewer):
     # all distances 0: merges x+y, then z; cut into 2 clusters: {x, y}, {z}
     same = [Node(i, doc_ids=["a"]) for i in "xyz"]
     assert [k.id for k in jaccard_prune(same, 2)] == ["x", "z"]
     # [a] [a] [a] [b]: merges c0+c1 (0), c2 (0), then c3 (1); 3 clusters: {c0, c1}, {c2}, {c3}
     kids = [Node(f"c{i}", doc_ids=d) for i, d in enumerate([["a"], ["a"], ["a"], ["b"]])]
     assert [k.id for k in jaccard_prune(kids, 3)] == ["c0", "c2", "c3"]
-    # six disjoint sets (the most diverse case): all distances 1, merged in index order; 2 clusters: {c0..c4}, {c5}
+    # six disjoint sets (the most diverse case): all distances 1, merged in index order; 2 clusters:
+    # {c0..c4}, {c5}
     kids = [Node(f"c{i}", doc_ids=[d]) for i, d in enumerate("abcdef")]
     assert [k.id for k in jaccard_prune(kids, 2)] == ["c0", "c5"]
 
@@ -664,9 +654,8 @@ def test_cli_dump_feeds_advantages(env):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "tree/leaves_per_prompt" in out.stdout and "engine: hf" in out.stdout
-    assert (env / "five.png").read_bytes()[
-        :8
-    ] == b"\x89PNG\r\n\x1a\n"  # every method on test question 1
+    # every method on test question 1
+    assert (env / "five.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     prompts = json.loads(dump.read_text())
     assert len(prompts) == 2 and all(len(trees) == 1 for trees in prompts)
     got = subprocess.run(
@@ -690,9 +679,9 @@ def test_cli_dump_feeds_advantages(env):
 
 
 def test_cli_checks_its_flags_before_anything_loads(tmp_path):
-    # before: --n_prompts 0 raised a bare ZeroDivisionError in data.spread after the world was built, N 0 rolled
-    # out nothing, D 9 failed only after the model loaded (one name per knob now: a flag of another algo is simply
-    # that algo's setting, shared with train.py)
+    # before: --n_prompts 0 raised a bare ZeroDivisionError in data.spread after the world was
+    # built, N 0 rolled out nothing, D 9 failed only after the model loaded (one name per knob now:
+    # a flag of another algo is simply that algo's setting, shared with train.py)
     import subprocess
     import sys
     from pathlib import Path
@@ -729,7 +718,8 @@ def test_cli_checks_its_flags_before_anything_loads(tmp_path):
         "--n_prompts 0: must be an integer >= 1",
         "--treeps_N 0: must be an integer >= 1",
         "--treeps_train -1: must be an integer >= 0",
-        "--treeps_D 9: TreePS-RAG's depth limit must be at most --max_turns + 1 = 5",  # max_turns 4
+        # max_turns 4
+        "--treeps_D 9: TreePS-RAG's depth limit must be at most --max_turns + 1 = 5",
         "--plot_prompt 1: must be in [0, --n_prompts)",
     ):
         assert message in out.stderr, out.stderr[-2000:]

@@ -1,6 +1,7 @@
-"""train.py as a script: its flags reaching the algorithms, the end-of-run summary, smoke runs of the real loop
-(every algo, the embedded default's warm start, a GGUF model, mixed precision, vLLM), resume after SIGKILL and
-SIGTERM, checkpoints, run locks, and the checks that stop a run before anything loads."""
+"""train.py as a script: its flags reaching the algorithms, the end-of-run summary, smoke runs of
+the real loop (every algo, the embedded default's warm start, a GGUF model, mixed precision, vLLM),
+resume after SIGKILL and SIGTERM, checkpoints, run locks, and the checks that stop a run before
+anything loads."""
 
 import math
 
@@ -20,23 +21,20 @@ def test_algo_flags_become_the_papers_options_in_the_registries():
     a = AlgoConfig(
         tree_replace=True, carl_train_phase1=False, carl_N0=8, treeps_D=4, treeps_train=3
     )
-    assert (
-        rollout.STRATEGIES["tree_grpo"][1](a)["with_replacement"] is True
-    )  # the official code's random.choices
+    # the official code's random.choices
+    assert rollout.STRATEGIES["tree_grpo"][1](a)["with_replacement"] is True
     carl_options = advantages.ALGOS["carl"][1]
+    # C.1 / Eq. 13
     assert (
         carl_options(a)["phase1_chains"] == 8 and carl_options(AlgoConfig())["phase1_chains"] == 0
-    )  # C.1 / Eq. 13
-    assert rollout.STRATEGIES["treeps"][1](a) == {
-        "N": 8,
-        "D": 4,
-        "N_retain": 2,
-        "N_train": 3,
-    }  # D = 4, 3 paths
+    )
+    # D = 4, 3 paths
+    assert rollout.STRATEGIES["treeps"][1](a) == {"N": 8, "D": 4, "N_retain": 2, "N_train": 3}
 
 
 def test_the_summary_says_whether_rl_helped_beyond_noise():
-    # the gain's standard error: sqrt(a(1-a)/n + b(1-b)/n) over the first and last evaluation (n = 1000 each)
+    # the gain's standard error: sqrt(a(1-a)/n + b(1-b)/n) over the first and last evaluation (n =
+    # 1000 each)
     def said(a, b):
         return summary(
             [{"step": 0, "eval/em": a, "eval/n": 1000}, {"step": 60, "eval/em": b, "eval/n": 1000}],
@@ -128,7 +126,8 @@ def test_every_algo_trains_two_steps_evaluates_and_saves(env, algo):
 
 
 def test_embedded_default_warm_starts_then_trains(env, tmp_path):
-    # no --model: the world, a (tiny) warm start cached under out/warmstart, then RL from it, as the main job does
+    # no --model: the world, a (tiny) warm start cached under out/warmstart, then RL from it, as the
+    # main job does
     out = subprocess.run(
         [
             sys.executable,
@@ -193,13 +192,11 @@ def test_resume_after_sigkill_continues_exactly(env):
     proc.wait()
     saved = int(latest.read_text().removeprefix("checkpoint-"))
     assert saved % 2 == 0 and saved >= 2
-    assert (latest.parent / "run.lock").read_text().split()[0] == str(
-        proc.pid
-    )  # its process is dead
+    # its process is dead
+    assert (latest.parent / "run.lock").read_text().split()[0] == str(proc.pid)
     with open(latest.parent / "metrics.jsonl", "a") as f:
-        f.write(
-            '{"step": 99, "rollout/rew'
-        )  # a torn last line, as a kill in the middle of a write leaves
+        # a torn last line, as a kill in the middle of a write leaves
+        f.write('{"step": 99, "rollout/rew')
     out = train(
         env,
         "--algo",
@@ -215,13 +212,11 @@ def test_resume_after_sigkill_continues_exactly(env):
         "--resume",
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert (
-        f"at step {saved}" in out.stdout and "torn last line" in out.stdout
-    )  # the dead run's lock: released
+    # the dead run's lock: released
+    assert f"at step {saved}" in out.stdout and "torn last line" in out.stdout
     rows = metrics(env, "killed")
-    assert [r["step"] for r in rows] == list(
-        range(1, saved + 2)
-    )  # nothing logged twice, nothing lost
+    # nothing logged twice, nothing lost
+    assert [r["step"] for r in rows] == list(range(1, saved + 2))
     # deterministic on CPU: the resumed step equals the same step of an uninterrupted run
     ref = train(
         env,
@@ -355,8 +350,9 @@ import importlib.util  # noqa: E402
 )
 @pytest.mark.parametrize("algo", ["tree_grpo", "grpo", "branpo", "carl", "treeps"])
 def test_vllm_engine_runs_the_training_loop(tmp_path_factory, algo):
-    # the embedded default (no --model: world, a tiny warm start shared by the five runs, then RL) on vLLM: rollout,
-    # update, weight sync, eval, checkpoint, final save and a clean exit, for every algo
+    # the embedded default (no --model: world, a tiny warm start shared by the five runs, then RL)
+    # on vLLM: rollout, update, weight sync, eval, checkpoint, final save and a clean exit, for
+    # every algo
     out_dir = tmp_path_factory.getbasetemp() / "vllm_out"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     out = subprocess.run(
@@ -406,11 +402,12 @@ def test_vllm_engine_runs_the_training_loop(tmp_path_factory, algo):
     assert [r["step"] for r in rows if "eval/em" in r] == [0, 2] and (run / "checkpoint-2").is_dir()
     assert (run / "final" / "config.json").exists()
     one, two = [r for r in rows if "train/loss" in r]
-    # The weight sync: step 2 was sampled by the engine after step 1's update was pushed into it, and the trainer's
-    # pi_old agrees with the engine's log-probs on every trained token (float32 on both sides). Step 1 did move the
-    # policy: all rewards tie (a 2-step warm start), but the second PPO epoch follows the KL gradient that weight
-    # decay opened, and Adam's step is lr-sized whatever the gradient's size. With the sync line of train.py
-    # removed, this run measured train/tis_ratio_max_dev 1.09 at step 2 (KL 0.087); with it, 1e-6.
+    # The weight sync: step 2 was sampled by the engine after step 1's update was pushed into it,
+    # and the trainer's pi_old agrees with the engine's log-probs on every trained token (float32 on
+    # both sides). Step 1 did move the policy: all rewards tie (a 2-step warm start), but the second
+    # PPO epoch follows the KL gradient that weight decay opened, and Adam's step is lr-sized
+    # whatever the gradient's size. With the sync line of train.py removed, this run measured
+    # train/tis_ratio_max_dev 1.09 at step 2 (KL 0.087); with it, 1e-6.
     assert two["train/kl"] > 1e-3, two["train/kl"]
     for r in (one, two):
         assert r["train/tis_ratio_max_dev"] < 1e-3, r
@@ -441,8 +438,10 @@ def test_validate_names_each_bad_flag():
 def test_validate_refuses_bad_treeps_depth_and_paths_and_the_training_file_as_test_data(tmp_path):
     from train import validate
 
-    # before: --treeps_D -1 grew no layer (range(1, 0)) and trained on nothing; --treeps_train -1 raised a bare
-    # "Sample larger than population or is negative" after both models loaded; --treeps_D 6 with --max_turns 4
+    # before: --treeps_D -1 grew no layer (range(1, 0)) and trained on nothing; --treeps_train -1
+    # raised a bare
+    # "Sample larger than population or is negative" after both models loaded; --treeps_D 6 with
+    # --max_turns 4
     # failed only at the first rollout
     configs = (Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig)
 
@@ -454,7 +453,8 @@ def test_validate_refuses_bad_treeps_depth_and_paths_and_the_training_file_as_te
     for flag in ("treeps_D", "treeps_train"):
         with pytest.raises(SystemExit, match=f"--{flag} -1: must be an integer >= 0"):
             run(**{flag: -1})
-    # D <= max_turns + 1 = 4 + 1 = 5: 5 passes, 6 is refused with the max_turns it would need (6 - 1 = 5)
+    # D <= max_turns + 1 = 4 + 1 = 5: 5 passes, 6 is refused with the max_turns it would need (6 - 1
+    # = 5)
     run(treeps_D=5, max_turns=4)
     with pytest.raises(
         SystemExit,
@@ -522,10 +522,8 @@ def test_env_error_rate_stops_the_run_after_patience_steps():
         {"step": i, "abnormal/env_error": r} for i, r in enumerate([0.9, 0.9, 0.1, 0.9, 0.6], 1)
     ]
     check_env_errors(rows, args, "X")  # the last three are 0.1, 0.9, 0.6: one step was fine
-    rows += [
-        {"step": 5, "eval/em": 0.5},
-        {"step": 6, "abnormal/env_error": 1.0},
-    ]  # eval rows do not count
+    # eval rows do not count
+    rows += [{"step": 5, "eval/em": 0.5}, {"step": 6, "abnormal/env_error": 1.0}]
     with pytest.raises(
         SystemExit,
         match=r"abnormal/env_error above --max_env_error_rate 0.5 for 3 steps in a row "
@@ -553,9 +551,8 @@ def test_a_live_lock_refuses_a_second_writer(env):
 
     run = env / "out" / "runs" / "locked"
     run.mkdir(parents=True)
-    with open(
-        run / "run.lock", "w"
-    ) as lock:  # this test's process holds the run, as a running train.py would
+    # this test's process holds the run, as a running train.py would
+    with open(run / "run.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         lock.write(f"{os.getpid()} testhost\n")
         lock.flush()
@@ -606,9 +603,8 @@ def test_a_bad_corpus_stops_train_and_eval_before_the_model_loads(env, tmp_path)
     # the corpus (and none about the model) proves the corpus was read first.
     world = env / "out" / "world"
     bad = tmp_path / "corpus.jsonl"
-    bad.write_bytes(
-        b'{"id": "0", "contents": "T\\nx"}\n{"id": "1", "contents": "\xff"}\n'
-    )  # line 2: not UTF-8
+    # line 2: not UTF-8
+    bad.write_bytes(b'{"id": "0", "contents": "T\\nx"}\n{"id": "1", "contents": "\xff"}\n')
     broken = tmp_path / "broken_model"
     broken.mkdir()
     for name in ("config.json", "tokenizer.json", "model.safetensors"):

@@ -1,4 +1,5 @@
-"""tree.py: structure helpers, JSON round trip, rendering, and trees -> token-level training samples (TITO)."""
+"""tree.py: structure helpers, JSON round trip, rendering, and trees -> token-level training samples
+(TITO)."""
 
 import json
 
@@ -22,7 +23,8 @@ from tree import (
 
 
 def small_tree() -> Tree:
-    """prompt [1,2] -> s0 (search) -> {a0 (answer, r=1), a1 (answer, r=0)}; prompt -> s1 (answer, env_error)."""
+    """prompt [1,2] -> s0 (search) -> {a0 (answer, r=1), a1 (answer, r=0)}; prompt -> s1 (answer,
+    env_error)."""
     root = Node("p", tokens=[1, 2])
     s0 = root.add_child(
         tokens=[10, 11],
@@ -42,10 +44,8 @@ def test_nodes_leaves_paths_and_depths_of_a_small_tree():
     t = small_tree()
     assert [n.id for n in t.nodes()] == ["p", "p.0", "p.0.0", "p.0.1", "p.1"]
     assert [n.id for n in leaves(t.root)] == ["p.0.0", "p.0.1", "p.1"]
-    assert [n.id for n in scored_leaves(t.root)] == [
-        "p.0.0",
-        "p.0.1",
-    ]  # env_error leaf is discarded
+    # env_error leaf is discarded
+    assert [n.id for n in scored_leaves(t.root)] == ["p.0.0", "p.0.1"]
     leaf = t.find("p.0.1")
     assert [n.id for n in path(leaf)] == ["p.0", "p.0.1"]  # root (the prompt) is not a step
     assert (t.root.depth, t.find("p.0").depth, leaf.depth) == (0, 1, 2)
@@ -76,7 +76,8 @@ def test_json_round_trip_keeps_every_field_in_both_file_formats(tmp_path):
         ["x"],
         {"generated_tokens": 6},
     )
-    # the rollout dump format (one list of trees per prompt) and the --trees format (one prompt's list)
+    # the rollout dump format (one list of trees per prompt) and the --trees format (one prompt's
+    # list)
     save_trees([[t, t]], tmp_path / "dump.json")
     per_prompt = json.loads((tmp_path / "dump.json").read_text())
     (tmp_path / "one.json").write_text(json.dumps(per_prompt[0]))
@@ -155,7 +156,8 @@ def test_the_abnormal_flags_are_the_six_outcomes():
 def test_step_credit_sums_the_rows_that_train_a_step():
     t = small_tree()
     a0, a1 = t.find("p.0.0"), t.find("p.0.1")
-    # p.0 is trained in both rows: 0.5 + (-2.0) = -1.5; p.0.1 only in the second; None counts nothing
+    # p.0 is trained in both rows: 0.5 + (-2.0) = -1.5; p.0.1 only in the second; None counts
+    # nothing
     assert step_credit([Trajectory(a0, [0.5, None]), Trajectory(a1, [-2.0, 1.0])]) == {
         "p.0": -1.5,
         "p.0.1": 1.0,

@@ -1,4 +1,5 @@
-"""infra/warmstart.py: the thought format, every deliberate mistake, loss masks, and the cached checkpoint's contract."""
+"""infra/warmstart.py: the thought format, every deliberate mistake, loss masks, and the cached
+checkpoint's contract."""
 
 import json
 import random
@@ -27,12 +28,10 @@ ROW = QARow(
 
 
 def test_open_question_rewords_each_resolved_hop_and_fact_states_it():
-    assert (
-        warmstart.open_question(ROW, 0) == ROW.question
-    )  # nothing resolved yet: the original wording
-    assert (
-        warmstart.open_question(ROW, 1) == "where is ravoki based?"
-    )  # "the employer of kalo mire" -> ravoki
+    # nothing resolved yet: the original wording
+    assert warmstart.open_question(ROW, 0) == ROW.question
+    # "the employer of kalo mire" -> ravoki
+    assert warmstart.open_question(ROW, 1) == "where is ravoki based?"
     assert warmstart.fact(ROW, 0) == "kalo mire works for ravoki."
     assert warmstart.fact(ROW, 1) == "ravoki is based in latori."
 
@@ -50,13 +49,15 @@ def setup(env):
 
 
 def observed(agent, queries):
-    """Each query's observation ids, as the warm start caches them for its demonstrations (query -> ids)."""
+    """Each query's observation ids, as the warm start caches them for its demonstrations (query ->
+    ids)."""
     passages = agent.retriever.search(list(queries), agent.cfg.topk)
     return {q: agent.observation_ids(rollout.format_passages(p)) for q, p in zip(queries, passages)}
 
 
 def steps_of(agent, ids, mask):
-    """The model's steps of a supervised trajectory, parsed as the rollout parses them, and the observations."""
+    """The model's steps of a supervised trajectory, parsed as the rollout parses them, and the
+    observations."""
     runs, start = [], 0
     for i in range(1, len(ids) + 1):
         if i == len(ids) or mask[i] != mask[start]:
@@ -78,9 +79,8 @@ def test_gold_trajectory_quotes_facts_and_masks_prompt_and_observations(setup):
     assert actions == [("search", q, None) for q in row.gold_queries] + [
         ("answer", row.golden_answers[0], None)
     ]
-    for q, obs in zip(
-        row.gold_queries, observations
-    ):  # exactly the ids the agent would append at RL time
+    # exactly the ids the agent would append at RL time
+    for q, obs in zip(row.gold_queries, observations):
         assert obs == agent.observation_ids(rollout.format_passages(retriever.search([q], 2)[0]))
     thoughts = [agent.tok.decode(seg) for m, seg in runs if m]
     assert thoughts[0].startswith("<think> " + row.question)
@@ -114,9 +114,8 @@ def test_each_deliberate_mistake_is_well_formed_and_does_what_it_says(setup, see
         and 1 <= len(qs) < 3
         and last == ("answer", row.gold_chain[len(qs)], None)
     )
-    qs, last = searches(
-        "wrong"
-    )  # one unrelated search inserted before some gold query; still answers right
+    # one unrelated search inserted before some gold query; still answers right
+    qs, last = searches("wrong")
     assert (
         len(qs) == 4 and [q for q in qs if q != other] == gold and last[1] == row.golden_answers[0]
     )
@@ -127,16 +126,16 @@ def test_each_deliberate_mistake_is_well_formed_and_does_what_it_says(setup, see
 
 def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, capsys):
     agent, retriever, _, world = setup
-    # the copy stage ends once the mean loss of its last 50 steps is below copy_loss: at once (50 of 60 steps)
+    # the copy stage ends once the mean loss of its last 50 steps is below copy_loss: at once (50 of
+    # 60 steps)
     # when that is any loss at all
     cfg = warmstart.WarmConfig(
         copy_steps=60, copy_loss=1e9, sft_steps=2, warm_batch_size=2, target_em=0
     )
     out = str(tmp_path / "warm")
     capsys.readouterr()
-    warmstart.ensure(
-        out, world, cfg, agent.cfg, rollout, evaluate, retriever
-    )  # the run's BM25 over the world corpus
+    # the run's BM25 over the world corpus
+    warmstart.ensure(out, world, cfg, agent.cfg, rollout, evaluate, retriever)
     assert "retriever: bm25" not in capsys.readouterr().out  # reused (before: a second index)
     saved = json.loads((tmp_path / "warm" / "warmstart.json").read_text())
     assert saved["sft_steps"] == 2 and saved["topk"] == 2 and saved["max_obs_tokens"] == 60
@@ -145,9 +144,8 @@ def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, c
     assert rollout.is_world_tokenizer(tok)
     warmstart.ensure(out, world, cfg, agent.cfg, rollout, evaluate)
     assert "cached" in capsys.readouterr().out
-    with pytest.raises(
-        ValueError, match="topk"
-    ):  # another observation format: the checkpoint does not fit
+    # another observation format: the checkpoint does not fit
+    with pytest.raises(ValueError, match="topk"):
         warmstart.ensure(
             out,
             world,
@@ -170,7 +168,8 @@ def test_a_warm_start_below_target_trains_to_its_cap_then_fails_loudly_and_saves
     setup, tmp_path, capsys
 ):
     agent, _, _, world = setup
-    # 2 steps, validate (EM 0 < 0.6), 2 more at half the lr, validate again, then 4 + 2 > sft_max_steps 5: stop
+    # 2 steps, validate (EM 0 < 0.6), 2 more at half the lr, validate again, then 4 + 2 >
+    # sft_max_steps 5: stop
     cfg = warmstart.WarmConfig(
         copy_steps=0, sft_steps=2, sft_max_steps=5, warm_batch_size=2, target_em=0.6, val_n=4
     )
@@ -202,21 +201,18 @@ def test_the_demonstrator_stops_at_its_search_budget_on_longer_questions_only(se
         return [c for a, c, _ in actions if a == "search"], actions[-1]
 
     always = warmstart.WarmConfig(search_budget=3, budget_rate=1.0, mistake_rate=0.0)
-    qs, last = searches(
-        four, always, random.Random(0)
-    )  # 3 searches, then the entity reached: chain[3], wrong
+    # 3 searches, then the entity reached: chain[3], wrong
+    qs, last = searches(four, always, random.Random(0))
     assert qs == four.gold_queries[:3] and last == ("answer", four.gold_chain[3], None)
     assert last[1] != four.golden_answers[0]
-    qs, last = searches(
-        three, always, random.Random(0)
-    )  # a 3-hop question fits the budget: the gold chain
+    # a 3-hop question fits the budget: the gold chain
+    qs, last = searches(three, always, random.Random(0))
     assert qs == three.gold_queries and last == ("answer", three.golden_answers[0], None)
-    never = warmstart.WarmConfig(
-        search_budget=0, budget_rate=1.0, mistake_rate=0.0
-    )  # 0 = no budget
+    # 0 = no budget
+    never = warmstart.WarmConfig(search_budget=0, budget_rate=1.0, mistake_rate=0.0)
     assert searches(four, never, random.Random(0))[0] == four.gold_queries
-    # budget_rate 0.7: of 300 demonstrations of a 4-hop question, ~210 stop at 3 searches (binomial sd
-    # sqrt(300 x 0.7 x 0.3) = 7.9, so 210 +- 4 sd = [178, 242]); the others search all 4 hops
+    # budget_rate 0.7: of 300 demonstrations of a 4-hop question, ~210 stop at 3 searches (binomial
+    # sd sqrt(300 x 0.7 x 0.3) = 7.9, so 210 +- 4 sd = [178, 242]); the others search all 4 hops
     rng, cfg = (
         random.Random(1),
         warmstart.WarmConfig(search_budget=3, budget_rate=0.7, mistake_rate=0.0),
