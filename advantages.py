@@ -89,7 +89,7 @@ def _mark_node_advantages(trajectories: list[Trajectory]) -> list[Trajectory]:
     return trajectories
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def grpo(trees: list[Tree]) -> list[Trajectory]:
@@ -147,8 +147,8 @@ def _prefix_ends(trees: list[Tree]) -> list[Node]:
                 )
             if not marked and len(tips := leaves(child)) > 1:
                 raise ValueError(
-                    f"original trajectory {child.id!r} branches into {[n.id for n in tips]} but marks "
-                    f"no prefix_end; mark the node its continuations share"
+                    f"original trajectory {child.id!r} branches into {[n.id for n in tips]} but "
+                    "marks no prefix_end; mark the node its continuations share"
                 )
             ends.append(marked[0] if marked else tips[0])
     return ends
@@ -181,7 +181,8 @@ def branpo(
     `skip_empty_base` (empty-prefix-stats), `clip_losers` (preference-mask)."""
     if branch_norm not in ("prompt", "prefix"):
         raise ValueError(
-            f"branpo branch_norm must be 'prompt' (Eq. 12) or 'prefix' (Algorithm 1), got {branch_norm!r}"
+            "branpo branch_norm must be 'prompt' (Eq. 12) or 'prefix' (Algorithm 1), got "
+            f"{branch_norm!r}"
         )
     _reset(trees)
     # (B_n's last node, C_n); an original trajectory whose continuations were all discarded
@@ -382,7 +383,7 @@ def tree_grpo_budget(M: int, N: int, L: int) -> tuple[int, float]:
     return M * (L * N + 1), M * (1 + L * N / 2)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The worked example of `python advantages.py --demo` (infra/inspection.py)
 
 

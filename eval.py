@@ -36,14 +36,17 @@ from rollout import (
     user_turn_ids,
 )
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The response: final answer and format, and cover EM (beyond the reward's EM and F1)
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 TAG_RE = re.compile(r"<(/?)(think|search|information|answer)>")
 
 FORMAT_RULES = {
-    "unbalanced_tag": "every <think>, <search>, <information>, <answer> is closed, and no tag opens inside another",
+    "unbalanced_tag": (
+        "every <think>, <search>, <information>, <answer> is closed, and no tag opens inside "
+        "another"
+    ),
     "text_outside_tags": "only whitespace between blocks",
     "search_without_information": "each <search> block is followed by an <information> block",
     "information_without_search": "each <information> block follows a <search> block",
@@ -133,15 +136,16 @@ def check_format(response):
     return FormatCheck(True, "", "")
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Evaluation: roll out test questions with the agent and score them
 
 JUDGE_PROMPT = (  # BranPO Table 7
-    "You are an evaluation assistant. Please determine if the predicted answer is equivalent to any of the labeled "
-    "answers.\n\nQuestion: {question}\n\nLabeled Answers: {answers}\n\nPredicted Answer: {prediction}\n\n"
-    'Did the model give an answer **equivalent** to any of the labeled answers? Respond with "Correct" if '
-    'equivalent to at least one, otherwise "Incorrect".\n\nOutput in JSON format:\n```json\n{{\n  '
-    '"rationale": "your rationale",\n  "judgement": "Correct" or "Incorrect"\n}}\n```'
+    "You are an evaluation assistant. Please determine if the predicted answer is equivalent to "
+    "any of the labeled answers.\n\nQuestion: {question}\n\nLabeled Answers: "
+    "{answers}\n\nPredicted Answer: {prediction}\n\nDid the model give an answer **equivalent** "
+    'to any of the labeled answers? Respond with "Correct" if equivalent to at least one, '
+    'otherwise "Incorrect".\n\nOutput in JSON format:\n```json\n{{\n  "rationale": "your '
+    'rationale",\n  "judgement": "Correct" or "Incorrect"\n}}\n```'
 )
 
 

@@ -70,21 +70,22 @@ from retriever import RetrievalError
 from tree import FLAGS, Node, Tree, context_ids, path, scored_leaves, walk
 
 INSTRUCTION = (
-    "Answer the given question. You must conduct reasoning inside <{think}> and </{think}> first every time you "
-    "get new information. After reasoning, if you find you lack some knowledge, you can call a search engine by "
-    "<search> query </search> and it will return the top searched results between <information> and "
-    "</information>. You can search as many times as your want. If you find no further external knowledge "
-    "needed, you can directly provide the answer inside <answer> and </answer>, without detailed illustrations. "
-    "For example, <answer> Beijing </answer>. Question: {question}\n"
+    "Answer the given question. You must conduct reasoning inside <{think}> and </{think}> first "
+    "every time you get new information. After reasoning, if you find you lack some knowledge, "
+    "you can call a search engine by <search> query </search> and it will return the top "
+    "searched results between <information> and </information>. You can search as many times as "
+    "your want. If you find no further external knowledge needed, you can directly provide the "
+    "answer inside <answer> and </answer>, without detailed illustrations. For example, <answer> "
+    "Beijing </answer>. Question: {question}\n"
 )
 SHORT_INSTRUCTION = (
     "Answer the question. Think inside <{think}> </{think}>, search with <search> query </search>, "
     "read <information> </information>, answer inside <answer> </answer>. Question: {question}\n"
 )
 RETRY = (
-    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and "
-    "</search>. If I want to give the final answer, I should put the answer between <answer> and </answer>. "
-    "Let me try again.\n"
+    "\nMy previous action is invalid. If I want to search, I should put the query between "
+    "<search> and </search>. If I want to give the final answer, I should put the answer between "
+    "<answer> and </answer>. Let me try again.\n"
 )
 CORRECT_F1 = 0.8  # BranPO App. A.1: "an F1 score of 0.8 is used as a threshold" for correctness
 INSTRUCTIONS = {"search_r1": INSTRUCTION, "short": SHORT_INSTRUCTION}
@@ -151,8 +152,8 @@ def depth_rule(algo: AlgoConfig, cfg: AgentConfig) -> tuple[bool, str]:
     """flags.check's rule that ties --treeps_D to --max_turns: (broken?, message)."""
     return (
         algo.treeps_D > cfg.max_turns + 1,
-        f"--treeps_D {algo.treeps_D}: TreePS-RAG's depth limit must be at "
-        f"most --max_turns + 1 = {cfg.max_turns + 1}; lower it, or raise --max_turns to {algo.treeps_D - 1}",
+        f"--treeps_D {algo.treeps_D}: TreePS-RAG's depth limit must be at most --max_turns + 1 = "
+        f"{cfg.max_turns + 1}; lower it, or raise --max_turns to {algo.treeps_D - 1}",
     )
 
 
@@ -178,7 +179,7 @@ def instruction_template(choice: str, tokenizer) -> str:
     )
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Outcome reward: SQuAD's normalisation, EM and token F1 (squad-reward)
 
 
@@ -233,7 +234,7 @@ def token_f1(prediction, golden_answers):
     return best
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The agent
 
 
@@ -350,7 +351,7 @@ class Agent:
             stats=Counter(),
         )
 
-    # ---- one step for a frontier --------------------------------------------------------------------------------
+    # ---- one step for a frontier -----------------------------------------------------------------
 
     def step(self, frontier: list[tuple[Tree, Node]]) -> list[tuple[Tree, Node]]:
         """Sample one child for every (tree, node) entry (repeat an entry for several children) and
@@ -468,7 +469,7 @@ def ended(node: Node) -> bool:
     return node.reward is not None or "env_error" in node.flags
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Strategies: each grows the trees of a batch of prompts and returns one list of trees per prompt.
 
 
@@ -682,8 +683,8 @@ def treeps(
     D = D or agent.cfg.max_turns + 1
     if D > agent.cfg.max_turns + 1:
         raise ValueError(
-            f"treeps depth limit D={D} exceeds the agent's max_turns + 1 = {agent.cfg.max_turns + 1} "
-            f"steps; lower D or raise max_turns to {D - 1}"
+            f"treeps depth limit D={D} exceeds the agent's max_turns + 1 = "
+            f"{agent.cfg.max_turns + 1} steps; lower D or raise max_turns to {D - 1}"
         )
     trees = [agent.new_tree(ex, f"p{i}") for i, ex in enumerate(examples)]
     retained = [[t.root] for t in trees]  # M(d-1) per tree

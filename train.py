@@ -153,7 +153,8 @@ class Args:
 # (flags, what is allowed, test): checked right after parsing, before any file or model is read
 RULES = [
     (
-        "steps prompts_per_step ppo_mini_batches ppo_epochs micro_batch_size eval_n env_error_patience",
+        "steps prompts_per_step ppo_mini_batches ppo_epochs micro_batch_size eval_n "
+        "env_error_patience",
         "an integer >= 1",
         lambda v: v >= 1,
     ),
@@ -189,13 +190,13 @@ def validate(args: Args, *configs):
         [
             (
                 args.eval_every and one_file and not args.test_data,
-                f"--data {args.data!r} is one file and --test_data is "
-                f"empty: evaluation would score the training questions; pass --test_data FILE, or --eval_every 0",
+                f"--data {args.data!r} is one file and --test_data is empty: evaluation would "
+                "score the training questions; pass --test_data FILE, or --eval_every 0",
             ),
             (
                 one_file and os.path.realpath(args.test_data) == os.path.realpath(args.data),
-                f"--test_data "
-                f"{args.test_data!r} is the --data file: evaluation would score the training questions; pass a test file",
+                f"--test_data {args.test_data!r} is the --data file: evaluation would score the "
+                "training questions; pass a test file",
             ),
             rollout.depth_rule(algo, agent),
             (
@@ -213,16 +214,16 @@ def validate(args: Args, *configs):
             (
                 args.log_with
                 and not (args.log_with in run.TRACKERS and run.TRACKERS[args.log_with]()),
-                f"--log_with {args.log_with}: the {args.log_with!r} package is not installed, so nothing "
-                f"would reach that tracker; pip install {args.log_with}, or drop --log_with "
-                f"(metrics.jsonl and the console always log)",
+                f"--log_with {args.log_with}: the {args.log_with!r} package is not installed, so "
+                f"nothing would reach that tracker; pip install {args.log_with}, or drop "
+                "--log_with (metrics.jsonl and the console always log)",
             ),
             (no_model, no_model),
         ],
     )
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Loss
 
 
@@ -329,7 +330,7 @@ def collate(samples, pad_id: int) -> dict[str, torch.Tensor]:
     }  # (B, T)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # One RL step (the loop in main): grow -> credit -> samples -> log-probs -> PPO update -> sync
 
 
@@ -454,7 +455,7 @@ def quantiles(name: str, x: torch.Tensor) -> dict[str, float]:
     return {f"{name}_p5": q[0].item(), f"{name}_p50": q[1].item(), f"{name}_p95": q[2].item()}
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Evaluation
 
 
@@ -470,7 +471,7 @@ def run_eval(step: int, eval_agent: rollout.Agent, test_rows) -> dict:
     return {"step": step, **{f"eval/{k}": v for k, v in m.items() if isinstance(v, (int, float))}}
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def main(

@@ -109,7 +109,8 @@ class Node:
         known = {f.name for f in fields(cls)} - {"parent"}
         if unknown := set(d) - known:
             raise ValueError(
-                f"node {d.get('id')!r} has unknown keys {sorted(unknown)}; known keys: {sorted(known)}"
+                f"node {d.get('id')!r} has unknown keys {sorted(unknown)}; known keys: "
+                f"{sorted(known)}"
             )
         if "id" not in d:
             raise ValueError(f"a node has no 'id': {json.dumps(d)[:200]}")
@@ -249,7 +250,7 @@ def load_trees(path_: str, prompt: int | None = None) -> list[Tree]:
     return [Tree.from_dict(t) for t in data]
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Training samples
 
 
@@ -290,7 +291,8 @@ def to_samples(trajectories: list[Trajectory]) -> list[Sample]:
         steps = traj.steps
         if len(traj.advantages) != len(steps):
             raise ValueError(
-                f"trajectory {traj.leaf.id}: {len(traj.advantages)} advantages for {len(steps)} steps"
+                f"trajectory {traj.leaf.id}: {len(traj.advantages)} advantages for {len(steps)} "
+                "steps"
             )
         if truncated(traj.leaf) or all(a is None for a in traj.advantages):
             continue

@@ -157,7 +157,8 @@ CLAIMS = [  # (a paper's claim, its numbers; arm; reference; measure(); the sign
         -1,
     ),
     (
-        "TreePS-RAG Table 2: the process advantage beats GRPO on its trees (multi-hop 0.448 vs 0.419)",
+        "TreePS-RAG Table 2: the process advantage beats GRPO on its trees (multi-hop 0.448 vs "
+        "0.419)",
         MATCHED["treeps"],
         MATCHED["treeps"] + " --no_treeps_process",
         "multihop",

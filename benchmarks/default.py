@@ -92,8 +92,8 @@ def main(a: Args):
         rows.append(run_seed(a, seed))
         r = rows[-1]
         print(
-            f"seed {seed}: {r['wall'] / 60:.1f} min; greedy test EM {r['before']['eval/em']:.3f} -> "
-            f"{r['after']['eval/em']:.3f}",
+            f"seed {seed}: {r['wall'] / 60:.1f} min; greedy test EM {r['before']['eval/em']:.3f} "
+            f"-> {r['after']['eval/em']:.3f}",
             flush=True,
         )
     hops = sorted(k for k in rows[0]["before"] if k.startswith("eval/em_hop"))
@@ -104,21 +104,22 @@ def main(a: Args):
     for r in rows:
         b, f = r["before"], r["after"]
         print(
-            f"{r['seed']:>4} {r['wall'] / 60:>8.1f} {r['steps']:>10} {b['eval/em']:>8.3f} {f['eval/em']:>7.3f} "
-            f"{f['eval/em'] - b['eval/em']:>+7.3f}  "
+            f"{r['seed']:>4} {r['wall'] / 60:>8.1f} {r['steps']:>10} {b['eval/em']:>8.3f} "
+            f"{f['eval/em']:>7.3f} {f['eval/em'] - b['eval/em']:>+7.3f}  "
             + "  ".join(f"{b[h]:>8.3f} -> {f[h]:.3f}" for h in hops)
         )
     gains = [r["after"]["eval/em"] - r["before"]["eval/em"] for r in rows]
     if len(rows) > 1:
         sd = lambda xs: statistics.stdev(xs)
         print(
-            f"mean ± std over {len(rows)} seeds: {statistics.mean(r['wall'] for r in rows) / 60:.1f} ± "
+            f"mean ± std over {len(rows)} seeds: "
+            f"{statistics.mean(r['wall'] for r in rows) / 60:.1f} ± "
             f"{sd([r['wall'] / 60 for r in rows]):.1f} min; EM warm "
             f"{statistics.mean(r['before']['eval/em'] for r in rows):.3f} ± "
             f"{sd([r['before']['eval/em'] for r in rows]):.3f}; EM RL "
             f"{statistics.mean(r['after']['eval/em'] for r in rows):.3f} ± "
-            f"{sd([r['after']['eval/em'] for r in rows]):.3f}; gain {statistics.mean(gains):+.3f} ± {sd(gains):.3f}; "
-            f"lowest gain {min(gains):+.3f}"
+            f"{sd([r['after']['eval/em'] for r in rows]):.3f}; gain {statistics.mean(gains):+.3f} "
+            f"± {sd(gains):.3f}; lowest gain {min(gains):+.3f}"
         )
     runs = {}
     for seed in a.seeds:

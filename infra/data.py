@@ -43,7 +43,7 @@ import pyarrow.parquet
 
 from infra import flags
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The world's alphabet: syllables for names, fixed words for everything else
 
 SYLLABLES = (
@@ -140,7 +140,7 @@ def syllabify(word):
     return pieces if len(word) % 2 == 0 and all(p in SYLLABLES for p in pieces) else None
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Rows: the one question type every loader returns
 
 
@@ -167,7 +167,7 @@ class QARow:
     gold_doc_ids: list = field(default_factory=list)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The world
 
 
@@ -283,7 +283,8 @@ def _pick(rng, by_side_kind, side, kind):
     pool = by_side_kind.get(("shared" if kind == "country" else side, kind))
     if not pool:
         raise ValueError(
-            f"no {kind} on the {side} side; raise the {kind} count or move test_fraction off 0 and 1"
+            f"no {kind} on the {side} side; raise the {kind} count or move test_fraction off 0 "
+            "and 1"
         )
     return rng.choice(pool)
 
@@ -449,7 +450,7 @@ def write_world(world, out_dir):
         os.replace(path + ".tmp", path)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Loaders: Search-R1 parquet, FlashRAG / our JSONL, Hugging Face datasets -> list[QARow]
 
 
@@ -466,7 +467,8 @@ def _question_from_prompt(prompt, where):
     )
     if not isinstance(prompt, str) and not users:
         raise DataError(
-            f"{where}: 'prompt' must be a string or chat messages with a user turn, got {prompt!r:.200}"
+            f"{where}: 'prompt' must be a string or chat messages with a user turn, got "
+            f"{prompt!r:.200}"
         )
     text = prompt if isinstance(prompt, str) else users[-1].get("content", "")
     return text.rsplit("Question:", 1)[-1].strip()  # question-from-prompt
@@ -540,7 +542,8 @@ def load_rows(source, split="train"):
         source = found[0]
     if source.endswith((".parquet", ".jsonl", ".json")) and not os.path.exists(source):
         raise DataError(
-            f"{source} does not exist; run `python -m infra.data --out DIR` to write the embedded world"
+            f"{source} does not exist; run `python -m infra.data --out DIR` to write the embedded "
+            "world"
         )
     if source.endswith(".parquet"):
         records = pyarrow.parquet.read_table(source).to_pylist()
@@ -579,7 +582,7 @@ def read_jsonl(path, error=ValueError):
                     raise error(f"{path}: line {line_no}: invalid JSON ({e})") from None
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Cut the Bill, section 3 step 3: reject sampling on the initial policy's rollouts
 
 

@@ -29,7 +29,7 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # the protocol
 
 
@@ -90,7 +90,7 @@ def _check_prompts(prompts: list[list[int]]) -> None:
             raise ValueError(f"prompt {i} is empty; every prompt needs at least one token id")
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Hugging Face engine
 
 
@@ -242,7 +242,7 @@ class HFEngine:
         return completions
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # vLLM engine
 
 
@@ -279,8 +279,8 @@ class VLLMEngine:
                 loaders = sorted(m for m in ("numba", "bm25s", "llvmlite") if m in sys.modules)
                 raise RuntimeError(
                     f"llvmlite is loaded in this process (loaded: {', '.join(loaders)}), and vLLM "
-                    "0.32's CPU start crashes on it; import numba only after the vLLM engine starts, "
-                    "and build BM25 through infra/search.py (it keeps bm25s off numba)"
+                    "0.32's CPU start crashes on it; import numba only after the vLLM engine "
+                    "starts, and build BM25 through infra/search.py (it keeps bm25s off numba)"
                 )
             # Chunked prefill off: vLLM 0.32 cannot rewind a seeded request's CPU generator after a
             # partial prefill. Every prompt is prefilled in one step, so it must fit
@@ -374,8 +374,8 @@ class VLLMEngine:
             import vllm
 
             raise RuntimeError(
-                f"vLLM {vllm.__version__}: workers' reload_weights(weights_iterator=...) failed ({e}); "
-                "infra/engines.py needs a vLLM with in-place layerwise reloading (0.32 is "
+                f"vLLM {vllm.__version__}: workers' reload_weights(weights_iterator=...) failed "
+                f"({e}); infra/engines.py needs a vLLM with in-place layerwise reloading (0.32 is "
                 "tested)"
             ) from e
         if not self.llm.reset_prefix_cache():  # its KV was computed with the old weights
@@ -393,7 +393,7 @@ class VLLMEngine:
             self.llm = None
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # choosing an engine
 
 RULES = [
@@ -457,7 +457,7 @@ def make_engine(
     return engine
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # loading a policy
 
 

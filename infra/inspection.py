@@ -17,7 +17,7 @@ from infra.engines import RULES as ENGINE_RULES
 from infra.engines import load_policy, make_engine, model_problem
 from infra.search import BM25Retriever, load_corpus
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # python advantages.py
 
 
@@ -114,8 +114,8 @@ def credit_cli(advantages, tree_module):
             M, N, L = (int(x) for x in args.budget.split(","))
         except ValueError:
             raise SystemExit(
-                f"--budget {args.budget!r}: must be three integers M,N,L (trees, expansions, rounds), "
-                f"e.g. 2,2,1"
+                f"--budget {args.budget!r}: must be three integers M,N,L (trees, expansions, "
+                "rounds), e.g. 2,2,1"
             ) from None
         flags.check(
             algo,
@@ -140,7 +140,7 @@ def credit_cli(advantages, tree_module):
         raise SystemExit("give --trees FILE (and --algo), or --budget, or --demo")
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # python rollout.py --dump
 
 
@@ -209,8 +209,8 @@ def dump_cli(rollout, advantages, tree_module):
     for k, v in {**rollout.metrics(prompts), **agent.counters}.items():
         print(f"  {k:40} {v:10.2f}")
     print(
-        f"credit assignment of the first prompt: python advantages.py --algo {algo.algo} --trees {args.dump} "
-        f"--prompt 0 --render"
+        f"credit assignment of the first prompt: python advantages.py --algo {algo.algo} --trees "
+        f"{args.dump} --prompt 0 --render"
     )
     if args.plot:  # every other method on the same questions, from a fresh agent as its own dump
         panels = []

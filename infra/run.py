@@ -53,7 +53,10 @@ def summary(history: list[dict], seconds: dict[str, float], wall: float, run_dir
     times = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
     where = f"outputs in {run_dir} (metrics.jsonl, curve.png, final/)"
     if len(evals) < 2:
-        return f"done in {wall / 60:.1f} min ({times}); no evaluation before and after RL (--eval_every 0); {where}"
+        return (
+            f"done in {wall / 60:.1f} min ({times}); no evaluation before and after RL "
+            f"(--eval_every 0); {where}"
+        )
     a, b = evals[0], evals[-1]
     gain = b["eval/em"] - a["eval/em"]
     hops = ", ".join(
@@ -71,8 +74,8 @@ def summary(history: list[dict], seconds: dict[str, float], wall: float, run_dir
         else f"NO clear change from RL (the gain is within 2 standard errors, {2 * se:.3f})"
     )
     return (
-        f"done: {verdict}: test EM {a['eval/em']:.3f} (step {a['step']}) -> {b['eval/em']:.3f} (step {b['step']}), "
-        f"{gain:+.3f} on {b['eval/n']:.0f} questions"
+        f"done: {verdict}: test EM {a['eval/em']:.3f} (step {a['step']}) -> {b['eval/em']:.3f} "
+        f"(step {b['step']}), {gain:+.3f} on {b['eval/n']:.0f} questions"
         + (f" ({hops})" if hops else "")
         + f"; {wall / 60:.1f} min ({times}); {where}"
     )
@@ -107,13 +110,14 @@ def check_env_errors(history: list[dict], args, where: str):
     ]
     if len(rates) == args.env_error_patience and min(rates) > args.max_env_error_rate:
         raise SystemExit(
-            f"stopping: abnormal/env_error above --max_env_error_rate {args.max_env_error_rate} for "
-            f"{len(rates)} steps in a row ({', '.join(f'{r:.2f}' for r in rates)}): the retriever "
-            f"({where}) is failing; fix it, then rerun with --resume (from the last checkpoint)"
+            f"stopping: abnormal/env_error above --max_env_error_rate {args.max_env_error_rate} "
+            f"for {len(rates)} steps in a row ({', '.join(f'{r:.2f}' for r in rates)}): the "
+            f"retriever ({where}) is failing; fix it, then rerun with --resume (from the last "
+            "checkpoint)"
         )
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The run directory: one writer (run.lock), never overwritten by accident, resumable after a kill
 
 
@@ -154,7 +158,8 @@ def claim_run_dir(run_dir: str, args):
                 os.remove(path)
     elif args.resume and held and "latest" not in held:
         print(
-            f"resume: no checkpoint in {run_dir} yet; starting from step 0 (the metrics logged so far are dropped)"
+            f"resume: no checkpoint in {run_dir} yet; starting from step 0 (the metrics logged so "
+            "far are dropped)"
         )
     return lock
 
@@ -184,8 +189,8 @@ def read_metrics(path: str) -> list[dict]:
         except json.JSONDecodeError:
             if i < len(lines):
                 raise ValueError(
-                    f"{path}: line {i} is not JSON ({line[:80]!r}); only a last line may be torn by a "
-                    f"kill: fix or delete that line, then --resume"
+                    f"{path}: line {i} is not JSON ({line[:80]!r}); only a last line may be torn "
+                    "by a kill: fix or delete that line, then --resume"
                 ) from None
             print(f"resume: dropped the torn last line of {path} ({line[:40]!r})")
     return rows
@@ -218,8 +223,8 @@ def save_checkpoint(accelerator, run_dir: str, step: int, state: dict, main_proc
         shutil.rmtree(path, ignore_errors=True)  # the torn checkpoint: only frees space
         free_mib = shutil.disk_usage(run_dir).free / 2**20
         raise OSError(
-            f"writing {name} failed ({type(e).__name__}: {e}); {free_mib:.0f} MiB free on the disk holding "
-            f"{run_dir}: if it is full, free space, then --resume continues from "
+            f"writing {name} failed ({type(e).__name__}: {e}); {free_mib:.0f} MiB free on the "
+            f"disk holding {run_dir}: if it is full, free space, then --resume continues from "
             f"{previous or 'step 0 (no checkpoint yet)'} (`latest` is unchanged)"
         ) from e
     # only now delete the older ones (Accelerate's ProjectConfiguration(total_limit=...) is not

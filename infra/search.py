@@ -63,7 +63,7 @@ def split_contents(contents):
     return (title, text) if sep else ("", contents)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Corpus and saved indexes
 
 
@@ -119,8 +119,8 @@ def load_corpus(path):
             # results are told apart by id (TreePS-RAG's pruning compares id sets)
             if ids[-1] in seen:
                 raise ValueError(
-                    f"{path}: line {line_no}: id {ids[-1]!r} is also the id of line {seen[ids[-1]]}; "
-                    f"every passage needs its own id"
+                    f"{path}: line {line_no}: id {ids[-1]!r} is also the id of line "
+                    f"{seen[ids[-1]]}; every passage needs its own id"
                 )
             seen[ids[-1]] = line_no
             contents.append(row["contents"])
@@ -157,7 +157,7 @@ def _write_meta(index_dir, meta):
         json.dump(meta, f)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # BM25
 
 
@@ -198,7 +198,7 @@ class BM25Retriever:
         return self.corpus.passages(docs, scores)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Dense
 
 
@@ -311,8 +311,9 @@ class DenseRetriever:
             )
         self.index = index
         print(
-            f"retriever: dense, encoder {encoder} on {self.encoder.device} ({str(self.encoder.dtype)[6:]}), "
-            f"{len(corpus.ids)} passages, faiss flat inner-product index on {where}, {how}"
+            f"retriever: dense, encoder {encoder} on {self.encoder.device} "
+            f"({str(self.encoder.dtype)[6:]}), {len(corpus.ids)} passages, faiss flat "
+            f"inner-product index on {where}, {how}"
         )
 
     def search(self, queries, k):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from infra import flags
 from infra.search import Passage, load_corpus, make_retriever
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # HTTP server: Search-R1's POST /retrieve
 
 
@@ -91,7 +91,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             # expected when a client gave up (its timeout): say so
             sys.stderr.write(
-                f"retriever server: {self.address_string()} left before its answer (client timeout?)\n"
+                f"retriever server: {self.address_string()} left before its answer (client "
+                "timeout?)\n"
             )
 
     def do_POST(self):
@@ -196,7 +197,7 @@ class SearchServer(http.server.ThreadingHTTPServer):
         self.request_timeout_s = request_timeout_s
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # HTTP client
 
 
@@ -321,8 +322,8 @@ def main(argv: list[str], retriever_config):
     level) parsed, checked, served."""
     if argv[:1] != ["serve"]:
         sys.exit(
-            "usage: python retriever.py serve --corpus FILE --retriever bm25|dense --port PORT [...]; "
-            "see `python retriever.py serve --help`"
+            "usage: python retriever.py serve --corpus FILE --retriever bm25|dense --port PORT "
+            "[...]; see `python retriever.py serve --help`"
         )
     serve, cfg = flags.parse(ServeConfig, retriever_config, args=argv[1:])
     flags.check(

@@ -359,8 +359,8 @@ def train(
         print(
             f"warm start: copy loss {copy_loss:.3f} after {copy_steps} steps"
             + (
-                f" (above --copy_loss {cfg.copy_loss}: the induction heads may not have formed; the trajectory "
-                f"stage will take longer)"
+                f" (above --copy_loss {cfg.copy_loss}: the induction heads may not have formed; "
+                "the trajectory stage will take longer)"
                 if copy_steps == cfg.copy_steps
                 else ""
             ),
@@ -390,9 +390,10 @@ def train(
             break
         if steps + cfg.sft_steps > cfg.sft_max_steps:
             raise RuntimeError(
-                f"warm start failed: greedy dev EM {m['em']:.3f} < target_em {cfg.target_em} after {steps} "
-                f"trajectory steps (sft_max_steps {cfg.sft_max_steps}); nothing was saved to {out_dir}. Raise "
-                f"--sft_max_steps, try another --seed, or lower --target_em (0 = no check) at your own risk"
+                f"warm start failed: greedy dev EM {m['em']:.3f} < target_em {cfg.target_em} "
+                f"after {steps} trajectory steps (sft_max_steps {cfg.sft_max_steps}); nothing was "
+                f"saved to {out_dir}. Raise --sft_max_steps, try another --seed, or lower "
+                "--target_em (0 = no check) at your own risk"
             )
         loss, _ = fit(
             model,

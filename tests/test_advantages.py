@@ -62,7 +62,7 @@ def close(got: dict, want: dict):
         assert [None if a is None else approx(a, abs=1e-5) for a in want[k]] == got[k], k
 
 
-# ---- group normalization --------------------------------------------------------------------------------------
+# ---- group normalization -------------------------------------------------------------------------
 
 
 def test_group_normalize_uses_the_unbiased_std_and_gives_zero_without_spread():
@@ -73,7 +73,7 @@ def test_group_normalize_uses_the_unbiased_std_and_gives_zero_without_spread():
     assert group_normalize([]) == []
 
 
-# ---- GRPO -----------------------------------------------------------------------------------------------------
+# ---- GRPO ----------------------------------------------------------------------------------------
 
 
 def test_grpo_normalizes_rewards_including_a_format_penalty_over_the_group():
@@ -103,7 +103,7 @@ def test_grpo_rejects_trees():
         grpo(T(n("r", leaf("r.0", 1.0), leaf("r.1", 0.0))))
 
 
-# ---- Tree-GRPO ------------------------------------------------------------------------------------------------
+# ---- Tree-GRPO -----------------------------------------------------------------------------------
 
 
 def two_trees():
@@ -159,7 +159,7 @@ def test_tree_grpo_inter_on_chains_equals_grpo():
         assert by_leaf(tree_grpo(T(*forest), mode="inter")) == by_leaf(grpo(T(*forest)))
 
 
-# ---- BranPO ---------------------------------------------------------------------------------------------------
+# ---- BranPO --------------------------------------------------------------------------------------
 
 
 def branpo_trees():
@@ -394,7 +394,7 @@ def test_branpo_refuses_two_prefix_ends_a_branch_without_one_and_an_unknown_norm
         branpo(branpo_trees(), branch_norm="g")
 
 
-# ---- CARL -----------------------------------------------------------------------------------------------------
+# ---- CARL ----------------------------------------------------------------------------------------
 
 
 def carl_tree():
@@ -533,7 +533,7 @@ def test_carl_update_set_bounds_eq15():
             assert N + 1 <= trained <= 2 * N
 
 
-# ---- TreePS-RAG -----------------------------------------------------------------------------------------------
+# ---- TreePS-RAG ----------------------------------------------------------------------------------
 
 
 def treeps_tree():
@@ -620,7 +620,7 @@ def test_methods_leave_reward_untouched_and_reset_previous_values():
     assert len(grpo_like) == 4
 
 
-# ---- analytic budgets -----------------------------------------------------------------------------------------
+# ---- analytic budgets ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -640,7 +640,7 @@ def test_tree_grpo_budget_matches_table3(mnl, rollouts, budget):
     assert tree_grpo_budget(*mnl) == (rollouts, budget)
 
 
-# ---- credit per step: the numbers behind the drawn colours ------------------------------------------------------
+# ---- credit per step: the numbers behind the drawn colours ---------------------------------------
 
 
 def test_demo_credit_per_step_hand_computed():
@@ -680,7 +680,7 @@ def test_demo_credit_per_step_hand_computed():
         ], name
 
 
-# ---- CLI ------------------------------------------------------------------------------------------------------
+# ---- CLI -----------------------------------------------------------------------------------------
 
 
 def cli(*args):

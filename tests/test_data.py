@@ -206,7 +206,10 @@ def test_a_second_process_waits_for_the_world_then_reads_it(tmp_path, world):
         fcntl.flock(lock, fcntl.LOCK_EX)
         lock.write(f"{os.getpid()} testhost\n")
         lock.flush()
-        code = f"from infra import data; data.ensure_world({str(out)!r}, data.WorldConfig(**{SMALL.__dict__!r}))"
+        code = (
+            f"from infra import data; data.ensure_world({str(out)!r}, "
+            f"data.WorldConfig(**{SMALL.__dict__!r}))"
+        )
         second = subprocess.Popen(
             [sys.executable, "-c", code],
             cwd=ROOT,
@@ -444,7 +447,8 @@ def test_spread_takes_rows_evenly():
             "line 1: 'hops' must be an integer, got 'two'",
         ),
         (
-            b'{"question": "fine?", "golden_answers": ["x"]}\n{"question": "caf\xe9?", "golden_answers": ["x"]}\n',
+            b'{"question": "fine?", "golden_answers": ["x"]}\n{"question": "caf\xe9?", '
+            b'"golden_answers": ["x"]}\n',
             "line 2: not UTF-8",
         ),
     ],

@@ -23,7 +23,10 @@ def test_cover_exact_match_whole_tokens():
 
 
 def test_extract_answer_takes_the_last_one():
-    response = "<answer>first</answer> <search>q</search><information>d</information><answer>\n kalo\nmire </answer>"
+    response = (
+        "<answer>first</answer> <search>q</search><information>d</information><answer>\n "
+        "kalo\nmire </answer>"
+    )
     assert extract_answer(response) == "kalo\nmire"
     assert extract_answer("<answer></answer>") == ""
     assert extract_answer("no answer here") is None

@@ -526,10 +526,8 @@ def test_server_answers_a_bad_content_length(bm25, length, body, message):
     try:
         with socket.create_connection((host, port), timeout=5) as s:
             s.sendall(
-                b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
-                + length.encode()
-                + b"\r\n\r\n"
-                + body
+                b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                b"application/json\r\nContent-Length: " + length.encode() + b"\r\n\r\n" + body
             )
             answer = b""
             # the server answers, then closes: no hang, no silent drop

@@ -128,7 +128,7 @@ def one_trajectory(policy, retriever=None, **cfg):
     return agent, tree, leaf
 
 
-# ---- parsing ---------------------------------------------------------------------------------------------------
+# ---- parsing -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -158,7 +158,7 @@ def test_parse_action_reads_a_renamed_think_tag():
     assert parse_action("<thinking>x<answer>y</answer>", "thinking", 1)[2] == "parse_error"
 
 
-# ---- one trajectory: observation, TITO, rewards, abnormal outcomes ---------------------------------------------
+# ---- one trajectory: observation, TITO, rewards, abnormal outcomes -------------------------------
 
 
 def test_search_then_answer_observation_and_reward():
@@ -314,7 +314,7 @@ def test_refiner_summary_replaces_passages():
     assert refine_engine.calls == [1] and leaf.reward == 1.0
 
 
-# ---- strategies: hand-checkable shapes -------------------------------------------------------------------------
+# ---- strategies: hand-checkable shapes -----------------------------------------------------------
 
 
 def search_then_answer(c):

@@ -55,7 +55,7 @@ def test_the_summary_says_whether_rl_helped_beyond_noise():
     assert "RL made the policy WORSE" in said(0.70, 0.60) and "-0.100" in said(0.70, 0.60)
 
 
-# ---- smoke runs of the real script (tiny world, tiny random policy) --------------------------------------------
+# ---- smoke runs of the real script (tiny world, tiny random policy) ------------------------------
 
 import json  # noqa: E402
 import os  # noqa: E402
@@ -414,7 +414,7 @@ def test_vllm_engine_runs_the_training_loop(tmp_path_factory, algo):
         assert r["train/skipped_steps"] == 0 and math.isfinite(r["train/loss"])
 
 
-# ---- runs fail loudly, never silently ----------------------------------------------------------------------------
+# ---- runs fail loudly, never silently ------------------------------------------------------------
 
 
 def test_validate_names_each_bad_flag():
