@@ -171,9 +171,10 @@ def branpo(
     """BranPO §4.3 (Eqs. 8-12) with Redundant Step Masking §4.4 (Eq. 14). Each original trajectory n
     was grown into a prefix B_n (root .. the `prefix_end` node, Eq. 8) and continuations C_n, the
     leaves under it (Eq. 9):
-        r_base(n)     = mean_{i in C_n} r_branch(n, i)                                      (Eq. 10)
-        A_base(n)     = (r_base(n) - mean_j r_base(j)) / std_j r_base(j),  j over the N prefixes  (Eq. 11)
-        A_branch(n,i) = (r_branch(n,i) - mean) / std over all continuations of the prompt   (Eq. 12)
+        r_base(n)     = mean_{i in C_n} r_branch(n, i)                                  (Eq. 10)
+        A_base(n)     = (r_base(n) - mean_j r_base(j)) / std_j r_base(j)                (Eq. 11)
+                        j over the N prefixes
+        A_branch(n,i) = (r_branch(n,i) - mean) / std over all continuations of the prompt (Eq. 12)
     A_base multiplies the prefix steps, trained once (first-untruncated); A_branch each
     continuation's own steps but the `redundant` ones (Eq. 14, rsm-excluded).
     `branch_norm="prefix"`: Algorithm 1 (branch-norm). With one continuation for every prefix, every

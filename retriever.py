@@ -7,7 +7,8 @@ timeout, retries with backoff, a concurrency cap), else an in-process index over
 and checks it with one query. Queries the server could not answer raise `RetrievalError`, which the
 agent counts ("Cut the Bill" §5.4.2: environment errors are discarded).
 
-    python retriever.py serve --corpus FILE --port 8000   # Search-R1's POST /retrieve (infra/server.py)
+    python retriever.py serve --corpus FILE --port 8000  # Search-R1's POST /retrieve
+                                                         # (infra/server.py)
 """
 
 import sys

@@ -3,7 +3,8 @@ Accelerate.
 
     python train.py --algo tree_grpo             # grpo | tree_grpo | branpo | carl | treeps
     accelerate launch train.py --algo tree_grpo  # under your `accelerate config` (DDP, ...)
-    python train.py warmstart --out DIR --world DIR  # only the embedded default's warm start, retrained into DIR
+    python train.py warmstart --out DIR --world DIR  # only the embedded default's warm start,
+                                                     # retrained into DIR
 
 With no --model it runs the embedded default: the generated world (infra/data.py), BM25 and a tiny
 Llama warm-started on gold trajectories (infra/warmstart.py); CPU only, no downloads.
@@ -494,9 +495,9 @@ def main(
     accelerator = Accelerator(log_with=args.log_with or None, project_dir=run_dir)
     main_proc = accelerator.is_main_process
     if accelerator.num_processes == 1 and accelerator.device.type == "cpu":
-        # `accelerate launch` sets OMP_NUM_THREADS=1; one
+        # `accelerate launch` sets OMP_NUM_THREADS=1; one process may use every core it is allowed
+        # (taskset / cpuset)
         torch.set_num_threads(len(os.sched_getaffinity(0)))
-        # process may use every core it is allowed (taskset / cpuset)
     set_seed(agent_cfg.seed)
     if main_proc:
         run_lock = run.claim_run_dir(run_dir, args)  # noqa: F841 (open, so locked, while main runs)
@@ -557,8 +558,7 @@ def main(
         agent = rollout.Agent(engine, search, tok, agent_cfg)
         eval_agent = rollout.Agent(engine, search, tok, rollout.for_eval(agent_cfg))
     # are the engine's log-probs pi_old (tis-old-policy)? Only the HF engine's in a float32 run.
-    # Rank 0
-    # knows the engine; every rank's micro_batches needs the answer
+    # Rank 0 knows the engine; every rank's micro_batches needs the answer
     exact = broadcast_object_list([agent.engine.exact_logprobs if main_proc else None])[0]
     old_from_engine = exact and accelerator.mixed_precision == "no"
     if main_proc:

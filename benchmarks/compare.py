@@ -1,7 +1,8 @@
 """Which credit assignment learns more, at which rollout budget? The five methods and Tree-GRPO's
 budget sweep side by side over seeds, each arm a train.py run from the same warm start.
 
-    python benchmarks/compare.py --jobs 2       # seeds 0-4, every arm, two at once: README "Comparison"
+    python benchmarks/compare.py --jobs 2       # seeds 0-4, every arm, two at once:
+                                                # README "Comparison"
     python benchmarks/compare.py --calibrate    # generated tokens / prompt / step of knob choices
     python benchmarks/compare.py --quick        # one seed, two arms, 2 steps, a tiny warm start
 

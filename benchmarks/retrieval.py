@@ -1,17 +1,19 @@
-"""Retrieval benchmark on the embedded world: recall, speed in process and over HTTP, and a 1024-request burst.
+"""Retrieval benchmark on the embedded world: recall, speed in process and over HTTP, and a
+1024-request burst.
 
 For each retriever (BM25, dense) it prints
   - recall@3 of the first-hop gold passage for the test questions' first gold query,
   - in process: queries/s searching in batches, and p50 / p99 latency of one-query searches,
-  - over HTTP (`python retriever.py serve` in its own process, loading the index built here): the same two figures
-    through RemoteRetriever,
-  - a burst of `concurrent` simultaneous one-query POST /retrieve requests on loopback (one thread and connection
-    each, no client cap): how many were answered and how long the whole burst took; then the same queries through
-    one RemoteRetriever with its concurrency cap.
+  - over HTTP (`python retriever.py serve` in its own process, loading the index built here): the
+    same two figures through RemoteRetriever,
+  - a burst of `concurrent` simultaneous one-query POST /retrieve requests on loopback (one thread
+    and connection each, no client cap): how many were answered and how long the whole burst took;
+    then the same queries through one RemoteRetriever with its concurrency cap.
 It prints figures and asserts nothing. Usage:
-    python benchmarks/retrieval.py                                 # default world, bm25 and dense (MiniLM)
-    python benchmarks/retrieval.py --retrievers bm25 --people 300 --companies 60 --books 120 --cities 30 \\
-        --countries 8 --train_per_hop 40 --test_per_hop 20 --concurrent 64  # a quick smoke run
+    python benchmarks/retrieval.py  # default world, bm25 and dense (MiniLM)
+    python benchmarks/retrieval.py --retrievers bm25 --people 300 --companies 60 --books 120 \\
+        --cities 30 --countries 8 --train_per_hop 40 --test_per_hop 20 --concurrent 64
+        # a quick smoke run
 """
 
 import json

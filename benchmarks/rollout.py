@@ -1,9 +1,10 @@
 """Rollout benchmark on the embedded default: what each paper's tree buys per generated token, and
 what the agent loop costs on top of the engine. Prints figures; asserts nothing.
 
-    python benchmarks/rollout.py                      # the warm-start policy in out/warmstart (train.py makes it)
+    python benchmarks/rollout.py  # the warm-start policy in out/warmstart (train.py makes it)
     python benchmarks/rollout.py --n_prompts 8 --model DIR
-    VLLM_CPU_KVCACHE_SPACE=2 <vllm venv>/bin/python benchmarks/rollout.py --engine vllm --strategies tree_grpo
+    VLLM_CPU_KVCACHE_SPACE=2 <vllm venv>/bin/python benchmarks/rollout.py --engine vllm \\
+        --strategies tree_grpo
 
 With the vLLM engine it also prints the prompt tokens each strategy fed the engine and how many of
 them vLLM's prefix cache served instead of recomputing (the HF engine recomputes them all).

@@ -513,9 +513,9 @@ def load_policy(name_or_dir: str, gguf_file: str | None = None, dtype: torch.dty
     kw = {"gguf_file": gguf_file} if gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(name_or_dir, **kw)
     model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=dtype, **kw)
-    # transformers dequantizes GGUF into ordinary tensors but keeps the model marked "quantized",
     if gguf_file:
-        # which would block save_pretrained; what we train and save is plain weights
+        # transformers dequantizes GGUF into ordinary tensors but keeps the model marked
+        # "quantized", which would block save_pretrained; what we train and save is plain weights
         model.hf_quantizer = None
         model.is_quantized = False
         if hasattr(model.config, "quantization_config"):

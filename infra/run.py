@@ -64,7 +64,7 @@ def summary(history: list[dict], seconds: dict[str, float], wall: float, run_dir
         for k in a
         if k.startswith("eval/em_hop")
     )
-    # of the gain
+    # se: the standard error of the gain
     se = math.sqrt(sum(e["eval/em"] * (1 - e["eval/em"]) / max(e["eval/n"], 1) for e in (a, b)))
     verdict = (
         "RL improved the policy"
@@ -228,10 +228,9 @@ def save_checkpoint(accelerator, run_dir: str, step: int, state: dict, main_proc
             f"{previous or 'step 0 (no checkpoint yet)'} (`latest` is unchanged)"
         ) from e
     # only now delete the older ones (Accelerate's ProjectConfiguration(total_limit=...) is not
-    # used:
+    # used: it deletes the oldest checkpoint before writing the new one, so a failed save could
+    # leave none)
     if main_proc:
-        # it deletes the oldest checkpoint before writing the new one, so a failed save could leave
-        # none)
         for old in os.listdir(run_dir):
             if old.startswith("checkpoint-") and old not in (name, previous):
                 shutil.rmtree(os.path.join(run_dir, old))

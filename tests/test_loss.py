@@ -145,13 +145,13 @@ def test_masked_positions_contribute_exactly_zero_whatever_they_hold():
     # gradient were NaN.
     inf, nan = float("inf"), float("nan")
     mask, args = torch.tensor([0.0, 1.0]), Args(kl_coef=0.001, tis_cap=2.0)
-    for ref, old, rollout, adv, logp in (
+    for ref, old, rollout_logp, adv, logp in (
         ([100.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 1.0], [0.0, 0.0]),
         ([inf, 0.0], [-inf, 0.0], [nan, 0.0], [nan, 1.0], [nan, 0.0]),
     ):
         lp = torch.tensor(logp, requires_grad=True)
-        ref, old, rollout, adv = (torch.tensor(x) for x in (ref, old, rollout, adv))
-        loss, s = ppo_loss(lp, old, ref, rollout, adv, mask, args, denom=1.0)
+        ref, old, rollout_logp, adv = (torch.tensor(x) for x in (ref, old, rollout_logp, adv))
+        loss, s = ppo_loss(lp, old, ref, rollout_logp, adv, mask, args, denom=1.0)
         loss.backward()
         assert loss.item() == -1.0 and lp.grad.tolist() == [0.0, -1.0]
         assert s["kl"].tolist() == [0.0] and s["ratio"].tolist() == [1.0]  # trained tokens only

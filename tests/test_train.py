@@ -340,7 +340,8 @@ def test_log_with_a_tracker_that_is_not_installed_stops_before_anything_loads(en
     assert not (env / "out" / "runs" / "tracker").exists()
 
 
-# ---- the real loop on vLLM (runs only where vllm imports: the CPU virtualenv of README "vLLM on CPU", CI's too) --
+# ---- the real loop on vLLM ---------------------------------------------------------------------
+# (runs only where vllm imports: the CPU virtualenv of README "vLLM on CPU", CI's too)
 
 import importlib.util  # noqa: E402
 
