@@ -66,26 +66,12 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = [
-    "--prompts_per_step",
-    "2",
-    "--max_step_tokens",
-    "12",
-    "--max_turns",
-    "2",
-    "--eval_n",
-    "2",
-    "--grpo_G",
-    "3",
-    "--branpo_N",
-    "2",
-    "--carl_N",
-    "2",
-    "--treeps_N",
-    "3",
-    "--micro_batch_size",
-    "4",
-]
+FAST = (
+    "--prompts_per_step 2 --max_step_tokens 12 --max_turns 2 --eval_n 2 --grpo_G 3 --branpo_N 2 "
+    "--carl_N 2 --treeps_N 3 --micro_batch_size 4"
+).split()
+# the embedded default's warm start, as short as it goes
+TINY_WARM = "--copy_steps 2 --sft_steps 2 --warm_batch_size 2 --target_em 0".split()
 
 
 def train(env, *args, **kw):
@@ -139,14 +125,7 @@ def test_embedded_default_warm_starts_then_trains(env, tmp_path):
             "1",
             "--eval_every",
             "0",
-            "--copy_steps",
-            "2",
-            "--sft_steps",
-            "2",
-            "--warm_batch_size",
-            "2",
-            "--target_em",
-            "0",
+            *TINY_WARM,
         ],
         cwd=env,
         capture_output=True,
@@ -379,14 +358,7 @@ def test_vllm_engine_runs_the_training_loop(tmp_path_factory, algo):
             "1e-2",
             "--ppo_epochs",
             "2",
-            "--copy_steps",
-            "2",
-            "--sft_steps",
-            "2",
-            "--warm_batch_size",
-            "2",
-            "--target_em",
-            "0",
+            *TINY_WARM,
         ],
         cwd=tmp_path_factory.getbasetemp(),
         capture_output=True,
@@ -914,14 +886,7 @@ def test_two_runs_sharing_an_out_dir_train_one_warm_start(env, tmp_path):
         "1",
         "--eval_every",
         "0",
-        "--copy_steps",
-        "2",
-        "--sft_steps",
-        "2",
-        "--warm_batch_size",
-        "2",
-        "--target_em",
-        "0",
+        *TINY_WARM,
     ]
     with open(tmp_path / "warmstart.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
