@@ -74,17 +74,14 @@ FAST = (
 TINY_WARM = "--copy_steps 2 --sft_steps 2 --warm_batch_size 2 --target_em 0".split()
 
 
+def train_command(env, *args) -> list[str]:
+    """train.py on the tiny random policy, writing under env/out, FAST, then `args`."""
+    model = ["--model", str(env / "tiny"), "--out_dir", str(env / "out")]
+    return [sys.executable, str(ROOT / "train.py"), *model, *FAST, *args]
+
+
 def train(env, *args, **kw):
-    cmd = [
-        sys.executable,
-        str(ROOT / "train.py"),
-        "--model",
-        str(env / "tiny"),
-        "--out_dir",
-        str(env / "out"),
-        *FAST,
-        *args,
-    ]
+    cmd = train_command(env, *args)
     return subprocess.run(cmd, cwd=env, capture_output=True, text=True, timeout=600, **kw)
 
 
@@ -143,25 +140,9 @@ def test_embedded_default_warm_starts_then_trains(env, tmp_path):
 
 def test_resume_after_sigkill_continues_exactly(env):
     # a run killed with SIGKILL once a checkpoint is complete, then resumed for one more step
-    cmd = [
-        sys.executable,
-        str(ROOT / "train.py"),
-        "--model",
-        str(env / "tiny"),
-        "--out_dir",
-        str(env / "out"),
-        *FAST,
-        "--algo",
-        "grpo",
-        "--steps",
-        "50",
-        "--run_name",
-        "killed",
-        "--eval_every",
-        "0",
-        "--checkpoint_every",
-        "2",
-    ]
+    cmd = train_command(
+        env, *"--algo grpo --steps 50 --run_name killed --eval_every 0 --checkpoint_every 2".split()
+    )
     proc = subprocess.Popen(cmd, cwd=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     latest = env / "out" / "runs" / "killed" / "latest"
     deadline = time.time() + 300
@@ -671,25 +652,10 @@ def straight_run(env, tmp_path_factory):
     hf_home = tmp_path_factory.mktemp("hf")
     (hf_home / "accelerate").mkdir()
     (hf_home / "accelerate" / "default_config.yaml").write_text("distributed_type: 'NO'\n")
-    cmd = [
-        sys.executable,
-        str(ROOT / "train.py"),
-        "--model",
-        str(env / "tiny"),
-        "--out_dir",
-        str(env / "out"),
-        *FAST,
-        "--algo",
-        "grpo",
-        "--steps",
-        "4",
-        "--run_name",
-        "straight4",
-        "--eval_every",
-        "0",
-        "--checkpoint_every",
-        "0",
-    ]
+    cmd = train_command(
+        env,
+        *"--algo grpo --steps 4 --run_name straight4 --eval_every 0 --checkpoint_every 0".split(),
+    )
     t0 = time.perf_counter()
     out = subprocess.run(
         cmd,
@@ -712,25 +678,10 @@ def straight(env, straight_run):
 def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(env, straight, tmp_path):
     # before: SIGTERM (a cluster's preemption) ended the run at once, exit 143 with no message, and
     # every step since the last checkpoint was lost (here, with --checkpoint_every 0: all of them)
-    cmd = [
-        sys.executable,
-        str(ROOT / "train.py"),
-        "--model",
-        str(env / "tiny"),
-        "--out_dir",
-        str(env / "out"),
-        *FAST,
-        "--algo",
-        "grpo",
-        "--steps",
-        "50",
-        "--run_name",
-        "sigterm",
-        "--eval_every",
-        "0",
-        "--checkpoint_every",
-        "0",
-    ]
+    cmd = train_command(
+        env,
+        *"--algo grpo --steps 50 --run_name sigterm --eval_every 0 --checkpoint_every 0".split(),
+    )
     run = env / "out" / "runs" / "sigterm"
     with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
         proc = subprocess.Popen(cmd, cwd=env, stdout=stdout, stderr=stderr)
