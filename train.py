@@ -57,7 +57,7 @@ from infra import data, engines, flags, run, warmstart
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
 from rollout import AgentConfig
-from tree import Sample, Trajectory, to_samples, truncated
+from tree import Sample, Trajectory, to_samples, trained_steps
 
 
 @dataclass
@@ -337,10 +337,8 @@ def collate(samples, pad_id: int) -> dict[str, torch.Tensor]:
 
 def sample_metrics(trajectories: list[Trajectory], samples: list[Sample]) -> dict[str, float]:
     """What the step trains: tokens, rows, and update actions (CARL's |D_upd|, counted per
-    trajectory: the trained steps of the rows `to_samples` keeps)."""
-    actions = sum(
-        a is not None for tr in trajectories if not truncated(tr.leaf) for a in tr.advantages
-    )
+    trajectory: `tree.trained_steps`)."""
+    actions = sum(1 for _ in trained_steps(trajectories))
     return {
         "train/tokens_trained": float(sum(sum(s.loss_mask) for s in samples)),
         "train/actions_trained": float(actions),

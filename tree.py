@@ -312,16 +312,21 @@ def to_samples(trajectories: list[Trajectory]) -> list[Sample]:
     return samples
 
 
-def step_credit(trajectories: list[Trajectory]) -> dict[str, float]:
-    """Node id -> the credit its tokens receive in the loss: the sum, over the trajectories that
-    `to_samples` keeps (not `truncated`), of the advantage each gives the step. A step absent is not
-    trained. Summed by id, so that copies of one tree (the demo's GRPO chains) add up on a step."""
-    credit: dict[str, float] = {}
+def trained_steps(trajectories: list[Trajectory]):
+    """Yield (step, advantage) for every step the loss trains, once per trajectory that trains it:
+    the steps with an advantage, in the trajectories `to_samples` keeps (not `truncated`)."""
     for traj in trajectories:
         if not truncated(traj.leaf):
-            for step, a in zip(traj.steps, traj.advantages):
-                if a is not None:
-                    credit[step.id] = credit.get(step.id, 0.0) + a
+            yield from ((s, a) for s, a in zip(traj.steps, traj.advantages) if a is not None)
+
+
+def step_credit(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Node id -> the credit its tokens receive in the loss: the sum of the advantages
+    `trained_steps` gives the step. A step absent is not trained. Summed by id, so that copies of
+    one tree (the demo's GRPO chains) add up on a step."""
+    credit: dict[str, float] = {}
+    for step, a in trained_steps(trajectories):
+        credit[step.id] = credit.get(step.id, 0.0) + a
     return credit
 
 

@@ -18,7 +18,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may come from a model hub
 
-from infra.data import WorldConfig, build_world, write_jsonl
+from test_data import SMALL  # the same small world
+
+from infra.data import build_world, write_jsonl
 from infra.search import (
     BM25Retriever,
     Corpus,
@@ -31,16 +33,6 @@ from infra.search import (
 from infra.server import RemoteRetriever, SearchServer
 from retriever import RetrievalError
 
-SMALL = WorldConfig(
-    people=300,
-    companies=60,
-    books=120,
-    cities=30,
-    countries=8,
-    train_per_hop=40,
-    test_per_hop=20,
-    dev_per_hop=10,
-)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

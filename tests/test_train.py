@@ -249,23 +249,9 @@ def test_pi_theta_pi_old_and_pi_ref_share_one_numeric_path(env, precision):
     # difference shows in TIS (measured: 2.5e-4); in float32 the HF engine's log-probs are pi_old
     # itself, so TIS is exactly 1.
     out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "train.py"),
-            "--model",
-            str(env / "tiny"),
-            "--out_dir",
-            str(env / "out"),
-            *FAST,
-            "--algo",
-            "tree_grpo",
-            "--steps",
-            "1",
-            "--eval_every",
-            "0",
-            "--run_name",
-            f"mp_{precision}",
-        ],
+        train_command(
+            env, *f"--algo tree_grpo --steps 1 --eval_every 0 --run_name mp_{precision}".split()
+        ),
         cwd=env,
         capture_output=True,
         text=True,
