@@ -89,7 +89,8 @@ class Args:
     """Rollout engine: vLLM when installed with CUDA, else Hugging Face generate (printed once at
     start)."""
     vllm_gpu_memory_utilization: float = 0.3
-    """Share of rank 0's GPU memory vLLM may take (the trainer's replica shares that GPU)."""
+    """Share of each rank's GPU memory its vLLM engine may take (the rank's training replica shares
+    that GPU)."""
     vllm_dtype: str = field(
         default="", metadata={"choices": ["", "float32", "bfloat16", "float16"]}
     )
@@ -501,11 +502,6 @@ def quiet(silent: bool):
     return contextlib.redirect_stdout(io.StringIO()) if silent else contextlib.nullcontext()
 
 
-def cpu(stats: dict) -> dict:
-    """One micro-batch's update statistics on the CPU, to be gathered from every rank."""
-    return {k: v.cpu() for k, v in stats.items()}
-
-
 # --------------------------------------------------------------------------------------------------
 
 
@@ -695,9 +691,8 @@ def main(
         # 6. weight sync: each rank's engine samples from the new weights from the next step on
         engine.load_weights(accelerator.unwrap_model(model))
         # 7. the step's metrics, over every rank's trees, samples and tokens (in rank order)
-        every = gather_object(
-            [(prompts, sample_metrics(trajectories, samples), [cpu(s) for s in stats])]
-        )
+        on_cpu = [{k: v.cpu() for k, v in s.items()} for s in stats]
+        every = gather_object([(prompts, sample_metrics(trajectories, samples), on_cpu)])
         metrics = {
             **rollout.metrics([trees for r in every for trees in r[0]]),
             **{k: sum(r[1][k] for r in every) for k in every[0][1]},

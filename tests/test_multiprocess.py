@@ -337,7 +337,9 @@ def probe(records: Path, argv: list[str]):
     def recording_update(*args):
         stats, grad_norms, losses, skipped = update(*args)
         mine["steps"][-1].update(
-            stats=[train.cpu(s) for s in stats], grad_norms=grad_norms, losses=losses
+            stats=[{k: v.cpu() for k, v in s.items()} for s in stats],
+            grad_norms=grad_norms,
+            losses=losses,
         )
         save()
         return stats, grad_norms, losses, skipped
