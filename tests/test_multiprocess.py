@@ -8,10 +8,12 @@ On CPU, `accelerate launch --cpu --num_processes 2` starts ONE process (accelera
 simple launcher for --cpu unless mpirun is configured); torchrun's launcher (--multi_gpu) with
 ACCELERATE_USE_CPU=1 starts two, on gloo."""
 
+import importlib.util
 import json
 import os
 import pickle
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -253,6 +255,36 @@ def test_prompts_per_step_must_split_over_the_processes(env):
     assert out.returncode != 0
     assert "--prompts_per_step 3 does not split over the 2 processes" in out.stderr
     assert "nothing was loaded or run" in out.stderr and not (env / "out/runs/mp_odd").exists()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vllm is not installed (README: vLLM on CPU)"
+)
+def test_vllm_engine_on_every_rank(env, tmp_path):
+    # every rank runs its own vLLM engine (vLLM's external_launcher backend: data parallel over the
+    # launcher's process group), rolls out its share and, after each update, samples from its own
+    # replica's weights: the trainer's pi_old agrees with each engine's log-probs at step 2
+    from test_train import FAST, TINY_WARM
+
+    shutil.copytree(env / "out" / "world", tmp_path / "world")  # the small world
+    steps = "--steps 2 --eval_every 2 --checkpoint_every 2 --lr 1e-2 --ppo_epochs 2".split()
+    train = ["--engine", "vllm", "--algo", "tree_grpo", "--out_dir", tmp_path, *FAST, *steps]
+    out = subprocess.run(
+        launch_command(ROOT / "train.py", *train, *TINY_WARM),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**CPU, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "engine: vllm (requested" in out.stdout and "2 processes, each rolling" in out.stdout
+    rows = metrics(tmp_path / "runs" / "tree_grpo-seed0")
+    assert [(r["step"], "eval/em" in r) for r in rows] == [(0, 1), (1, 0), (2, 0), (2, 1)]
+    one, two = [r for r in rows if "train/loss" in r]
+    assert two["train/kl"] > 1e-3, two  # step 1 moved the policy
+    for r in (one, two):
+        assert r["train/tis_ratio_max_dev"] < 1e-3 and r["train/skipped_steps"] == 0, r
 
 
 # ---- the update's normalisation ------------------------------------------------------------------
