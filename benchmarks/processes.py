@@ -7,9 +7,12 @@ the same cores: what splitting each step's prompts over ranks buys. Prints figur
 Both runs are train.py on --cores CPUs (the first of this process's affinity set), with the same
 flags and seed and --eval_every 0: one process with --cores threads (train.py takes every core it
 is allowed), then two processes with --cores / 2 threads each (accelerate's launcher, gloo; each
-rolls out half of every step's prompts). Each rank samples with its own seed, so the two runs roll
-out different trajectories of the same prompts: the same work in expectation, not token for token.
-Step 1 is reported apart (its first generate calls warm up).
+rolls out half of every step's prompts), then, for reference, one process with --cores / 2 threads
+(what one process gets from its other threads: little for a tiny model, whose generate is Python
+overhead; and with other jobs on the cores, a team of threads waits for its slowest member). Each
+rank samples with its own seed, so the runs roll out different trajectories of the same prompts:
+the same work in expectation, not token for token. Step 1 is reported apart (its first generate
+calls warm up).
 """
 
 import json
@@ -46,18 +49,20 @@ class Args:
     """CPUs both runs share: one process with this many threads, two with half each."""
 
 
-def run(a: Args, out: str, processes: int, cores: list[int]) -> tuple[list[dict], float]:
-    """train.py in `processes` processes pinned to `cores`: its metrics rows and wall time."""
+def run(a: Args, out: str, processes: int, threads: int, cores: list[int]):
+    """train.py in `processes` processes of `threads` threads pinned to `cores`: its metrics rows
+    and wall time."""
     train = [
         os.path.join(ROOT, "train.py"),
         *("--model", a.model, "--data", a.world, "--corpus", os.path.join(a.world, "corpus.jsonl")),
         *("--algo", a.algo, "--steps", str(a.steps), "--prompts_per_step", str(a.prompts_per_step)),
         *("--eval_every", "0", "--checkpoint_every", "0", "--out_dir", out),
-        *("--run_name", f"processes{processes}"),
+        *("--run_name", f"processes{processes}x{threads}"),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": str(len(cores) // processes)}
-    if processes == 1:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    if processes == 1:  # train.py takes every core it may use: here, `threads` of them
         cmd = [sys.executable, *train]
+        cores = cores[:threads]
     else:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -77,7 +82,7 @@ def run(a: Args, out: str, processes: int, cores: list[int]) -> tuple[list[dict]
     wall = time.perf_counter() - t0
     if out_.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{out_.stderr[-3000:]}")
-    with open(os.path.join(out, "runs", f"processes{processes}", "metrics.jsonl")) as f:
+    with open(os.path.join(out, "runs", f"processes{processes}x{threads}", "metrics.jsonl")) as f:
         return [json.loads(line) for line in f], wall
 
 
@@ -95,22 +100,24 @@ def main(a: Args):
     )
     results = {}
     with tempfile.TemporaryDirectory() as out:
-        for processes in (1, 2):
-            rows, wall = run(a, out, processes, cores)
+        for processes, threads in ((1, a.cores), (2, a.cores // 2), (1, a.cores // 2)):
+            rows, wall = run(a, out, processes, threads, cores)
             later = rows[1:] or rows
             mean = lambda key, later=later: sum(r[key] for r in later) / len(later)
-            results[processes] = mean("train/time_rollout")
-            threads = a.cores // processes
+            results[processes, threads] = rollout = mean("train/time_rollout")
             print(
                 f"{processes} process{'es' if processes > 1 else ''} x {threads} thread"
-                f"{'s' if threads > 1 else ''}: rollout {results[processes]:.2f} s per step "
+                f"{'s' if threads > 1 else ''}: rollout {rollout:.2f} s per step "
                 f"(step 1: {rows[0]['train/time_rollout']:.2f} s), log-probs "
                 f"{mean('train/time_logprob'):.2f} s, update {mean('train/time_update'):.2f} s; "
                 f"{mean('rollout/tokens_per_prompt'):.0f} tokens per prompt; wall {wall:.0f} s"
             )
+    half = a.cores // 2
     print(
-        f"rollout time per step, 1 process / 2 processes: {results[1] / results[2]:.2f}x; "
-        f"load average after: {os.getloadavg()[0]:.1f}"
+        f"rollout time per step, 1 process x {a.cores} / 2 processes x {half}: "
+        f"{results[1, a.cores] / results[2, half]:.2f}x (1 process x {half} / 2 processes x "
+        f"{half}: {results[1, half] / results[2, half]:.2f}x); load average after: "
+        f"{os.getloadavg()[0]:.1f}"
     )
 
 
