@@ -135,6 +135,9 @@ def test_two_processes_split_every_step_and_log_the_whole_of_it(env, launched, a
         n = len(mine[0]["losses"])
         loss = sum(sum(rec["loss_items"]) for rec in mine) / 2 / n
         assert row["train/loss"] == pytest.approx(loss, rel=1e-6, abs=1e-9)
+    # every rank holds the logged row (timings aside), so every rank takes the env-error stop's
+    # decision alike
+    assert ranks[0]["checked"] == ranks[1]["checked"] == strip(r for r in rows if "train/loss" in r)
     # each test question evaluated once, on one rank (steps 0 and 2)
     test_rows = data.spread(data.load_rows(str(env / "out" / "world"), "test"), 8)
     for call in (0, 1):
@@ -240,6 +243,32 @@ def test_resume_after_kill_9_of_every_process_continues_exactly(env, launched):
     assert "accelerate launch --num_processes 2" in one.stderr
 
 
+def test_a_live_lock_refuses_two_processes(env):
+    # another process holds the run directory's lock: rank 0 refuses, and rank 1, waiting for it at
+    # a barrier, is ended by the launcher (no hang)
+    import fcntl
+
+    from test_train import train_command
+
+    run = env / "out" / "runs" / "mp_locked"
+    run.mkdir(parents=True)
+    with open(run / "run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.write(f"{os.getpid()} testhost\n")
+        lock.flush()
+        flags = train_command(env, "--algo", "grpo", "--steps", "1", "--run_name", "mp_locked")
+        out = subprocess.run(
+            launch_command(ROOT / "train.py", *flags[2:]),
+            cwd=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=CPU,
+        )
+    assert out.returncode != 0 and f"in use by process {os.getpid()} testhost" in out.stderr
+    assert not (run / "metrics.jsonl").exists()
+
+
 def test_prompts_per_step_must_split_over_the_processes(env):
     from test_train import train_command
 
@@ -330,24 +359,25 @@ def test_two_processes_take_one_process_update_on_the_same_samples(tmp_path):
 def probe(records: Path, argv: list[str]):
     """train.py with `argv`, recording on each rank (records/rank{r}.pkl) per step the questions it
     rolled out, its trees, samples, update statistics and per-micro-batch losses, and per
-    evaluation its (question, answer text) pairs."""
+    evaluation its (question, answer text) pairs, and the metrics row the env-error stop reads."""
     import eval as evaluation
     import rollout
     import train
     from advantages import AlgoConfig
-    from infra import flags
+    from infra import flags, run
     from infra.warmstart import WarmConfig
     from retriever import RetrieverConfig
 
     rank = int(os.environ.get("RANK", "0"))
-    mine = {"steps": [], "evals": []}
+    mine = {"steps": [], "evals": [], "checked": []}
     save = lambda: (records / f"rank{rank}.pkl").write_bytes(pickle.dumps(mine))
-    grow, to_samples, update, ppo_loss, chain = (
+    grow, to_samples, update, ppo_loss, chain, check = (
         rollout.grow,
         train.to_samples,
         train.update,
         train.ppo_loss,
         evaluation.chain,
+        run.check_env_errors,
     )
 
     def recording_grow(algo, agent, examples, rng):
@@ -376,6 +406,10 @@ def probe(records: Path, argv: list[str]):
         save()
         return stats, grad_norms, losses, skipped
 
+    def recording_check(history, args, where):  # the env-error stop: what this rank decides on
+        mine["checked"].append(strip(history)[-1])
+        return check(history, args, where)
+
     def recording_chain(agent, rows, rng, G):
         prompts = chain(agent, rows, rng, G=G)
         mine["evals"].append(answers(rows, prompts))
@@ -389,6 +423,7 @@ def probe(records: Path, argv: list[str]):
         recording_ppo_loss,
         recording_chain,
     )
+    run.check_env_errors = recording_check
     sys.argv = [str(ROOT / "train.py"), *argv]
     train.main(
         *flags.parse(train.Args, AlgoConfig, rollout.AgentConfig, RetrieverConfig, WarmConfig)
