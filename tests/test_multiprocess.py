@@ -127,11 +127,12 @@ def test_two_processes_split_every_step_and_log_the_whole_of_it(env, launched, a
         expected = train.train_metrics(
             stats, mine[0]["grad_norms"], mine[0]["losses"], train.Args()
         )
-        for key in ("train/kl", "train/entropy", "train/clip_fraction", "train/ratio_p50"):
-            assert row[key] == expected[key], key
+        for key, value in expected.items():  # kl, entropy, clip and TIS fractions, quantiles...
+            assert row[key] == value, key
         assert sum(len(s["kl"]) for s in stats) == row["train/tokens_trained"]  # one epoch
-        # one gradient (DDP's mean) on both ranks; the loss: the mean of the ranks' losses
+        # one gradient (DDP's mean) and one loss on both ranks: the mean of the ranks' losses
         assert mine[0]["grad_norms"] == mine[1]["grad_norms"] and mine[0]["grad_norms"]
+        assert mine[0]["losses"] == mine[1]["losses"]
         n = len(mine[0]["losses"])
         loss = sum(sum(rec["loss_items"]) for rec in mine) / 2 / n
         assert row["train/loss"] == pytest.approx(loss, rel=1e-6, abs=1e-9)
