@@ -22,6 +22,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from functools import partial
 
+from accelerate.utils import gather_object
+
 import retriever
 import rollout
 from infra import data, engines, flags
@@ -185,24 +187,30 @@ def means(metrics, keys, lost):
     }
 
 
-def evaluate(agent, rows, k=1, seed=0, judge_fn=None):
+def evaluate(agent, rows, k=1, seed=0, judge_fn=None, processes=None):
     """Roll out every question k times (independent chains) and score the first sample: em and f1
     (the reward's; no answer scores 0), cover_em, format (passes check_format), turns, searches,
     judge (with `judge_fn`); and pass@k (any of the k samples has EM 1). Means over all questions,
     per data_source ("by_source"), and EM per hop count where rows know it (em_hop{h}: the embedded
     world). A sample whose retrieval failed (env_error) is the environment's fault: left out; a
-    question left with none counts in env_errors, not n; losing all raises."""
-    prompts = chain(agent, rows, random.Random(seed), G=k)
-    scored, lost = [], Counter()  # scored: (row, its first sample's answer, its metrics)
-    for row, trees in zip(rows, prompts):
+    question left with none counts in env_errors, not n; losing all raises.
+
+    `processes` (train.py's Accelerator, every rank calling): each rank rolls out a contiguous
+    share of `rows` with its own agent, the scores are gathered in row order, and every rank
+    returns the report over all rows: the numbers of one process, since greedy decoding
+    (--eval_temperature 0) gives each question the same answer whoever rolls it out."""
+    ranks, rank = (processes.num_processes, processes.process_index) if processes else (1, 0)
+    share = rows[len(rows) * rank // ranks : len(rows) * (rank + 1) // ranks]
+    prompts = chain(agent, share, random.Random(seed), G=k)
+    results = []  # per question of the share: (its first sample's answer, its metrics) or None
+    for row, trees in zip(share, prompts):
         samples = [t.leaves()[0] for t in trees if t.leaves()[0].scored]
         if not samples:
-            lost[row.data_source] += 1
+            results.append(None)
             continue
         first, steps = samples[0], path(samples[0])
-        scored.append(
+        results.append(
             (
-                row,
                 first.answer,
                 {
                     "em": first.em or 0.0,
@@ -215,17 +223,26 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None):
                 },
             )
         )
+    if judge_fn is not None:
+        scored = [(row, r) for row, r in zip(share, results) if r is not None]
+        verdicts = judge_fn(
+            [(row.question, row.golden_answers, answer) for row, (answer, _) in scored]
+        )
+        for (_, (_, metrics)), verdict in zip(scored, verdicts):
+            metrics["judge"] = verdict
+    if ranks > 1:  # every rank's results, in rank order: the rows' order
+        results = gather_object(results)
+    scored, lost = [], Counter()  # scored: (row, its first sample's answer, its metrics)
+    for row, result in zip(rows, results):
+        if result is None:
+            lost[row.data_source] += 1
+        else:
+            scored.append((row, *result))
     if not scored:
         raise RuntimeError(
             f"all {len(rows)} evaluation questions were lost to retrieval errors (env_error); "
             f"the retriever is down or overloaded: check it, then evaluate again"
         )
-    if judge_fn is not None:
-        verdicts = judge_fn(
-            [(row.question, row.golden_answers, answer) for row, answer, _ in scored]
-        )
-        for (_, _, metrics), verdict in zip(scored, verdicts):
-            metrics["judge"] = verdict
     by_source, by_hops = {src: [] for src in lost}, {}
     for row, _, metrics in scored:
         by_source.setdefault(row.data_source, []).append(metrics)

@@ -30,6 +30,8 @@ Deviations from the papers, each cited by its name:
   where the anchor matters most; log-ratio-bound keeps k3 finite, grad_clip bounds the step.
 """
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -38,14 +40,14 @@ import shlex
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.commands.config import default_config_file
-from accelerate.utils import broadcast_object_list, set_seed
+from accelerate.utils import gather_object, set_seed
 from transformers import get_constant_schedule_with_warmup
 
 import advantages
@@ -87,7 +89,8 @@ class Args:
     """Rollout engine: vLLM when installed with CUDA, else Hugging Face generate (printed once at
     start)."""
     vllm_gpu_memory_utilization: float = 0.3
-    """Share of rank 0's GPU memory vLLM may take (the trainer's replica shares that GPU)."""
+    """Share of each rank's GPU memory its vLLM engine may take (the rank's training replica shares
+    that GPU)."""
     vllm_dtype: str = field(
         default="", metadata={"choices": ["", "float32", "bfloat16", "float16"]}
     )
@@ -347,49 +350,59 @@ def sample_metrics(trajectories: list[Trajectory], samples: list[Sample]) -> dic
 
 
 def micro_batches(
-    samples, accelerator, model, ref_model, args: Args, pad_id: int, old_from_engine: bool
+    samples, counts, accelerator, model, ref_model, args: Args, pad_id: int, old_from_engine: bool
 ):
-    """This rank's shard of the samples in micro-batches, with pi_old (the trainer's before this
+    """This rank's samples as mini-batches of micro-batches, with pi_old (the trainer's before this
     step's updates, or the engine's: tis-old-policy) and pi_ref log-probs by the policy's forward
-    and precision. Rank 0 rolls out and broadcasts the samples; each rank updates on its shard,
-    padded to equal rows with zero-weight copies (DDP's collectives need the same number of
-    micro-batches)."""
-    shard = samples[accelerator.process_index :: accelerator.num_processes]
-    per_rank = math.ceil(len(samples) / accelerator.num_processes)
-    weights = [1.0] * len(shard) + [0.0] * (per_rank - len(shard))  # padding rows carry zero loss
-    shard += samples[:1] * (per_rank - len(shard))
-    micro = []
+    and precision.
+
+    The mini-batches are one process's, however many ranks share the step: the step's samples in
+    rank order (`counts`: every rank's number of samples; rank r rolled out the r-th contiguous
+    share of the step's prompts) cut into micro-batches of micro_batch_size rows, dealt round-robin
+    into min(ppo_mini_batches, micro-batches) mini-batches. Each rank takes its own rows of each
+    mini-batch, micro_batch_size at a time, and adds zero-weight one-token rows up to the count of
+    the rank with the most (DDP's collectives need the same number of backward passes on every
+    rank); `update` divides by the mini-batch's count over all ranks. With one process these are
+    exactly its micro-batches, in its order."""
+    size, first = args.micro_batch_size, sum(counts[: accelerator.process_index])
+    n_mini = max(1, min(args.ppo_mini_batches, math.ceil(sum(counts) / size)))
+    # the step's samples g in [lo, lo + n) that fall in mini-batch j
+    rows = lambda lo, n, j: [g for g in range(lo, lo + n) if g // size % n_mini == j]
+    starts = [sum(counts[:r]) for r in range(len(counts))]
+    padding = Sample([pad_id], [0], [0.0], [0.0], "padding")
+    minis = []
     model.eval()
-    for i in range(0, per_rank, args.micro_batch_size):
-        b = {
-            k: v.to(accelerator.device)
-            for k, v in collate(shard[i : i + args.micro_batch_size], pad_id).items()
-        }
-        b["mask"] = (
-            b["mask"]
-            * torch.tensor(weights[i : i + args.micro_batch_size], device=b["mask"].device)[:, None]
-        )
-        with torch.no_grad():
-            b["old_logp"] = (
-                b["rollout_logp"]
-                if old_from_engine
-                else token_logprobs(model, b["ids"], b["attn"])[0]
-            )
-            with accelerator.autocast():  # the prepared policy's forward runs under this autocast
-                b["ref_logp"], _ = token_logprobs(ref_model, b["ids"], b["attn"])
-        micro.append(b)
-    return micro
+    for j in range(n_mini):
+        mine = [samples[g - first] for g in rows(first, len(samples), j)]
+        most = max(math.ceil(len(rows(lo, n, j)) / size) for lo, n in zip(starts, counts))
+        mini = []
+        for i in range(0, most * size, size):
+            chunk = mine[i : i + size] or [padding]
+            b = {k: v.to(accelerator.device) for k, v in collate(chunk, pad_id).items()}
+            with torch.no_grad():
+                b["old_logp"] = (
+                    b["rollout_logp"]
+                    if old_from_engine
+                    else token_logprobs(model, b["ids"], b["attn"])[0]
+                )
+                with accelerator.autocast():  # the prepared policy's forward runs under this
+                    b["ref_logp"], _ = token_logprobs(ref_model, b["ids"], b["attn"])
+            mini.append(b)
+        minis.append(mini)
+    return minis
 
 
-def update(micro, accelerator, model, optimizer, scheduler, args: Args):
-    """PPO epochs x mini-batches of micro-batches. Returns per-micro-batch stats, the gradient norms
-    and losses of the applied optimizer steps, and how many were skipped for a non-finite loss or
-    norm (never applied)."""
+def update(minis, accelerator, model, optimizer, scheduler, args: Args):
+    """PPO epochs x mini-batches of micro-batches (`micro_batches`). Each rank's loss is its
+    tokens' (or rows') sum over the mini-batch's count on all ranks, times the number of ranks:
+    Accelerate's gradient mean over ranks then gives one process's token-mean (or
+    seq-mean-token-mean) over the whole mini-batch. Returns per-micro-batch stats, the gradient
+    norms and losses (over all ranks) of the applied optimizer steps, and how many were skipped for
+    a non-finite loss or norm (never applied; every rank decides alike)."""
     model.train()
     stats, grad_norms, losses = [], [], []
-    n_mini = max(1, min(args.ppo_mini_batches, len(micro)))
     for _ in range(args.ppo_epochs):
-        for mb in [micro[j::n_mini] for j in range(n_mini)]:
+        for mb in minis:
             total = sum(
                 b["mask"].sum().item()
                 if args.loss_agg == "token-mean"
@@ -417,6 +430,10 @@ def update(micro, accelerator, model, optimizer, scheduler, args: Args):
                 loss_sum += loss.item()
                 stats.append(s)
             norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
+            # the mini-batch's loss: the mean of the ranks' (float64: one process's sum, unrounded)
+            loss_sum = accelerator.reduce(
+                torch.tensor(loss_sum, dtype=torch.float64, device=accelerator.device), "mean"
+            ).item()
             # else NaN/inf: skipped
             if math.isfinite(loss_sum) and torch.isfinite(torch.as_tensor(norm)).all():
                 optimizer.step()
@@ -424,7 +441,7 @@ def update(micro, accelerator, model, optimizer, scheduler, args: Args):
                 grad_norms.append(float(norm))
                 losses.append(loss_sum)
             optimizer.zero_grad()  # a skipped mini-batch's gradients are dropped, never applied
-    return stats, grad_norms, losses, args.ppo_epochs * n_mini - len(grad_norms)
+    return stats, grad_norms, losses, args.ppo_epochs * len(minis) - len(grad_norms)
 
 
 def train_metrics(stats, grad_norms, losses, args: Args) -> dict[str, float]:
@@ -458,16 +475,31 @@ def quantiles(name: str, x: torch.Tensor) -> dict[str, float]:
 # Evaluation
 
 
-def run_eval(step: int, eval_agent: rollout.Agent, test_rows) -> dict:
-    """Evaluate on the test questions; print a line and return the eval/ metrics row."""
-    m = evaluate(eval_agent, test_rows)
+def run_eval(step: int, eval_agent: rollout.Agent, test_rows, accelerator) -> dict:
+    """Evaluate on the test questions, each rank its share (eval.evaluate); rank 0 prints a line;
+    every rank returns the eval/ metrics row."""
+    m = evaluate(eval_agent, test_rows, processes=accelerator)
     hops = " ".join(f"{k[3:]} {v:.2f}" for k, v in m.items() if k.startswith("em_hop"))
-    print(
+    accelerator.print(
         f"step {step}: eval EM {m['em']:.3f} F1 {m['f1']:.3f} on {m['n']} questions"
         + (f" (by hops: {hops})" if hops else "")
         + (f" ({m['env_errors']} more lost to retrieval errors)" if m["env_errors"] else "")
     )
     return {"step": step, **{f"eval/{k}": v for k, v in m.items() if isinstance(v, (int, float))}}
+
+
+# --------------------------------------------------------------------------------------------------
+# Several processes (accelerate launch): each rolls out its share with its own engine
+
+
+RANK_SEED = 1_000_003  # rank r samples with seed + RANK_SEED x r: a prime, so no rank's per-wave
+# seeds (rollout.Agent: seed + 7919 x wave) meet another's before 7919 ranks
+
+
+def quiet(silent: bool):
+    """A context that swallows what is printed to stdout when `silent` (the ranks other than 0
+    repeat rank 0's start-up lines)."""
+    return contextlib.redirect_stdout(io.StringIO()) if silent else contextlib.nullcontext()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -491,8 +523,24 @@ def main(
     model_path = args.model or os.path.join(args.out_dir, "warmstart")
     config = {**asdict(args), **asdict(algo), **asdict(agent_cfg), **asdict(retriever_cfg)}
     accelerator = Accelerator(log_with=args.log_with or None, project_dir=run_dir)
-    main_proc = accelerator.is_main_process
-    if accelerator.num_processes == 1 and accelerator.device.type == "cpu":
+    main_proc, rank, ranks = (
+        accelerator.is_main_process,
+        accelerator.process_index,
+        accelerator.num_processes,
+    )
+    flags.check(
+        args,
+        [],
+        [
+            (
+                args.prompts_per_step % ranks,
+                f"--prompts_per_step {args.prompts_per_step} does not split over the {ranks} "
+                f"processes (each rolls out prompts_per_step / {ranks} of every step's prompts); "
+                f"pass a multiple of {ranks}",
+            )
+        ],
+    )
+    if ranks == 1 and accelerator.device.type == "cpu":
         # `accelerate launch` sets OMP_NUM_THREADS=1; one process may use every core it is allowed
         # (taskset / cpuset)
         torch.set_num_threads(len(os.sched_getaffinity(0)))
@@ -524,8 +572,10 @@ def main(
         if args.eval_every
         else []
     )  # validate() made sure this is a real test split, never the training rows
-    search, where = None, ""
-    if main_proc:  # files first: a bad corpus or a dead server stops the run before any model loads
+    # files first: a bad corpus or a dead server stops the run before any model loads. Every rank
+    # searches with its own client; rank 0 connects first (it writes --index_dir, the others read
+    # it), the others say nothing that rank 0 said
+    with accelerator.main_process_first(), quiet(not main_proc):
         search, where = retriever.connect(
             retriever_cfg, args.corpus or os.path.join(world, "corpus.jsonl")
         )
@@ -543,8 +593,9 @@ def main(
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scheduler = get_constant_schedule_with_warmup(optimizer, args.warmup_steps)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    agent = eval_agent = None
-    if main_proc:
+    # every rank rolls out with its own engine (vLLM: one per GPU, in the launcher's process group)
+    # and its own sampling stream: seed + RANK_SEED x rank (rank 0: the run's seed, as one process)
+    with quiet(not main_proc):
         engine = engines.make_engine(
             args.engine,
             accelerator.unwrap_model(model),
@@ -552,21 +603,21 @@ def main(
             model_path,
             dtype=args.vllm_dtype,
             gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            **({"distributed_executor_backend": "external_launcher"} if ranks > 1 else {}),
         )
-        agent = rollout.Agent(engine, search, tok, agent_cfg)
-        eval_agent = rollout.Agent(engine, search, tok, rollout.for_eval(agent_cfg))
-    # are the engine's log-probs pi_old (tis-old-policy)? Only the HF engine's in a float32 run.
-    # Rank 0 knows the engine; every rank's micro_batches needs the answer
-    exact = broadcast_object_list([agent.engine.exact_logprobs if main_proc else None])[0]
-    old_from_engine = exact and accelerator.mixed_precision == "no"
-    if main_proc:
-        source = "the HF engine's log-probs" if old_from_engine else "the trainer's forward"
-        print(
-            f"pi_old: {source} ({type(agent.engine).__name__}, mixed precision "
-            f"{accelerator.mixed_precision})",
-            flush=True,
-        )
-    rng = random.Random(agent_cfg.seed)  # strategies' random choices
+    rank_cfg = replace(agent_cfg, seed=agent_cfg.seed + RANK_SEED * rank)
+    agent = rollout.Agent(engine, search, tok, rank_cfg)
+    eval_agent = rollout.Agent(engine, search, tok, rollout.for_eval(rank_cfg))
+    # are the engine's log-probs pi_old (tis-old-policy)? Only the HF engine's in a float32 run
+    old_from_engine = engine.exact_logprobs and accelerator.mixed_precision == "no"
+    source = "the HF engine's log-probs" if old_from_engine else "the trainer's forward"
+    accelerator.print(
+        f"pi_old: {source} ({type(engine).__name__}, mixed precision "
+        f"{accelerator.mixed_precision})"
+        + (f"; {ranks} processes, each rolling out its share of every step" if ranks > 1 else ""),
+        flush=True,
+    )
+    rng = random.Random(rank_cfg.seed)  # strategies' random choices
     order = list(range(len(train_rows)))
     random.Random(agent_cfg.seed).shuffle(order)
 
@@ -575,22 +626,32 @@ def main(
     state = run.load_checkpoint(accelerator, run_dir) if args.resume else None
     if state:
         start, skipped = state["step"], state["skipped"]
-        rng.setstate((state["rng"][0], tuple(state["rng"][1]), state["rng"][2]))
-        if main_proc:
-            agent.counters.update(state["counters"])
-            agent.engine.load_weights(accelerator.unwrap_model(model))
+        saved = 1 + len(state.get("ranks", []))  # rank 0's stream, then the others'
+        if saved != ranks:
+            raise SystemExit(
+                f"resume: checkpoint-{start} of {run_dir} was saved by {saved} processes, and "
+                f"each one's sampling stream goes on from it; resume it with {saved} "
+                f"(accelerate launch --num_processes {saved}), or start over with --overwrite"
+            )
+        mine = state if rank == 0 else state["ranks"][rank - 1]
+        rng.setstate((mine["rng"][0], tuple(mine["rng"][1]), mine["rng"][2]))
+        agent.counters.update(mine["counters"])
+        engine.load_weights(accelerator.unwrap_model(model))
         history = [
             row
             for row in run.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
             if row["step"] <= start
         ]
+    accelerator.wait_for_everyone()  # every rank has read the metrics before rank 0 rewrites them
     if main_proc:  # drop what an interrupted run logged after its checkpoint
         Path(run_dir, "metrics.jsonl").write_text(
             "".join(json.dumps(row) + "\n" for row in history)
         )
-    if start == 0 and args.eval_every and args.eval_start and main_proc:
+    if start == 0 and args.eval_every and args.eval_start:
         t0 = time.perf_counter()
-        run.log(run_eval(0, eval_agent, test_rows), history, run_dir, accelerator, args)
+        run.log(
+            run_eval(0, eval_agent, test_rows, accelerator), history, run_dir, accelerator, args
+        )
         seconds["eval"] = time.perf_counter() - t0
 
     # ---- loop (SIGTERM, Ctrl-C: the step finishes, a checkpoint is saved, the run exits)
@@ -604,36 +665,38 @@ def main(
     )
     for step in bar:
         t0 = time.perf_counter()
-        if main_proc:  # rank 0 rolls out and credits; every rank gets the samples
-            at = step * args.prompts_per_step
-            batch = [train_rows[order[(at + i) % len(order)]] for i in range(args.prompts_per_step)]
-            with torch.no_grad():
-                prompts = rollout.grow(algo, agent, batch, rng)  # 1. grow the trees (rollout.py)
-            # ---- EDIT HERE: the credit, one function per paper (advantages.py) -----------------
-            # 2. credit
-            trajectories = [t for trees in prompts for t in advantages.credit(algo, trees)]
-            samples = to_samples(trajectories)  # 3. training samples: token ids, mask, advantages
-            rolled_out = (
-                samples,
-                {**rollout.metrics(prompts), **sample_metrics(trajectories, samples)},
-            )
-        samples, metrics = broadcast_object_list([rolled_out if main_proc else None])[0]
+        # each rank rolls out and credits its contiguous share of the step's prompts (all the trees
+        # of a prompt on one rank: every group statistic is computed where its leaves are)
+        share = args.prompts_per_step // ranks
+        at = step * args.prompts_per_step + rank * share
+        batch = [train_rows[order[(at + i) % len(order)]] for i in range(share)]
+        with torch.no_grad():
+            prompts = rollout.grow(algo, agent, batch, rng)  # 1. grow the trees (rollout.py)
+        # ---- EDIT HERE: the credit, one function per paper (advantages.py) ---------------------
+        # 2. credit
+        trajectories = [t for trees in prompts for t in advantages.credit(algo, trees)]
+        samples = to_samples(trajectories)  # 3. training samples: token ids, mask, advantages
+        counts = gather_object([len(samples)])  # every rank's, in rank order (waits for the last)
         t1 = time.perf_counter()
-        micro = micro_batches(
-            samples, accelerator, model, ref_model, args, tok.pad_token_id, old_from_engine
+        minis = micro_batches(
+            samples, counts, accelerator, model, ref_model, args, tok.pad_token_id, old_from_engine
         )  # 4. log-probs of pi_old and pi_ref
         t2 = time.perf_counter()
         # ---- EDIT HERE: the loss (ppo_loss above) ----------------------------------------------
         stats, grad_norms, losses, n_skipped = update(
-            micro, accelerator, model, optimizer, scheduler, args
+            minis, accelerator, model, optimizer, scheduler, args
         )  # 5. the PPO update
         skipped += n_skipped
         t3 = time.perf_counter()
-        # 6. weight sync: the engine samples from the new weights from the next step on
-        if main_proc:
-            agent.engine.load_weights(accelerator.unwrap_model(model))
-        metrics.update(
-            train_metrics(stats, grad_norms, losses, args),
+        # 6. weight sync: each rank's engine samples from the new weights from the next step on
+        engine.load_weights(accelerator.unwrap_model(model))
+        # 7. the step's metrics, over every rank's trees, samples and tokens (in rank order)
+        on_cpu = [{k: v.cpu() for k, v in s.items()} for s in stats]
+        every = gather_object([(prompts, sample_metrics(trajectories, samples), on_cpu)])
+        metrics = {
+            **rollout.metrics([trees for r in every for trees in r[0]]),
+            **{k: sum(r[1][k] for r in every) for k in every[0][1]},
+            **train_metrics([s for r in every for s in r[2]], grad_norms, losses, args),
             **{
                 "train/skipped_steps": skipped,
                 "train/lr": scheduler.get_last_lr()[0],
@@ -641,7 +704,7 @@ def main(
                 "train/time_logprob": t2 - t1,
                 "train/time_update": t3 - t2,
             },
-        )
+        }
         for k in ("rollout", "logprob", "update"):
             seconds[f"RL {k}"] = seconds.get(f"RL {k}", 0.0) + metrics[f"train/time_{k}"]
         run.log({"step": step + 1, **metrics}, history, run_dir, accelerator, args)
@@ -652,13 +715,10 @@ def main(
             kl=f"{metrics['train/kl']:.4f}",
             refresh=False,
         )
-        if (
-            args.eval_every
-            and main_proc
-            and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps)
-        ):
+        if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
             t0 = time.perf_counter()
-            run.log(run_eval(step + 1, eval_agent, test_rows), history, run_dir, accelerator, args)
+            row = run_eval(step + 1, eval_agent, test_rows, accelerator)
+            run.log(row, history, run_dir, accelerator, args)
             seconds["eval"] = seconds.get("eval", 0.0) + time.perf_counter() - t0
         stop = (
             step + 1 < args.steps
@@ -668,11 +728,13 @@ def main(
             > 0
         )
         if stop or args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
+            # each rank's sampling stream: rank 0's as one process saves it, then the others'
+            streams = gather_object([{"rng": rng.getstate(), "counters": dict(agent.counters)}])
             state = {
                 "step": step + 1,
                 "skipped": skipped,
-                "rng": rng.getstate(),
-                "counters": dict(agent.counters) if agent else {},
+                **streams[0],
+                **({"ranks": streams[1:]} if ranks > 1 else {}),
             }
             run.save_checkpoint(accelerator, run_dir, step + 1, state, main_proc)
         if stop:
@@ -692,9 +754,8 @@ def main(
         accelerator.unwrap_model(model).save_pretrained(os.path.join(run_dir, "final"))
         tok.save_pretrained(os.path.join(run_dir, "final"))
         print(run.summary(history, seconds, time.perf_counter() - t_start, run_dir))
-    if main_proc:
-        # before end_training tears down torch.distributed, which vLLM's shutdown still uses
-        engine.close()
+    # before end_training tears down torch.distributed, which vLLM's shutdown still uses
+    engine.close()
     accelerator.end_training()
     if stopped:
         raise SystemExit(128 + stopped)  # the shell's code for a process ended by that signal

@@ -1,0 +1,491 @@
+"""train.py in two CPU processes (accelerate launch, gloo): every rank rolls out its share of each
+step with its own engine and retriever. Each algo runs 2 steps under a probe (this file, run as a
+script) that records what each rank rolled out, trained and evaluated; the tests check the logged
+metrics against both ranks' records, the evaluation against one process's, a resume after kill -9,
+and the update's normalisation against one process on the same samples.
+
+On CPU, `accelerate launch --cpu --num_processes 2` starts ONE process (accelerate 1.15 takes its
+simple launcher for --cpu unless mpirun is configured); torchrun's launcher (--multi_gpu) with
+ACCELERATE_USE_CPU=1 starts two, on gloo."""
+
+import importlib.util
+import json
+import os
+import pickle
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # as a script (accelerate launch), for train, rollout, ...
+
+TIMING = ("time", "seconds")  # metrics that measure the machine, not the run
+
+
+def launch_command(script, *args, processes=2) -> list[str]:
+    """`script` under accelerate's launcher in `processes` CPU processes (a free port each time)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launcher = "--multi_gpu --num_machines 1 --mixed_precision no --dynamo_backend no".split()
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        *launcher,
+        "--num_processes",
+        str(processes),
+        "--main_process_port",
+        str(port),
+        str(script),
+        *map(str, args),
+    ]
+
+
+CPU = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def strip(rows):
+    return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in rows]
+
+
+# ---- every algo, 2 steps, under the probe --------------------------------------------------------
+
+ALGOS = ["grpo", "tree_grpo", "branpo", "carl", "treeps"]
+STEP = "--steps 2 --eval_every 2 --eval_n 8 --prompts_per_step 4 --checkpoint_every 1".split()
+
+
+@pytest.fixture(scope="module")
+def launched(env, tmp_path_factory):
+    """algo -> (its run directory, both ranks' probe records, the launcher's output): each algo
+    launched once, on first use."""
+    from test_train import train_command
+
+    done = {}
+
+    def run(algo):
+        if algo not in done:
+            records = tmp_path_factory.mktemp(f"probe_{algo}")
+            flags = train_command(env, "--algo", algo, "--run_name", f"mp_{algo}", *STEP)[2:]
+            out = subprocess.run(
+                launch_command(Path(__file__), "probe", records, *flags),
+                cwd=env,
+                capture_output=True,
+                text=True,
+                timeout=900,
+                env=CPU,
+            )
+            assert out.returncode == 0, out.stderr[-3000:]
+            ranks = [pickle.loads((records / f"rank{r}.pkl").read_bytes()) for r in (0, 1)]
+            done[algo] = (env / "out" / "runs" / f"mp_{algo}", ranks, out)
+        return done[algo]
+
+    return run
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_two_processes_split_every_step_and_log_the_whole_of_it(env, launched, algo):
+    import rollout
+    import train
+    from infra import data
+
+    run, ranks, out = launched(algo)
+    assert "2 processes, each rolling out its share of every step" in out.stdout
+    assert "Traceback" not in out.stderr and out.stdout.count("engine: hf") == 1  # rank 0 says it
+    rows = metrics(run)
+    assert [(r["step"], "eval/em" in r) for r in rows] == [(0, 1), (1, 0), (2, 0), (2, 1)]
+    # each prompt of a step rolled out once, on one rank: rank 0 the first half, rank 1 the second
+    train_rows = data.load_rows(str(env / "out" / "world"), "train")
+    order = list(range(len(train_rows)))
+    random.Random(0).shuffle(order)  # the data order of --seed 0
+    for step, row in enumerate(r for r in rows if "train/loss" in r):
+        want = [train_rows[order[(4 * step + i) % len(order)]].question for i in range(4)]
+        mine = [rec["steps"][step] for rec in ranks]
+        assert mine[0]["questions"] + mine[1]["questions"] == want
+        assert len(mine[0]["questions"]) == 2
+        # the logged metrics are those of both ranks' trees, samples and tokens together
+        expected = rollout.metrics(mine[0]["prompts"] + mine[1]["prompts"])
+        for key, value in expected.items():
+            if "seconds" not in key:
+                assert row[key] == value, key
+        samples = mine[0]["samples"] + mine[1]["samples"]
+        assert row["train/samples"] == len(samples)
+        assert row["train/tokens_trained"] == sum(sum(s.loss_mask) for s in samples)
+        stats = mine[0]["stats"] + mine[1]["stats"]
+        # the update's statistics over every trained token of both ranks
+        expected = train.train_metrics(
+            stats, mine[0]["grad_norms"], mine[0]["losses"], train.Args()
+        )
+        for key, value in expected.items():  # kl, entropy, clip and TIS fractions, quantiles...
+            assert row[key] == value, key
+        assert sum(len(s["kl"]) for s in stats) == row["train/tokens_trained"]  # one epoch
+        # one gradient (DDP's mean) and one loss on both ranks: the mean of the ranks' losses
+        assert mine[0]["grad_norms"] == mine[1]["grad_norms"] and mine[0]["grad_norms"]
+        assert mine[0]["losses"] == mine[1]["losses"]
+        n = len(mine[0]["losses"])
+        loss = sum(sum(rec["loss_items"]) for rec in mine) / 2 / n
+        assert row["train/loss"] == pytest.approx(loss, rel=1e-6, abs=1e-9)
+    # every rank holds the logged row (timings aside), so every rank takes the env-error stop's
+    # decision alike
+    assert ranks[0]["checked"] == ranks[1]["checked"] == strip(r for r in rows if "train/loss" in r)
+    # each test question evaluated once, on one rank (steps 0 and 2)
+    test_rows = data.spread(data.load_rows(str(env / "out" / "world"), "test"), 8)
+    for call in (0, 1):
+        asked = [q for rec in ranks for q, _ in rec["evals"][call]]
+        assert asked == [r.question for r in test_rows]
+    assert (run / "final" / "config.json").exists() and (run / "curve.png").exists()
+    state = json.loads((run / "checkpoint-2" / "trainer_state.json").read_text())
+    assert len(state["ranks"]) == 1 and state["rng"] != state["ranks"][0]["rng"]  # own streams
+
+
+def test_two_process_eval_equals_one_process_eval_of_the_same_model(env, launched):
+    # the grpo run's step-2 evaluation (4 questions per rank) against one process evaluating its
+    # final model: the same report, and the same answer to every question
+    import eval as evaluation
+    import rollout
+    from infra import data, engines
+    from infra.search import BM25Retriever, load_corpus
+
+    run, ranks, _ = launched("grpo")
+    (row,) = [r for r in metrics(run) if "eval/em" in r and r["step"] == 2]
+    world = env / "out" / "world"
+    test_rows = data.spread(data.load_rows(str(world), "test"), 8)
+    model, tok = engines.load_policy(str(run / "final"))
+    cfg = rollout.for_eval(rollout.AgentConfig(max_step_tokens=12, max_turns=2))
+    search = BM25Retriever(load_corpus(str(world / "corpus.jsonl")))
+    agent = rollout.Agent(engines.HFEngine(model, tok), search, tok, cfg)
+    asked = []
+    chain = evaluation.chain
+
+    def recording_chain(agent, rows, rng, G):
+        prompts = chain(agent, rows, rng, G=G)
+        asked.extend(answers(rows, prompts))
+        return prompts
+
+    evaluation.chain = recording_chain
+    try:
+        report = evaluation.evaluate(agent, test_rows)
+    finally:
+        evaluation.chain = chain
+    assert {f"eval/{k}": v for k, v in report.items() if k != "by_source"} == {
+        k: v for k, v in row.items() if k != "step"
+    }
+    assert asked == ranks[0]["evals"][1] + ranks[1]["evals"][1]
+
+
+def answers(rows, prompts) -> list[tuple[str, str]]:
+    """(question, its first trajectory's text) per question."""
+    from tree import path
+
+    return [
+        (row.question, "".join(n.text + n.obs_text for n in path(trees[0].leaves()[0])))
+        for row, trees in zip(rows, prompts)
+    ]
+
+
+# ---- resume after kill -9 ------------------------------------------------------------------------
+
+
+def test_resume_after_kill_9_of_every_process_continues_exactly(env, launched):
+    # the job (launcher, torchrun's agent and both ranks, each of which torchrun starts in a
+    # session of its own) killed with SIGKILL once checkpoint-1 is complete, then resumed: the run
+    # logs what the uninterrupted grpo run logged, each step once
+    import psutil
+    from test_train import train_command
+
+    reference, _, _ = launched("grpo")
+    flags = train_command(env, "--algo", "grpo", "--run_name", "mp_killed", *STEP)[2:]
+    cmd = launch_command(ROOT / "train.py", *flags)
+    cmd[cmd.index("--steps") + 1] = "50"
+    run = env / "out" / "runs" / "mp_killed"
+    job = subprocess.Popen(cmd, cwd=env, env=CPU, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 600
+    while time.time() < deadline and job.poll() is None:
+        if (run / "latest").exists() and (run / "latest").read_text() == "checkpoint-1":
+            break
+        time.sleep(0.02)
+    every = [job.pid] + [p.pid for p in psutil.Process(job.pid).children(recursive=True)]
+    for pid in every:
+        os.kill(pid, signal.SIGKILL)
+    job.wait()
+    assert (run / "latest").read_text() == "checkpoint-1", job.stderr.read()[-3000:]
+    alive = lambda: [
+        p for p in every if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+    ]
+    deadline = time.time() + 30
+    while alive() and time.time() < deadline:  # dead, or zombies of the killed launcher
+        time.sleep(0.1)
+    assert not alive()
+    resume = launch_command(ROOT / "train.py", *flags, "--resume")
+    out = subprocess.run(resume, cwd=env, capture_output=True, text=True, timeout=900, env=CPU)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"resumed from {run}/checkpoint-1 at step 1" in out.stdout
+    assert strip(metrics(run)) == strip(metrics(reference))
+    # a checkpoint of 2 processes holds both sampling streams: one process may not go on from it
+    one = subprocess.run(
+        [*train_command(env, "--algo", "grpo", "--run_name", "mp_killed", *STEP), "--resume"],
+        cwd=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert one.returncode != 0 and "was saved by 2 processes" in one.stderr, one.stderr[-3000:]
+    assert "accelerate launch --num_processes 2" in one.stderr
+
+
+def test_a_live_lock_refuses_two_processes(env):
+    # another process holds the run directory's lock: rank 0 refuses, and rank 1, waiting for it at
+    # a barrier, is ended by the launcher (no hang)
+    import fcntl
+
+    from test_train import train_command
+
+    run = env / "out" / "runs" / "mp_locked"
+    run.mkdir(parents=True)
+    with open(run / "run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.write(f"{os.getpid()} testhost\n")
+        lock.flush()
+        flags = train_command(env, "--algo", "grpo", "--steps", "1", "--run_name", "mp_locked")
+        out = subprocess.run(
+            launch_command(ROOT / "train.py", *flags[2:]),
+            cwd=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=CPU,
+        )
+    assert out.returncode != 0 and f"in use by process {os.getpid()} testhost" in out.stderr
+    assert not (run / "metrics.jsonl").exists()
+
+
+def test_prompts_per_step_must_split_over_the_processes(env):
+    from test_train import train_command
+
+    flags = train_command(env, "--algo", "grpo", "--run_name", "mp_odd", "--prompts_per_step", "3")
+    out = subprocess.run(
+        launch_command(ROOT / "train.py", *flags[2:]),
+        cwd=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=CPU,
+    )
+    assert out.returncode != 0
+    assert "--prompts_per_step 3 does not split over the 2 processes" in out.stderr
+    assert "nothing was loaded or run" in out.stderr and not (env / "out/runs/mp_odd").exists()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vllm is not installed (README: vLLM on CPU)"
+)
+def test_vllm_engine_on_every_rank(env, tmp_path):
+    # every rank runs its own vLLM engine (vLLM's external_launcher backend: data parallel over the
+    # launcher's process group), rolls out its share and, after each update, samples from its own
+    # replica's weights: the trainer's pi_old agrees with each engine's log-probs at step 2
+    from test_train import FAST, TINY_WARM
+
+    shutil.copytree(env / "out" / "world", tmp_path / "world")  # the small world
+    steps = "--steps 2 --eval_every 2 --checkpoint_every 2 --lr 1e-2 --ppo_epochs 2".split()
+    train = ["--engine", "vllm", "--algo", "tree_grpo", "--out_dir", tmp_path, *FAST, *steps]
+    out = subprocess.run(
+        launch_command(ROOT / "train.py", *train, *TINY_WARM),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**CPU, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "engine: vllm (requested" in out.stdout and "2 processes, each rolling" in out.stdout
+    rows = metrics(tmp_path / "runs" / "tree_grpo-seed0")
+    assert [(r["step"], "eval/em" in r) for r in rows] == [(0, 1), (1, 0), (2, 0), (2, 1)]
+    one, two = [r for r in rows if "train/loss" in r]
+    assert two["train/kl"] > 1e-3, two  # step 1 moved the policy
+    for r in (one, two):
+        assert r["train/tis_ratio_max_dev"] < 1e-3 and r["train/skipped_steps"] == 0, r
+
+
+# ---- the update's normalisation ------------------------------------------------------------------
+
+
+def test_two_processes_take_one_process_update_on_the_same_samples(tmp_path):
+    # 7 fixed samples, 5 on rank 0 and 2 on rank 1 (one process: all 7), 2 mini-batches of 2-row
+    # micro-batches (rank 1 gets a zero-weight padding micro-batch in the first), 2 epochs, SGD:
+    # the weights after the 4 updates, the losses and the gradient norms are one process's, for
+    # token-mean and seq-mean-token-mean
+    out = subprocess.run(
+        [sys.executable, __file__, "parity", tmp_path],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=CPU,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    out = subprocess.run(
+        launch_command(Path(__file__), "parity", tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=CPU,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    import torch
+
+    one, two = (torch.load(tmp_path / f"parity{n}.pt") for n in (1, 2))
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        assert two[agg]["losses"] == pytest.approx(one[agg]["losses"], rel=1e-4)
+        assert two[agg]["norms"] == pytest.approx(one[agg]["norms"], rel=1e-4)
+        moved = 0.0
+        for name, w in one[agg]["weights"].items():
+            torch.testing.assert_close(two[agg]["weights"][name], w, rtol=1e-4, atol=1e-5)
+            moved = max(moved, (w - one["start"][name]).abs().max().item())
+        assert moved > 5e-3  # the updates moved the weights (10^5 times the difference)
+
+
+# ---- the probe: this file as a script, under the launcher ----------------------------------------
+
+
+def probe(records: Path, argv: list[str]):
+    """train.py with `argv`, recording on each rank (records/rank{r}.pkl) per step the questions it
+    rolled out, its trees, samples, update statistics and per-micro-batch losses, and per
+    evaluation its (question, answer text) pairs, and the metrics row the env-error stop reads."""
+    import eval as evaluation
+    import rollout
+    import train
+    from advantages import AlgoConfig
+    from infra import flags, run
+    from infra.warmstart import WarmConfig
+    from retriever import RetrieverConfig
+
+    rank = int(os.environ.get("RANK", "0"))
+    mine = {"steps": [], "evals": [], "checked": []}
+    save = lambda: (records / f"rank{rank}.pkl").write_bytes(pickle.dumps(mine))
+    grow, to_samples, update, ppo_loss, chain, check = (
+        rollout.grow,
+        train.to_samples,
+        train.update,
+        train.ppo_loss,
+        evaluation.chain,
+        run.check_env_errors,
+    )
+
+    def recording_grow(algo, agent, examples, rng):
+        prompts = grow(algo, agent, examples, rng)
+        mine["steps"].append(
+            {"questions": [e.question for e in examples], "prompts": prompts, "loss_items": []}
+        )
+        return prompts
+
+    def recording_to_samples(trajectories):
+        mine["steps"][-1]["samples"] = to_samples(trajectories)
+        return mine["steps"][-1]["samples"]
+
+    def recording_ppo_loss(*args):
+        loss, stats = ppo_loss(*args)
+        mine["steps"][-1]["loss_items"].append(loss.item())
+        return loss, stats
+
+    def recording_update(*args):
+        stats, grad_norms, losses, skipped = update(*args)
+        mine["steps"][-1].update(
+            stats=[{k: v.cpu() for k, v in s.items()} for s in stats],
+            grad_norms=grad_norms,
+            losses=losses,
+        )
+        save()
+        return stats, grad_norms, losses, skipped
+
+    def recording_check(history, args, where):  # the env-error stop: what this rank decides on
+        mine["checked"].append(strip(history)[-1])
+        return check(history, args, where)
+
+    def recording_chain(agent, rows, rng, G):
+        prompts = chain(agent, rows, rng, G=G)
+        mine["evals"].append(answers(rows, prompts))
+        save()
+        return prompts
+
+    rollout.grow, train.to_samples, train.update, train.ppo_loss, evaluation.chain = (
+        recording_grow,
+        recording_to_samples,
+        recording_update,
+        recording_ppo_loss,
+        recording_chain,
+    )
+    run.check_env_errors = recording_check
+    sys.argv = [str(ROOT / "train.py"), *argv]
+    train.main(
+        *flags.parse(train.Args, AlgoConfig, rollout.AgentConfig, RetrieverConfig, WarmConfig)
+    )
+
+
+def parity(out: Path):
+    """micro_batches + update on 7 fixed samples split 5 / 2 over two ranks (all 7 on one), from
+    one tiny model, for both loss aggregations; rank 0 saves the weights, losses and norms."""
+    import copy
+
+    import torch
+    from accelerate import Accelerator
+    from transformers import get_constant_schedule
+
+    import rollout
+    import train
+    from infra import warmstart
+    from tree import Sample
+
+    accelerator = Accelerator()
+    tok = warmstart.world_tokenizer(rollout)
+    start = warmstart.tiny_llama(tok, hidden=32, layers=1, heads=2)
+    g = torch.Generator().manual_seed(0)
+    samples = []
+    for i in range(7):
+        n, prompt = 6 + 3 * (i % 3), 3  # rows of 6, 9 and 12 tokens, the first 3 the prompt
+        ids = torch.randint(4, len(tok), (n,), generator=g).tolist()
+        mask = [0] * prompt + [int(x) for x in torch.rand(n - prompt, generator=g) < 0.8]
+        adv = (torch.randn(1, generator=g).item() * m for m in mask)
+        logp = (-torch.rand(1, generator=g).item() * 3 * m for m in mask)
+        samples.append(Sample(ids, mask, list(adv), list(logp), f"s{i}"))
+    counts = [7] if accelerator.num_processes == 1 else [5, 2]
+    first = sum(counts[: accelerator.process_index])
+    mine = samples[first : first + counts[accelerator.process_index]]
+    saved = {"start": {k: v.clone() for k, v in start.state_dict().items()}}
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        args = train.Args(
+            micro_batch_size=2, ppo_mini_batches=2, ppo_epochs=2, loss_agg=agg, kl_coef=0.1
+        )
+        model, ref = copy.deepcopy(start), copy.deepcopy(start).requires_grad_(False)
+        optimizer = torch.optim.SGD(model.parameters(), lr=5.0)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        minis = train.micro_batches(mine, counts, accelerator, model, ref, args, 0, False)
+        _, norms, losses, skipped = train.update(
+            minis, accelerator, model, optimizer, get_constant_schedule(optimizer), args
+        )
+        # one process: micro-batches 0, 2 and 1, 3; two: rank 0 rows 0, 1 | 4 and 2, 3, rank 1 5 |
+        # padding and 6
+        want = [2, 2] if accelerator.num_processes == 1 else [2, 1]
+        assert skipped == 0 and [len(m) for m in minis] == want, [len(m) for m in minis]
+        weights = accelerator.unwrap_model(model).state_dict()
+        saved[agg] = {"weights": {k: v.detach().clone() for k, v in weights.items()}}
+        saved[agg].update(norms=norms, losses=losses)
+    if accelerator.is_main_process:
+        torch.save(saved, out / f"parity{accelerator.num_processes}.pt")
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "probe":
+        probe(Path(sys.argv[2]), sys.argv[3:])
+    else:
+        parity(Path(sys.argv[2]))
