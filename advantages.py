@@ -283,97 +283,26 @@ def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
     )
 
 
-# The algorithm registry, credit half: name -> (advantage function, its options from AlgoConfig);
-# rollout.STRATEGIES holds the rollout half under the same names (tests/test_layout.py checks they
-# agree).
-ALGOS = {
-    "grpo": (grpo, lambda c: {}),
-    "tree_grpo": (tree_grpo, lambda c: {"mode": c.tree_mode}),
-    "branpo": (
-        branpo,
-        lambda c: {
-            "branch_norm": c.branpo_norm,
-            "skip_empty_base": c.branpo_skip_empty_base,
-            "clip_losers": c.branpo_clip_losers,
-        },
-    ),
-    "carl": (
-        carl,
-        lambda c: {
-            "update_all": c.carl_update_all,
-            "phase1_chains": 0 if c.carl_train_phase1 else c.carl_N0,
-        },
-    ),
-    "treeps": (treeps, lambda c: {"process": c.treeps_process}),
-}
-
-
 @dataclass
-class AlgoConfig:
-    """Which paper, and every paper's knobs (rollout budgets and credit options), one name each."""
+class CreditConfig:
+    """Every paper's credit options, one name each (--algo and the rollout knobs:
+    rollout.RolloutConfig)."""
 
-    algo: str = field(default="tree_grpo", metadata={"choices": list(ALGOS)})
-    """Which paper: picks a rollout strategy (rollout.STRATEGIES) and an advantage function
-    (ALGOS)."""
-    grpo_G: int = 8
-    """GRPO: trajectories per prompt (Search-R1: 5; Cut the Bill: 8)."""
-    tree_M: int = 2
-    """Tree-GRPO: trees per prompt (paper default (M, N, L) = (2, 2, 1))."""
-    tree_N: int = 2
-    """Tree-GRPO: expansions per tree per round."""
-    tree_L: int = 1
-    """Tree-GRPO: expansion rounds."""
-    tree_replace: bool = False
-    """Tree-GRPO: draw the N expansion nodes with replacement (the official code's
-    random.choices)."""
     tree_mode: str = field(default="both", metadata={"choices": ["both", "intra", "inter"]})
     """Tree-GRPO advantage: intra + inter (paper), or one of them (Table 4 ablation)."""
-    branpo_N: int = 4
-    """BranPO: initial trajectories per prompt."""
-    branpo_rsm: bool = True
-    """BranPO: redundant step masking (§4.4)."""
     branpo_norm: str = field(default="prompt", metadata={"choices": ["prompt", "prefix"]})
     """BranPO: branch advantage normalized per prompt (Eq. 12) or per prefix (Algorithm 1)."""
     branpo_skip_empty_base: bool = False
     """BranPO: leave empty prefixes (k = 0) out of Eq. 11's statistics, as its official code."""
     branpo_clip_losers: bool = False
     """BranPO: its official code's preference mask (a pair's loser: min(A_branch, 0)), no Eq. 14."""
-    carl_N0: int = 1
-    """CARL: initial chains (1 = CARL-Lite, 8 = CARL)."""
-    carl_N: int = 16
-    """CARL: progressive forks."""
     carl_update_all: bool = False
     """CARL: also train single-child actions (Eq. 16 ablation)."""
     carl_train_phase1: bool = True
     """CARL: train the N0 first-phase chains' forked actions (Eqs. 13, 15); False: not trained (App.
     C.1)."""
-    treeps_N: int = 8
-    """TreePS-RAG: nodes per layer (rollout budget N)."""
-    treeps_retain: int = 2
-    """TreePS-RAG: N_retain, search children kept per parent."""
-    treeps_D: int = 0
-    """TreePS-RAG: depth limit D, at most max_turns + 1; 0 = max_turns + 1 (the paper uses D =
-    4)."""
-    treeps_train: int = 0
-    """TreePS-RAG: root-to-leaf paths sampled for training (§2.3); 0 = treeps_N, as the paper."""
     treeps_process: bool = True
     """TreePS-RAG: process advantage (False = GRPO over its trajectories, Table 2 ablation)."""
-
-
-RULES = [  # flags.check: (flags, what is allowed, test)
-    (
-        "grpo_G tree_M tree_N branpo_N carl_N0 treeps_N treeps_retain",
-        "an integer >= 1",
-        lambda v: v >= 1,
-    ),
-    ("tree_L carl_N treeps_D treeps_train", "an integer >= 0", lambda v: v >= 0),
-]
-
-
-def credit(cfg: AlgoConfig, trees: list[Tree]) -> list[Trajectory]:
-    """The chosen paper's advantages for one prompt's trees."""
-    fn, options = ALGOS[cfg.algo]
-    return fn(trees, **options(cfg))
 
 
 def tree_grpo_budget(M: int, N: int, L: int) -> tuple[int, float]:
@@ -388,10 +317,11 @@ def tree_grpo_budget(M: int, N: int, L: int) -> tuple[int, float]:
 # The worked example of `python advantages.py --demo` (infra/inspection.py)
 
 
-def demo() -> tuple[Tree, dict[str, list[Trajectory]]]:
+def demo(credits: dict) -> tuple[Tree, dict[str, list[Trajectory]]]:
     """A worked tree (one prompt, two original trajectories: one with branches and a redundant step,
     one split at its last step with no branch kept) and every method's trajectories on it (GRPO's on
-    the tree's root-to-leaf paths, each copied into a chain of its own)."""
+    the tree's root-to-leaf paths, each copied into a chain of its own). `credits`: name -> credit
+    function, rollout.ALGOS's, each run with its defaults."""
     tree = Tree.from_dict(
         {
             "id": "q",
@@ -436,12 +366,13 @@ def demo() -> tuple[Tree, dict[str, list[Trajectory]]]:
     for chain, leaf in zip(chains, scored_leaves(tree.root)):
         for step in path(chain.find(leaf.id)):
             step.parent.children = [step]  # prune the copy to the root-to-leaf path
-    return tree, {name: fn(chains if name == "grpo" else [tree]) for name, (fn, _) in ALGOS.items()}
+    return tree, {name: fn(chains if name == "grpo" else [tree]) for name, fn in credits.items()}
 
 
 # python advantages.py --demo | --algo ALGO --trees FILE | --budget M,N,L
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script only: the registry (name -> credit) is rollout.py's
+    import rollout
     import tree
     from infra import inspection
 
-    inspection.credit_cli(sys.modules[__name__], tree)
+    inspection.credit_cli(sys.modules[__name__], rollout, tree)

@@ -27,16 +27,8 @@ from accelerate.utils import gather_object
 import retriever
 import rollout
 from infra import data, engines, flags
-from rollout import (
-    Agent,
-    AgentConfig,
-    chain,
-    for_eval,
-    normalize_answer,
-    normalized_golds,
-    path,
-    user_turn_ids,
-)
+from infra.squad import normalize_answer, normalized_golds
+from rollout import Agent, AgentConfig, chain, for_eval, path, user_turn_ids
 
 # --------------------------------------------------------------------------------------------------
 # The response: final answer and format, and cover EM (beyond the reward's EM and F1)
@@ -298,6 +290,8 @@ class EvalArgs:
     """Generation engine."""
     out: str = ""
     """JSON report path; empty = next to the model as eval_<split>.json."""
+    seed: int = 0
+    """Seed of the engine's sampling (with --eval_temperature > 0), as train.py's --seed."""
 
 
 def main():
@@ -332,7 +326,7 @@ def main():
             judge, engines.make_engine(a.engine, judge_model, judge_tok, a.judge_model), judge_tok
         )
     report = evaluate(
-        Agent(engine, search, tok, for_eval(agent_cfg)), rows, k=a.k, judge_fn=judge_fn
+        Agent(engine, search, tok, for_eval(agent_cfg), a.seed), rows, k=a.k, judge_fn=judge_fn
     )
     print(table(report))
     out = a.out or os.path.join(a.model if os.path.isdir(a.model) else ".", f"eval_{a.split}.json")

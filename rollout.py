@@ -5,7 +5,8 @@ The agent speaks Search-R1's protocol (<think>, <search> query </search>, <infor
 </information>, <answer> ... </answer>). `Agent.step` advances a frontier of nodes across all
 prompts by one step with ONE batched engine call and ONE batched retriever call; `Agent.run` steps
 until every branch has ended. A strategy (chain for GRPO, tree_grpo, branpo, carl, treeps) picks the
-nodes to continue from; a chain is the degenerate tree.
+nodes to continue from; a chain is the degenerate tree. ALGOS, the algorithm registry, pairs each
+with its credit function in advantages.py.
 
 Abnormal outcomes ("Cut the Bill" §5.4), each a flag on the node and a counter: too_many_calls,
 parse_error, repeated_query (5.4.1) and max_turns (5.4.3) stop with reward 0; env_error (retrieval
@@ -42,10 +43,10 @@ Deviations from the papers, each cited by its name:
 - expand-without-replacement: Tree-GRPO draws the N expansion nodes without replacement (the text's
   "N nodes are randomly selected"); the official code uses random.choices, with replacement:
   `with_replacement=True`.
-- squad-reward: the outcome reward follows SQuAD's official script (normalisation, EM, token F1) and
-  scores the best-matching golden answer; normalisation also removes Unicode punctuation (categories
-  P*) after Unicode NFC, and token F1 adds HotpotQA's rule: yes / no / noanswer get no partial
-  credit. Each leaf records both EM and F1.
+- squad-reward: the outcome reward follows SQuAD's official script (normalisation, EM, token F1:
+  infra/squad.py) and scores the best-matching golden answer; normalisation also removes Unicode
+  punctuation (categories P*) after Unicode NFC, and token F1 adds HotpotQA's rule: yes / no /
+  noanswer get no partial credit. Each leaf records both EM and F1.
 """
 
 from __future__ import annotations
@@ -53,19 +54,20 @@ from __future__ import annotations
 import math
 import random
 import re
-import string
 import sys
 import time
-import unicodedata
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from scipy.cluster.hierarchy import cut_tree, linkage
 from scipy.spatial.distance import squareform
 
-from advantages import AlgoConfig
+import advantages
 from infra import data
 from infra.engines import Sampling
+from infra.squad import exact_match, token_f1  # the outcome reward's EM and F1 (squad-reward)
 from retriever import RetrievalError
 from tree import FLAGS, Node, Tree, context_ids, path, scored_leaves, walk
 
@@ -132,9 +134,6 @@ class AgentConfig:
     retry_invalid: bool = False
     """Search-R1's behaviour: on a parse error, append "invalid action, try again" instead of
     stopping."""
-    seed: int = 0
-    """Seed of the run: data order, the engine's sampling, the strategies' random choices, the warm
-    start."""
 
 
 RULES = [  # flags.check: (flags, what is allowed, test)
@@ -146,15 +145,6 @@ RULES = [  # flags.check: (flags, what is allowed, test)
     ("temperature eval_temperature", ">= 0", lambda v: v >= 0),
     ("top_p eval_top_p", "in (0, 1]", lambda v: 0 < v <= 1),
 ]
-
-
-def depth_rule(algo: AlgoConfig, cfg: AgentConfig) -> tuple[bool, str]:
-    """flags.check's rule that ties --treeps_D to --max_turns: (broken?, message)."""
-    return (
-        algo.treeps_D > cfg.max_turns + 1,
-        f"--treeps_D {algo.treeps_D}: TreePS-RAG's depth limit must be at most --max_turns + 1 = "
-        f"{cfg.max_turns + 1}; lower it, or raise --max_turns to {algo.treeps_D - 1}",
-    )
 
 
 def for_eval(cfg: AgentConfig) -> AgentConfig:
@@ -177,61 +167,6 @@ def instruction_template(choice: str, tokenizer) -> str:
         INSTRUCTIONS.get(choice)
         or INSTRUCTIONS["short" if is_world_tokenizer(tokenizer) else "search_r1"]
     )
-
-
-# --------------------------------------------------------------------------------------------------
-# Outcome reward: SQuAD's normalisation, EM and token F1 (squad-reward)
-
-
-def normalize_answer(s):
-    """SQuAD normalisation: lowercase, drop punctuation, drop articles (a, an, the), collapse
-    whitespace."""
-    s = unicodedata.normalize("NFC", s).lower()
-    s = "".join(
-        ch
-        for ch in s
-        if ch not in string.punctuation and not unicodedata.category(ch).startswith("P")
-    )
-    s = re.sub(r"\b(a|an|the)\b", " ", s)
-    return " ".join(s.split())
-
-
-def normalized_golds(golden_answers):
-    """The normalised golden answers (a single string is one answer); none raises."""
-    golds = [golden_answers] if isinstance(golden_answers, str) else list(golden_answers)
-    if not golds:
-        raise ValueError(
-            "golden_answers is empty; every question needs at least one accepted answer"
-        )
-    return [normalize_answer(g) for g in golds]
-
-
-def exact_match(prediction, golden_answers):
-    """1.0 if the normalised prediction equals any normalised golden answer, else 0.0."""
-    golds = normalized_golds(golden_answers)
-    return float(prediction is not None and normalize_answer(prediction) in golds)
-
-
-def token_f1(prediction, golden_answers):
-    """Best token-level F1 (SQuAD) between the prediction and any golden answer."""
-    golds = normalized_golds(golden_answers)
-    if prediction is None:
-        return 0.0
-    pred = normalize_answer(prediction)
-    best = 0.0
-    for gold in golds:
-        if (
-            pred in ("yes", "no", "noanswer") or gold in ("yes", "no", "noanswer")
-        ) and pred != gold:
-            continue  # HotpotQA: a yes/no answer gets no partial credit
-        p, g = pred.split(), gold.split()
-        same = sum((Counter(p) & Counter(g)).values())
-        if not p or not g:  # SQuAD v2: empty matches only empty
-            best = max(best, float(p == g))
-        elif same:
-            precision, recall = same / len(p), same / len(g)
-            best = max(best, 2 * precision * recall / (precision + recall))
-    return best
 
 
 # --------------------------------------------------------------------------------------------------
@@ -312,21 +247,16 @@ class Agent:
     """Generates, parses, executes and scores agent steps for frontiers of nodes, batched across
     prompts."""
 
-    def __init__(self, engine, retriever, tokenizer, cfg: AgentConfig, refiner=None):
-        self.engine, self.retriever, self.tok, self.cfg, self.refiner = (
-            engine,
-            retriever,
-            tokenizer,
-            cfg,
-            refiner,
-        )
+    def __init__(self, engine, retriever, tokenizer, cfg: AgentConfig, seed: int, refiner=None):
+        self.engine, self.retriever, self.tok = engine, retriever, tokenizer
+        self.cfg, self.seed, self.refiner = cfg, seed, refiner
         self.template = instruction_template(cfg.instruction, tokenizer)
         self.sampling = Sampling(
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             max_tokens=cfg.max_step_tokens,
             stop=["</search>", "</answer>"],
-            seed=cfg.seed,
+            seed=seed,
         )
         self.counters = Counter()  # abnormal/<flag>, rollout/steps, rollout/waves, ...
         self.obs_open = self.encode("\n\n<information>")
@@ -360,7 +290,7 @@ class Agent:
         cfg = self.cfg
         t0 = time.perf_counter()
         # fresh per wave
-        sampling = replace(self.sampling, seed=cfg.seed + 7919 * self.counters["rollout/waves"])
+        sampling = replace(self.sampling, seed=self.seed + 7919 * self.counters["rollout/waves"])
         outs = self.engine.generate([context_ids(node) for _, node in frontier], sampling)
         gen_time = time.perf_counter() - t0
         self.counters["rollout/waves"] += 1
@@ -473,6 +403,62 @@ def ended(node: Node) -> bool:
 # Strategies: each grows the trees of a batch of prompts and returns one list of trees per prompt.
 
 
+@dataclass
+class RolloutConfig:
+    """Which paper, and every paper's rollout knobs, one name each (the credit options:
+    advantages.CreditConfig)."""
+
+    algo: Literal[*ALGOS] = "tree_grpo"
+    """Which paper: its rollout strategy below and its credit function (ALGOS, the registry)."""
+    grpo_G: int = 8
+    """GRPO: trajectories per prompt (Search-R1: 5; Cut the Bill: 8)."""
+    tree_M: int = 2
+    """Tree-GRPO: trees per prompt (paper default (M, N, L) = (2, 2, 1))."""
+    tree_N: int = 2
+    """Tree-GRPO: expansions per tree per round."""
+    tree_L: int = 1
+    """Tree-GRPO: expansion rounds."""
+    tree_replace: bool = False
+    """Tree-GRPO: draw the N expansion nodes with replacement (the official code's
+    random.choices)."""
+    branpo_N: int = 4
+    """BranPO: initial trajectories per prompt."""
+    branpo_rsm: bool = True
+    """BranPO: redundant step masking (§4.4)."""
+    carl_N0: int = 1
+    """CARL: initial chains (1 = CARL-Lite, 8 = CARL)."""
+    carl_N: int = 16
+    """CARL: progressive forks."""
+    treeps_N: int = 8
+    """TreePS-RAG: nodes per layer (rollout budget N)."""
+    treeps_retain: int = 2
+    """TreePS-RAG: N_retain, search children kept per parent."""
+    treeps_D: int = 0
+    """TreePS-RAG: depth limit D, at most max_turns + 1; 0 = max_turns + 1 (the paper uses D =
+    4)."""
+    treeps_train: int = 0
+    """TreePS-RAG: root-to-leaf paths sampled for training (§2.3); 0 = treeps_N, as the paper."""
+
+
+RULES += [  # RolloutConfig's
+    (
+        "grpo_G tree_M tree_N branpo_N carl_N0 treeps_N treeps_retain",
+        "an integer >= 1",
+        lambda v: v >= 1,
+    ),
+    ("tree_L carl_N treeps_D treeps_train", "an integer >= 0", lambda v: v >= 0),
+]
+
+
+def depth_rule(r: RolloutConfig, cfg: AgentConfig) -> tuple[bool, str]:
+    """flags.check's rule that ties --treeps_D to --max_turns: (broken?, message)."""
+    return (
+        r.treeps_D > cfg.max_turns + 1,
+        f"--treeps_D {r.treeps_D}: TreePS-RAG's depth limit must be at most --max_turns + 1 = "
+        f"{cfg.max_turns + 1}; lower it, or raise --max_turns to {r.treeps_D - 1}",
+    )
+
+
 def chain(agent: Agent, examples, rng: random.Random, G: int = 8) -> list[list[Tree]]:
     """GRPO: G independent trajectories per prompt, each a chain-shaped tree of its own."""
     prompts = [
@@ -536,20 +522,15 @@ def branpo(
     agent: Agent, examples, rng: random.Random, N: int = 4, rsm: bool = True
 ) -> list[list[Tree]]:
     """BranPO §4.2, App. A.1 (Algorithm 1; branch-waves, rsm-threshold, rsm-fallback-split): N
-    chains per prompt, one tree per original trajectory; acc = their mean
-    F1. Each trajectory (F1 r, T steps) is truncated at depth k = T-1, T-2, ... (Recur(r, acc)
-    points, Eq. 16) with
-    Bran(acc) continuations at each (Eq. 15) until one's correctness (F1 >= 0.8) differs from the
-    original's: it is
-    kept and its truncation node marked `prefix_end`. With `rsm` (§4.4), a correct trajectory longer
-    than the
-    group's mean correct length (acc > 0.5) is instead branched 5 times before its penultimate step;
-    the first
-    shorter correct branch is kept and the original's penultimate step marked `redundant`. Unkept
-    branches are
-    removed (their tokens still count in the stats). An original with no branch kept stays split at
-    the last truncation point tried (Algorithm 1): marked `prefix_end`, its one continuation the
-    original suffix."""
+    chains per prompt, one tree per original trajectory; acc = their mean F1. Each trajectory (F1 r,
+    T steps) is truncated at depth k = T-1, T-2, ... (Recur(r, acc) points, Eq. 16) with Bran(acc)
+    continuations at each (Eq. 15) until one's correctness (F1 >= 0.8) differs from the original's:
+    it is kept and its truncation node marked `prefix_end`. With `rsm` (§4.4), a correct trajectory
+    longer than the group's mean correct length (acc > 0.5) is instead branched 5 times before its
+    penultimate step; the first shorter correct branch is kept and the original's penultimate step
+    marked `redundant`. Unkept branches are removed (their tokens still count in the stats). An
+    original with no branch kept stays split at the last truncation point tried (Algorithm 1):
+    marked `prefix_end`, its one continuation the original suffix."""
     prompts = [
         [agent.new_tree(ex, f"p{i}.n{j}") for j in range(N)] for i, ex in enumerate(examples)
     ]
@@ -675,11 +656,10 @@ def treeps(
     depth d each retained parent gets B_d = ceil(N / |M(d-1)|) children (Eq. 2), every tree's layer
     in one engine call; answers (and abnormal ends) are leaves; of each parent's search children
     min(N_retain, count) are kept by Jaccard clustering as M(d), the rest pruned (a retried invalid
-    step joins M(d) unpruned). At the depth limit D (0: max_turns +
-    1) the kept search children end with reward 0 (Alg. 1 l. 24; treeps-pruning). Then N_train (0:
-       N)
-    root-to-leaf paths per tree are drawn with `rng` and their leaves marked `sampled`: the
-    trajectories advantages.treeps trains (§2.3)."""
+    step joins M(d) unpruned). At the depth limit D (0: max_turns + 1) the kept search children end
+    with reward 0 (Alg. 1 l. 24; treeps-pruning). Then N_train (0: N) root-to-leaf paths per tree
+    are drawn with `rng` and their leaves marked `sampled`: the trajectories advantages.treeps
+    trains (§2.3)."""
     D = D or agent.cfg.max_turns + 1
     if D > agent.cfg.max_turns + 1:
         raise ValueError(
@@ -722,32 +702,56 @@ def treeps(
     return [[t] for t in trees]
 
 
-# The algorithm registry, rollout half: name -> (strategy, its hyperparameters from
-# advantages.AlgoConfig); advantages.ALGOS holds the credit half under the same names.
-STRATEGIES = {
-    "grpo": (chain, lambda c: {"G": c.grpo_G}),
-    "tree_grpo": (
+# --------------------------------------------------------------------------------------------------
+# The algorithm registry: --algo picks one entry, train.py's loop calls it.
+
+
+@dataclass(frozen=True)
+class Algo:
+    """One paper: how it grows each prompt's trees, how it turns their rewards into advantages."""
+
+    grow: Callable  # a strategy above: (agent, examples, rng, **knobs) -> trees per prompt
+    grow_knobs: Callable[[RolloutConfig], dict]  # its keyword arguments, from the flags
+    credit: Callable  # advantages.py's function: (one prompt's trees, **knobs) -> Trajectories
+    credit_knobs: Callable[[RolloutConfig, advantages.CreditConfig], dict]  # its keyword arguments
+
+
+ALGOS = {
+    "grpo": Algo(chain, lambda r: dict(G=r.grpo_G), advantages.grpo, lambda r, c: {}),
+    "tree_grpo": Algo(
         tree_grpo,
-        lambda c: {"M": c.tree_M, "N": c.tree_N, "L": c.tree_L, "with_replacement": c.tree_replace},
+        lambda r: dict(M=r.tree_M, N=r.tree_N, L=r.tree_L, with_replacement=r.tree_replace),
+        advantages.tree_grpo,
+        lambda r, c: dict(mode=c.tree_mode),
     ),
-    "branpo": (branpo, lambda c: {"N": c.branpo_N, "rsm": c.branpo_rsm}),
-    "carl": (carl, lambda c: {"N0": c.carl_N0, "N": c.carl_N}),
-    "treeps": (
+    "branpo": Algo(
+        branpo,
+        lambda r: dict(N=r.branpo_N, rsm=r.branpo_rsm),
+        advantages.branpo,
+        lambda r, c: dict(
+            branch_norm=c.branpo_norm,
+            skip_empty_base=c.branpo_skip_empty_base,
+            clip_losers=c.branpo_clip_losers,
+        ),
+    ),
+    "carl": Algo(
+        carl,
+        lambda r: dict(N0=r.carl_N0, N=r.carl_N),
+        advantages.carl,
+        # carl-phase1: with --no_carl_train_phase1 the N0 first chains (a rollout knob) go untrained
+        lambda r, c: dict(
+            update_all=c.carl_update_all, phase1_chains=0 if c.carl_train_phase1 else r.carl_N0
+        ),
+    ),
+    "treeps": Algo(
         treeps,
-        lambda c: {
-            "N": c.treeps_N,
-            "D": c.treeps_D,
-            "N_retain": c.treeps_retain,
-            "N_train": c.treeps_train,
-        },
+        lambda r: dict(
+            N=r.treeps_N, D=r.treeps_D, N_retain=r.treeps_retain, N_train=r.treeps_train
+        ),
+        advantages.treeps,
+        lambda r, c: dict(process=c.treeps_process),
     ),
 }
-
-
-def grow(algo: AlgoConfig, agent: Agent, examples, rng: random.Random) -> list[list[Tree]]:
-    """The chosen paper's trees for a batch of prompts: one list of trees per prompt."""
-    strategy, hyperparameters = STRATEGIES[algo.algo]
-    return strategy(agent, examples, rng, **hyperparameters(algo))
 
 
 def metrics(prompts: list[list[Tree]]) -> dict[str, float]:
@@ -794,7 +798,6 @@ def metrics(prompts: list[list[Tree]]) -> dict[str, float]:
 
 
 if __name__ == "__main__":  # python rollout.py --algo ALGO --dump FILE [--plot PNG]
-    import advantages
     import tree
     from infra import inspection
 

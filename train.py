@@ -40,7 +40,7 @@ import shlex
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -50,22 +50,21 @@ from accelerate.commands.config import default_config_file
 from accelerate.utils import gather_object, set_seed
 from transformers import get_constant_schedule_with_warmup
 
-import advantages
 import retriever
 import rollout
-from advantages import AlgoConfig
+from advantages import CreditConfig
 from eval import evaluate
 from infra import data, engines, flags, run, warmstart
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
-from rollout import AgentConfig
+from rollout import AgentConfig, RolloutConfig
 from tree import Sample, Trajectory, to_samples, trained_steps
 
 
 @dataclass
 class Args:
-    """The run; with AlgoConfig, AgentConfig, RetrieverConfig and WarmConfig, every flag of
-    `train.py --help`."""
+    """The run; with RolloutConfig, CreditConfig, AgentConfig, RetrieverConfig and WarmConfig, every
+    flag of `train.py --help`."""
 
     model: str = ""
     """Policy: HF hub name or local directory; empty = the embedded default (warm-started tiny
@@ -100,6 +99,9 @@ class Args:
     """Where the world, warm start, runs (metrics.jsonl, curve.png, checkpoints) go."""
     run_name: str = ""
     """Subdirectory of out_dir/runs for this run; empty = ALGO-seedSEED (e.g. tree_grpo-seed0)."""
+    seed: int = 0
+    """Seed of the run: data order, the engine's sampling, the strategies' random choices, the warm
+    start."""
 
     steps: int = 15
     """RL steps (each: one rollout batch, then PPO updates)."""
@@ -180,14 +182,13 @@ RULES = [
 def validate(args: Args, *configs):
     """Every flag against its module's RULES, and the rules that tie flags together; one message
     lists all broken."""
-    algo, agent, warm = (
-        next(c for c in configs if isinstance(c, t)) for t in (AlgoConfig, AgentConfig, WarmConfig)
+    rollout_cfg, agent, warm = (
+        next(c for c in configs if isinstance(c, t))
+        for t in (RolloutConfig, AgentConfig, WarmConfig)
     )
     one_file = args.data.endswith((".parquet", ".jsonl", ".json"))
     no_model = engines.model_problem(args.model, args.gguf_file) if args.model else ""
-    rules = (
-        RULES + advantages.RULES + rollout.RULES + retriever.RULES + engines.RULES + warmstart.RULES
-    )
+    rules = RULES + rollout.RULES + retriever.RULES + engines.RULES + warmstart.RULES
     flags.check(
         (args, *configs),
         rules,
@@ -202,7 +203,7 @@ def validate(args: Args, *configs):
                 f"--test_data {args.test_data!r} is the --data file: evaluation would score the "
                 "training questions; pass a test file",
             ),
-            rollout.depth_rule(algo, agent),
+            rollout.depth_rule(rollout_cfg, agent),
             (
                 args.resume and args.overwrite,
                 "--resume and --overwrite contradict each other: pick one",
@@ -507,21 +508,28 @@ def quiet(silent: bool):
 
 def main(
     args: Args,
-    algo: AlgoConfig,
+    rollout_cfg: RolloutConfig,
+    credit_cfg: CreditConfig,
     agent_cfg: AgentConfig,
     retriever_cfg: RetrieverConfig,
     warm: WarmConfig,
 ):
     # ---- config: checked, derived values, logged whole
     t_start, seconds = time.perf_counter(), {}  # seconds: wall time per stage, printed at the end
-    validate(args, algo, agent_cfg, retriever_cfg, warm)
+    validate(args, rollout_cfg, credit_cfg, agent_cfg, retriever_cfg, warm)
     run_dir = os.path.join(
-        args.out_dir, "runs", args.run_name or f"{algo.algo}-seed{agent_cfg.seed}"
+        args.out_dir, "runs", args.run_name or f"{rollout_cfg.algo}-seed{args.seed}"
     )
     world = os.path.join(args.out_dir, "world") if not (args.data and args.corpus) else ""
     # the embedded default's warm start
     model_path = args.model or os.path.join(args.out_dir, "warmstart")
-    config = {**asdict(args), **asdict(algo), **asdict(agent_cfg), **asdict(retriever_cfg)}
+    config = {
+        **asdict(args),
+        **asdict(rollout_cfg),
+        **asdict(credit_cfg),
+        **asdict(agent_cfg),
+        **asdict(retriever_cfg),
+    }
     accelerator = Accelerator(log_with=args.log_with or None, project_dir=run_dir)
     main_proc, rank, ranks = (
         accelerator.is_main_process,
@@ -544,13 +552,12 @@ def main(
         # `accelerate launch` sets OMP_NUM_THREADS=1; one process may use every core it is allowed
         # (taskset / cpuset)
         torch.set_num_threads(len(os.sched_getaffinity(0)))
-    set_seed(agent_cfg.seed)
+    set_seed(args.seed)
     if main_proc:
         run_lock = run.claim_run_dir(run_dir, args)  # noqa: F841 (open, so locked, while main runs)
         whole = {**config, **(asdict(warm) if not args.model else {})}  # warm: embedded default
-        run.save_config(
-            run_dir, whole, (Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig)
-        )
+        configs = (Args, RolloutConfig, CreditConfig, AgentConfig, RetrieverConfig, WarmConfig)
+        run.save_config(run_dir, whole, configs)
         if os.path.isfile(default_config_file) and "ACCELERATE_DYNAMO_BACKEND" not in os.environ:
             # a user's accelerate config, and no launcher (each sets that variable): not in use
             print(
@@ -584,7 +591,9 @@ def main(
         t0 = time.perf_counter()
         if main_proc:
             # one BM25 index per run
-            warmstart.ensure(model_path, world, warm, agent_cfg, rollout, evaluate, search)
+            warmstart.ensure(
+                model_path, world, warm, agent_cfg, args.seed, rollout, evaluate, search
+            )
         accelerator.wait_for_everyone()
         seconds["warm start"] = time.perf_counter() - t0
     model, tok = engines.load_policy(model_path, args.gguf_file or None)
@@ -605,9 +614,9 @@ def main(
             gpu_memory_utilization=args.vllm_gpu_memory_utilization,
             **({"distributed_executor_backend": "external_launcher"} if ranks > 1 else {}),
         )
-    rank_cfg = replace(agent_cfg, seed=agent_cfg.seed + RANK_SEED * rank)
-    agent = rollout.Agent(engine, search, tok, rank_cfg)
-    eval_agent = rollout.Agent(engine, search, tok, rollout.for_eval(rank_cfg))
+    rank_seed = args.seed + RANK_SEED * rank
+    agent = rollout.Agent(engine, search, tok, agent_cfg, rank_seed)
+    eval_agent = rollout.Agent(engine, search, tok, rollout.for_eval(agent_cfg), rank_seed)
     # are the engine's log-probs pi_old (tis-old-policy)? Only the HF engine's in a float32 run
     old_from_engine = engine.exact_logprobs and accelerator.mixed_precision == "no"
     source = "the HF engine's log-probs" if old_from_engine else "the trainer's forward"
@@ -617,9 +626,9 @@ def main(
         + (f"; {ranks} processes, each rolling out its share of every step" if ranks > 1 else ""),
         flush=True,
     )
-    rng = random.Random(rank_cfg.seed)  # strategies' random choices
+    rng = random.Random(rank_seed)  # strategies' random choices
     order = list(range(len(train_rows)))
-    random.Random(agent_cfg.seed).shuffle(order)
+    random.Random(args.seed).shuffle(order)
 
     # ---- resume: the checkpoint's state, and the metrics logged up to it
     start, history, skipped = 0, [], 0
@@ -658,7 +667,7 @@ def main(
     asked, stopped = run.stop_on_signals(), None
     bar = flags.progress(
         range(start, args.steps),
-        desc=algo.algo,
+        desc=rollout_cfg.algo,
         disable=not main_proc,
         initial=start,
         total=args.steps,
@@ -670,11 +679,13 @@ def main(
         share = args.prompts_per_step // ranks
         at = step * args.prompts_per_step + rank * share
         batch = [train_rows[order[(at + i) % len(order)]] for i in range(share)]
-        with torch.no_grad():
-            prompts = rollout.grow(algo, agent, batch, rng)  # 1. grow the trees (rollout.py)
+        algo = rollout.ALGOS[rollout_cfg.algo]  # the paper: its strategy and credit function
+        with torch.no_grad():  # 1. grow the trees (rollout.py)
+            prompts = algo.grow(agent, batch, rng, **algo.grow_knobs(rollout_cfg))
         # ---- EDIT HERE: the credit, one function per paper (advantages.py) ---------------------
         # 2. credit
-        trajectories = [t for trees in prompts for t in advantages.credit(algo, trees)]
+        knobs = algo.credit_knobs(rollout_cfg, credit_cfg)
+        trajectories = [t for trees in prompts for t in algo.credit(trees, **knobs)]
         samples = to_samples(trajectories)  # 3. training samples: token ids, mask, advantages
         counts = gather_object([len(samples)])  # every rank's, in rank order (waits for the last)
         t1 = time.perf_counter()
@@ -766,4 +777,8 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["warmstart"]:
         warmstart.main(sys.argv[2:], rollout, evaluate)
     else:
-        main(*flags.parse(Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig))
+        main(
+            *flags.parse(
+                Args, RolloutConfig, CreditConfig, AgentConfig, RetrieverConfig, WarmConfig
+            )
+        )

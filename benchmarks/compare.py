@@ -40,7 +40,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from queue import Queue
 
 from matplotlib.figure import Figure
@@ -50,12 +50,12 @@ from tqdm import tqdm
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import train  # noqa: E402  (the project's modules, from the repository root)
-from advantages import AlgoConfig  # noqa: E402
+from advantages import CreditConfig  # noqa: E402
 from infra import data  # noqa: E402
 from infra.flags import check, parse  # noqa: E402
 from infra.warmstart import WarmConfig  # noqa: E402
 from retriever import RetrieverConfig  # noqa: E402
-from rollout import AgentConfig  # noqa: E402
+from rollout import AgentConfig, RolloutConfig  # noqa: E402
 
 # -------------------------------------------------------------------------------------------------
 # The arms: each one's own train.py flags
@@ -198,22 +198,22 @@ CLAIMS = [  # (a paper's claim, its numbers; arm; reference; measure(); the sign
 QUICK_ARMS = [grpo(2), tree(1, 2, 1)]
 
 
-def algo_config(flags: str) -> AlgoConfig:
-    return parse(AlgoConfig, args=flags.split())[0]
+def algo_config(flags: str) -> tuple[RolloutConfig, CreditConfig]:
+    return parse(RolloutConfig, CreditConfig, args=flags.split())
 
 
 def arm_name(flags: str) -> str:
-    """An arm's name in the tables, from its method's knobs (AlgoConfig's defaults where unset)."""
-    c = algo_config(flags)
+    """An arm's name in the tables, from its method's knobs (the defaults where unset)."""
+    r, c = algo_config(flags)
     mode = {"intra": " intra only", "inter": " inter only"}.get(c.tree_mode, "")
     return {
-        "grpo": f"GRPO G={c.grpo_G}",
-        "tree_grpo": f"Tree-GRPO ({c.tree_M},{c.tree_N},{c.tree_L})" + mode,
-        "branpo": f"BranPO N={c.branpo_N}" + " no RSM" * (not c.branpo_rsm),
-        "carl": f"CARL ({c.carl_N0},{c.carl_N})" + " update-all" * c.carl_update_all,
-        "treeps": f"TreePS ({c.treeps_N},{c.treeps_retain})"
+        "grpo": f"GRPO G={r.grpo_G}",
+        "tree_grpo": f"Tree-GRPO ({r.tree_M},{r.tree_N},{r.tree_L})" + mode,
+        "branpo": f"BranPO N={r.branpo_N}" + " no RSM" * (not r.branpo_rsm),
+        "carl": f"CARL ({r.carl_N0},{r.carl_N})" + " update-all" * c.carl_update_all,
+        "treeps": f"TreePS ({r.treeps_N},{r.treeps_retain})"
         + " no process" * (not c.treeps_process),
-    }[c.algo]
+    }[r.algo]
 
 
 def arms() -> dict[str, str]:
@@ -221,7 +221,7 @@ def arms() -> dict[str, str]:
     out = {}
     for flags in (f for _, members in GROUPS for arm, refs in members for f in (arm, *refs)):
         name = arm_name(flags)
-        if asdict(algo_config(out.setdefault(name, flags))) != asdict(algo_config(flags)):
+        if algo_config(out.setdefault(name, flags)) != algo_config(flags):
             raise ValueError(
                 f"arms {out[name]!r} and {flags!r} are both named {name!r}; extend "
                 f"arm_name so that the tables tell them apart"
@@ -275,9 +275,15 @@ QUICK = dict(
 
 
 def parse_train(flags: str):
-    """train.py's five configs for these flags, checked as train.py checks them."""
+    """train.py's six configs for these flags, checked as train.py checks them."""
     configs = parse(
-        train.Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig, args=flags.split()
+        train.Args,
+        RolloutConfig,
+        CreditConfig,
+        AgentConfig,
+        RetrieverConfig,
+        WarmConfig,
+        args=flags.split(),
     )
     train.validate(*configs)
     return configs
@@ -321,7 +327,7 @@ def configure(a: Args) -> tuple[Args, dict[str, str], str]:
         "resume",
         "eval_start",
         "checkpoint_every",
-    } | {f.name for f in fields(AlgoConfig)}  # set per task or per arm
+    } | {f.name for c in (RolloutConfig, CreditConfig) for f in fields(c)}  # per task or per arm
     taken = [x for x in a.train_flags.split() if x.lstrip("-").removeprefix("no_") in own]
     check(
         a,
@@ -844,7 +850,7 @@ def calibration_table(rows: dict[str, list[dict]], steps: int) -> list[str]:
 
 def main(a: Args):
     a, chosen, shared = configure(a)
-    cfg, _, agent, retriever_cfg, _ = parse_train(shared)
+    cfg, _, _, agent, retriever_cfg, _ = parse_train(shared)
     home = {s: os.path.join(a.out, f"seed{s}") for s in a.seeds}
     world = {s: data.ensure_world(os.path.join(home[s], "world")) for s in a.seeds}
     warm = {

@@ -55,11 +55,13 @@ class Args:
     vllm_block_size: int = 0
     """vLLM KV-cache block size in tokens (prefix caching reuses whole blocks); 0 = vLLM's default
     (16 on GPU, 128 on CPU, where it must be a multiple of 32)."""
+    seed: int = 0
+    """Seed of the engine's sampling and the strategies' random choices (train.py's --seed)."""
 
 
 def main(a: Args, cfg: rollout.AgentConfig):
-    """The chosen strategies at BUDGETS, under the run's agent settings (train.py's budgets and
-    --seed)."""
+    """The chosen strategies at BUDGETS, under the run's agent settings (train.py's budgets) and
+    --seed."""
     names = a.strategies.split(",")
     if set(names) - set(BUDGETS):  # checked before anything loads
         raise SystemExit(
@@ -80,10 +82,10 @@ def main(a: Args, cfg: rollout.AgentConfig):
         f"{'leaves/1k tok':>14} {'seconds':>8}"
     )
     for name, hp in [(n, BUDGETS[n]) for n in names]:
-        agent = rollout.Agent(engine, retriever, tok, cfg)
+        agent = rollout.Agent(engine, retriever, tok, cfg, a.seed)
         before = (getattr(engine, "prefill_tokens", 0), getattr(engine, "cached_prefill_tokens", 0))
         t0 = time.perf_counter()
-        prompts = rollout.STRATEGIES[name][0](agent, rows, random.Random(cfg.seed), **hp)
+        prompts = rollout.ALGOS[name].grow(agent, rows, random.Random(a.seed), **hp)
         seconds = time.perf_counter() - t0
         if hasattr(engine, "cached_prefill_tokens"):
             prefill[name] = (
@@ -108,7 +110,7 @@ def main(a: Args, cfg: rollout.AgentConfig):
             print(f"{name:10} {total / len(rows):10.0f} {cached / len(rows):10.0f} ({share:.0f}%)")
 
     # agent loop vs raw engine: the same first-wave prompts, the same batch size and sampling
-    agent = rollout.Agent(engine, retriever, tok, cfg)
+    agent = rollout.Agent(engine, retriever, tok, cfg, a.seed)
     trees = [agent.new_tree(r, f"p{i}.g{j}") for i, r in enumerate(rows) for j in range(8)]
     t0 = time.perf_counter()
     agent.run([(t, t.root) for t in trees])

@@ -45,14 +45,15 @@ def parse(*classes, args=None):
 def check(configs, rules, extra=()):
     """Stop with one message listing every flag of `configs` (a dataclass instance or a tuple of
     them) that breaks its rule. rules: [(flag names separated by spaces, what is allowed,
-    test(value) -> bool)]; extra: [(broken?, message)] for rules that involve several flags."""
+    test(value) -> bool)], a module's RULES, whose flags `configs` need not all have (rollout.py's
+    cover two dataclasses); extra: [(broken?, message)] for rules that involve several flags."""
     configs = configs if isinstance(configs, tuple) else (configs,)
-    value = lambda name: getattr(next(c for c in configs if hasattr(c, name)), name)
+    owner = lambda name: next((c for c in configs if hasattr(c, name)), None)
     errors = [
-        f"--{name} {value(name)!r}: must be {allowed}"
+        f"--{name} {getattr(owner(name), name)!r}: must be {allowed}"
         for names, allowed, test in rules
         for name in names.split()
-        if not test(value(name))
+        if owner(name) is not None and not test(getattr(owner(name), name))
     ]
     errors += [message for broken, message in extra if broken]
     if errors:

@@ -1,8 +1,9 @@
 """The inspection command lines: `python advantages.py` (one prompt's trees -> every step's credit
 as JSON, the worked demo side by side, Tree-GRPO's budget) and `python rollout.py --dump` (one
 rollout batch of the embedded default as JSON, every method drawn on one of its prompts).
-advantages.py and rollout.py call them from their `__main__` blocks and pass their modules in (and
-tree.py), as this package never imports the top level.
+advantages.py and rollout.py call them from their `__main__` blocks and pass the modules in
+(advantages.py, rollout.py with its algorithm registry, tree.py), as this package never imports the
+top level.
 """
 
 import json
@@ -10,7 +11,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from infra import data, draw, flags
 from infra.engines import RULES as ENGINE_RULES
@@ -39,9 +40,10 @@ def report(algo: str, trees, trajectories, walk) -> dict:
     }
 
 
-def demo_table(advantages, tree_module) -> str:
-    """The worked tree, then one row per (trajectory, step) and one column per method."""
-    tree, runs = advantages.demo()
+def demo_table(advantages, credits, tree_module) -> str:
+    """The worked tree, then one row per (trajectory, step) and one column per method (`credits`:
+    name -> credit function)."""
+    tree, runs = advantages.demo(credits)
     table = {
         (name, tr.leaf.id, step.id): a
         for name, trajectories in runs.items()
@@ -54,11 +56,11 @@ def demo_table(advantages, tree_module) -> str:
         tree.render(),
         "",
         "Advantage multiplying each step's tokens in each trajectory ('-' = not trained there):",
-        f"{'leaf':8} {'step':8} " + " ".join(f"{k:>9}" for k in advantages.ALGOS),
+        f"{'leaf':8} {'step':8} " + " ".join(f"{k:>9}" for k in runs),
     ]
     for leaf in tree_module.scored_leaves(tree.root):
         for step in tree_module.path(leaf):
-            cells = [table.get((k, leaf.id, step.id)) for k in advantages.ALGOS]
+            cells = [table.get((k, leaf.id, step.id)) for k in runs]
             lines.append(
                 f"{leaf.id:8} {step.id:8} "
                 + " ".join(f"{'-' if c is None else f'{c:+.3f}':>9}" for c in cells)
@@ -86,15 +88,17 @@ class CreditArgs:
     """With --demo: also draw the tree under each method, steps coloured by credit, to this PNG."""
 
 
-def credit_cli(advantages, tree_module):
-    """`python advantages.py ...`: `advantages`, `tree_module`: the modules advantages.py and
-    tree.py, passed in."""
-    args, algo = flags.parse(CreditArgs, advantages.AlgoConfig)
-    flags.check(algo, advantages.RULES)
+def credit_cli(advantages, rollout, tree_module):
+    """`python advantages.py ...`: `advantages`, `rollout`, `tree_module`: the modules
+    advantages.py, rollout.py (its registry ALGOS: name -> credit function and knobs) and tree.py,
+    passed in."""
+    args, r, c = flags.parse(CreditArgs, rollout.RolloutConfig, advantages.CreditConfig)
+    flags.check(r, rollout.RULES)
+    credits = {name: algo.credit for name, algo in rollout.ALGOS.items()}
     if args.demo:
-        print(demo_table(advantages, tree_module))
+        print(demo_table(advantages, credits, tree_module))
         if args.plot:
-            tree, runs = advantages.demo()
+            tree, runs = advantages.demo(credits)
             notes = {
                 "grpo": "the tree's 4 paths as 4 chains:\na step adds up the chains through it"
             }
@@ -118,10 +122,10 @@ def credit_cli(advantages, tree_module):
                 "rounds), e.g. 2,2,1"
             ) from None
         flags.check(
-            algo,
+            r,
             [],
             extra=[
-                (algo.algo != "tree_grpo", f"--budget goes with --algo tree_grpo, not {algo.algo}"),
+                (r.algo != "tree_grpo", f"--budget goes with --algo tree_grpo, not {r.algo}"),
                 (M < 1 or min(N, L) < 0, f"--budget {args.budget!r}: M must be >= 1 and N, L >= 0"),
             ],
         )
@@ -129,11 +133,9 @@ def credit_cli(advantages, tree_module):
         print(json.dumps({"rollouts": rollouts, "budget": budget}))
     elif args.trees:
         trees = tree_module.load_trees(args.trees, args.prompt)
-        print(
-            json.dumps(
-                report(algo.algo, trees, advantages.credit(algo, trees), tree_module.walk), indent=1
-            )
-        )
+        algo = rollout.ALGOS[r.algo]
+        trajectories = algo.credit(trees, **algo.credit_knobs(r, c))
+        print(json.dumps(report(r.algo, trees, trajectories, tree_module.walk), indent=1))
         if args.render:
             print("\n\n".join(t.render() for t in trees), file=sys.stderr)
     else:
@@ -166,12 +168,16 @@ class DumpArgs:
     PNG."""
     plot_prompt: int = 0
     """With --plot: which of the prompts to draw."""
+    seed: int = 0
+    """Seed of the engine's sampling and the strategies' random choices (train.py's --seed)."""
 
 
 def dump_cli(rollout, advantages, tree_module):
     """`python rollout.py --dump ...`: `rollout`, `advantages`, `tree_module`: the modules
     rollout.py, advantages.py and tree.py, passed in."""
-    args, algo, agent_cfg = flags.parse(DumpArgs, advantages.AlgoConfig, rollout.AgentConfig)
+    args, r, c, agent_cfg = flags.parse(
+        DumpArgs, rollout.RolloutConfig, advantages.CreditConfig, rollout.AgentConfig
+    )
     no_model = model_problem(args.model)
     if args.model == "out/warmstart" and not os.path.exists(args.model):
         no_model = (
@@ -179,13 +185,10 @@ def dump_cli(rollout, advantages, tree_module):
             "on 2 cores, or any train.py run), or pass --model DIR"
         )
     flags.check(
-        (args, algo, agent_cfg),
-        advantages.RULES
-        + rollout.RULES
-        + ENGINE_RULES
-        + [("n_prompts", "an integer >= 1", lambda v: v >= 1)],
+        (args, r, agent_cfg),
+        rollout.RULES + ENGINE_RULES + [("n_prompts", "an integer >= 1", lambda v: v >= 1)],
         [
-            rollout.depth_rule(algo, agent_cfg),
+            rollout.depth_rule(r, agent_cfg),
             (no_model, no_model),
             (
                 not 0 <= args.plot_prompt < args.n_prompts,
@@ -198,33 +201,35 @@ def dump_cli(rollout, advantages, tree_module):
     model, tok = load_policy(args.model)
     engine = make_engine(args.engine, model, tok, args.model)
     retriever = BM25Retriever(load_corpus(os.path.join(world, "corpus.jsonl")))
-    agent = rollout.Agent(engine, retriever, tok, agent_cfg)
+    agent = rollout.Agent(engine, retriever, tok, agent_cfg, args.seed)
+    algo = rollout.ALGOS[r.algo]
     t0 = time.perf_counter()
-    prompts = rollout.grow(algo, agent, rows, random.Random(agent_cfg.seed))
+    prompts = algo.grow(agent, rows, random.Random(args.seed), **algo.grow_knobs(r))
     tree_module.save_trees(prompts, args.dump)
     print(
-        f"{algo.algo} {rollout.STRATEGIES[algo.algo][1](algo)}: {len(prompts)} prompts in "
+        f"{r.algo} {algo.grow_knobs(r)}: {len(prompts)} prompts in "
         f"{time.perf_counter() - t0:.1f} s -> {args.dump}"
     )
     for k, v in {**rollout.metrics(prompts), **agent.counters}.items():
         print(f"  {k:40} {v:10.2f}")
     print(
-        f"credit assignment of the first prompt: python advantages.py --algo {algo.algo} --trees "
+        f"credit assignment of the first prompt: python advantages.py --algo {r.algo} --trees "
         f"{args.dump} --prompt 0 --render"
     )
     if args.plot:  # every other method on the same questions, from a fresh agent as its own dump
         panels = []
-        for name, (_, knobs) in rollout.STRATEGIES.items():
-            cfg, fresh = replace(algo, algo=name), rollout.Agent(engine, retriever, tok, agent_cfg)
-            rng = random.Random(agent_cfg.seed)
-            batch = prompts if name == algo.algo else rollout.grow(cfg, fresh, rows, rng)
+        for name, other in rollout.ALGOS.items():
+            fresh = rollout.Agent(engine, retriever, tok, agent_cfg, args.seed)
+            rng, knobs = random.Random(args.seed), other.grow_knobs(r)
+            batch = prompts if name == r.algo else other.grow(fresh, rows, rng, **knobs)
             trees = batch[args.plot_prompt]
-            used = ", ".join(f"{k}={v}" for k, v in knobs(cfg).items())
+            used = ", ".join(f"{k}={v}" for k, v in knobs.items())
             tokens = sum(t.stats["generated_tokens"] for t in trees)
+            credit = other.credit(trees, **other.credit_knobs(r, c))
             panels.append(
                 {
                     "algo": name,
-                    "nodes": tree_module.drawing(trees, advantages.credit(cfg, trees)),
+                    "nodes": tree_module.drawing(trees, credit),
                     "note": f"{used}\n{tokens} tokens generated",
                 }
             )

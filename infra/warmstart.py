@@ -4,9 +4,9 @@ App. A.2).
     python train.py warmstart --out out/warmstart --world out/world   # alone
 
 So it runs alone, its agent format set by AgentConfig's flags; train.py runs it (`ensure`) before
-RL when there is no --model. The agent it demonstrates is rollout.py's, and its validation is
-eval.py's `evaluate`: both are passed in (`rollout`: the module; `evaluate`), as this package never
-imports the top level.
+RL when there is no --model, with the run's --seed. The agent it demonstrates is rollout.py's, and
+its validation is eval.py's `evaluate`: both are passed in (`rollout`: the module; `evaluate`), as
+this package never imports the top level.
 
 The model is a 3-layer, d = 128 Llama; its tokenizer's pieces are the world's syllables, syllable
 pairs and words, so it can copy a name it never saw in a training question from a passage into its
@@ -307,16 +307,23 @@ def fit(model, make_batch, steps, lr, pad_id, desc, floor=0.1, until=0.0) -> tup
 
 
 def train(
-    out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg, rollout, evaluate, search=None
+    out_dir: str,
+    world_dir: str,
+    cfg: WarmConfig,
+    agent_cfg,
+    seed: int,
+    rollout,
+    evaluate,
+    search=None,
 ) -> str:
     """Warm-start a fresh tiny Llama on the world (the two stages, in the prompt and observation
-    format of `agent_cfg`, rollout.py's AgentConfig, whose seed seeds the weights and the data) and
+    format of `agent_cfg`, rollout.py's AgentConfig; `seed` seeds the weights and the data) and
     save it with its tokenizer to out_dir. `rollout`: the module rollout.py (its Agent
     demonstrates); `evaluate`: eval.py's (the validation). `search`: the run's retriever, searched
     when it is BM25 over the world's corpus (one index per run); otherwise the warm start builds its
     own."""
     tok = world_tokenizer(rollout)
-    model = tiny_llama(tok, seed=agent_cfg.seed)
+    model = tiny_llama(tok, seed=seed)
     rows = [r for r in data.load_rows(world_dir, "train") if r.gold_queries]
     if not rows:
         raise ValueError(
@@ -326,8 +333,8 @@ def train(
     corpus = os.path.join(world_dir, "corpus.jsonl")
     if not (isinstance(search, BM25Retriever) and search.corpus.path == corpus):
         search = BM25Retriever(load_corpus(corpus))
-    agent = rollout.Agent(None, search, tok, agent_cfg)
-    rng = random.Random(agent_cfg.seed)
+    agent = rollout.Agent(None, search, tok, agent_cfg, seed)
+    rng = random.Random(seed)
     # copy names AND wording: a thought restates the question's relations
     words = set(data.TEMPLATE_WORDS)
     pieces = sorted(
@@ -377,7 +384,7 @@ def train(
     steps, dev = cfg.sft_steps, data.spread(data.load_rows(world_dir, "dev"), cfg.val_n)
     while cfg.target_em:  # greedy dev EM with the agent's retriever and budgets
         greedy = rollout.Agent(
-            HFEngine(model, tok), agent.retriever, tok, replace(agent_cfg, temperature=0)
+            HFEngine(model, tok), agent.retriever, tok, replace(agent_cfg, temperature=0), seed
         )
         m = evaluate(greedy, dev)
         hops = ", ".join(f"{k[6:]}-hop {v:.2f}" for k, v in m.items() if k.startswith("em_hop"))
@@ -410,7 +417,7 @@ def train(
     with open(os.path.join(out_dir, "warmstart.json"), "w") as f:
         json.dump(
             {
-                **settings(cfg, agent_cfg, rollout),
+                **settings(cfg, agent_cfg, seed, rollout),
                 "world": world_dir,
                 "final_loss": loss,
                 "copy_steps_done": copy_steps,
@@ -423,13 +430,14 @@ def train(
     return out_dir
 
 
-def settings(cfg: WarmConfig, agent_cfg, rollout) -> dict:
-    """What a cached warm start must match: its own settings and the agent format it was trained
-    in."""
-    keep = ("think_tag", "topk", "max_obs_tokens", "seed")
+def settings(cfg: WarmConfig, agent_cfg, seed: int, rollout) -> dict:
+    """What a cached warm start must match: its own settings, the agent format it was trained in and
+    its seed."""
+    keep = ("think_tag", "topk", "max_obs_tokens")
     return {
         **asdict(cfg),
         **{k: v for k, v in asdict(agent_cfg).items() if k in keep},
+        "seed": seed,
         "instruction": rollout.instruction_template(
             agent_cfg.instruction, world_tokenizer(rollout)
         ),
@@ -437,9 +445,16 @@ def settings(cfg: WarmConfig, agent_cfg, rollout) -> dict:
 
 
 def ensure(
-    out_dir: str, world_dir: str, cfg: WarmConfig, agent_cfg, rollout, evaluate, search=None
+    out_dir: str,
+    world_dir: str,
+    cfg: WarmConfig,
+    agent_cfg,
+    seed: int,
+    rollout,
+    evaluate,
+    search=None,
 ) -> str:
-    """The cached warm-start checkpoint in out_dir; trained first (`train`, with `rollout`,
+    """The cached warm-start checkpoint in out_dir; trained first (`train`, with `seed`, `rollout`,
     `evaluate` and `search`) if it is not there yet. Under the lock OUT_DIR.lock: a second run waits
     for the first's warm start, then checks that its settings are this run's."""
     with data.claimed(out_dir.rstrip("/") + ".lock", f"the warm start {out_dir}"):
@@ -449,7 +464,7 @@ def ensure(
                 was = json.load(f)
             differ = {
                 k: (was.get(k), v)
-                for k, v in settings(cfg, agent_cfg, rollout).items()
+                for k, v in settings(cfg, agent_cfg, seed, rollout).items()
                 if was.get(k) != v
             }
             if differ:
@@ -467,28 +482,30 @@ def ensure(
             return out_dir
         print(f"warm start: none in {out_dir}; training one (about 6 minutes on 2 CPU cores)")
         t0 = time.perf_counter()
-        train(out_dir, world_dir, cfg, agent_cfg, rollout, evaluate, search)
+        train(out_dir, world_dir, cfg, agent_cfg, seed, rollout, evaluate, search)
         print(f"warm start: saved to {out_dir} in {time.perf_counter() - t0:.0f} s")
     return out_dir
 
 
 @dataclass
-class Paths:
-    """`python train.py warmstart`: where to read the world and write the checkpoint (the agent
-    format: AgentConfig)."""
+class WarmArgs:
+    """`python train.py warmstart`: where to read the world and write the checkpoint, and the seed
+    (the agent format: AgentConfig)."""
 
     out: str = "out/warmstart"
     """Checkpoint directory (model + tokenizer + warmstart.json)."""
     world: str = "out/world"
     """Embedded world directory (written first if missing)."""
+    seed: int = 0
+    """Seed of the weights' initialisation and of the data (train.py's --seed)."""
 
 
 def main(argv: list[str], rollout, evaluate):
     """`python train.py warmstart ...` (`argv`: the arguments after `warmstart`): train a warm start
     into --out, whatever is there, from the world in --world (written first if missing). `rollout`,
     `evaluate`: as `train`."""
-    cfg, paths, agent_cfg = flags.parse(WarmConfig, Paths, rollout.AgentConfig, args=argv)
+    cfg, a, agent_cfg = flags.parse(WarmConfig, WarmArgs, rollout.AgentConfig, args=argv)
     flags.check(cfg, RULES)
-    world = data.ensure_world(paths.world)
-    with data.claimed(paths.out.rstrip("/") + ".lock", f"the warm start {paths.out}"):
-        train(paths.out, world, cfg, agent_cfg, rollout, evaluate)
+    world = data.ensure_world(a.world)
+    with data.claimed(a.out.rstrip("/") + ".lock", f"the warm start {a.out}"):
+        train(a.out, world, cfg, agent_cfg, a.seed, rollout, evaluate)

@@ -16,8 +16,9 @@ import pytest
 from pytest import approx
 
 import advantages
+import rollout
 from advantages import (
-    ALGOS,
+    CreditConfig,
     branpo,
     carl,
     group_normalize,
@@ -30,6 +31,14 @@ from tree import Node, Tree, step_credit, to_samples, walk
 
 ROOT = Path(__file__).resolve().parents[1]
 S3 = math.sqrt(3)
+CREDITS = {name: algo.credit for name, algo in rollout.ALGOS.items()}  # the registry's
+
+
+def registry_credit(algo: str, trees, **flags):
+    """The registry's credit for `algo` with these credit flags (CreditConfig's fields), as train.py
+    calls it."""
+    entry = rollout.ALGOS[algo]
+    return entry.credit(trees, **entry.credit_knobs(rollout.RolloutConfig(), CreditConfig(**flags)))
 
 
 def n(id_, *children, **kw):
@@ -285,8 +294,7 @@ def test_branpo_empty_prefix_stats_official_code():
     close(by_leaf(branpo(trees())), branch | {"b.0.0": [-1 / S3, p], "c.0.0": [2 / S3, p]})
     official = branch | {"b.0.0": [-h, p], "c.0.0": [h, p]}
     close(by_leaf(branpo(trees(), skip_empty_base=True)), official)
-    cfg = advantages.AlgoConfig(algo="branpo", branpo_skip_empty_base=True)
-    close(by_leaf(advantages.credit(cfg, trees())), official)
+    close(by_leaf(registry_credit("branpo", trees(), branpo_skip_empty_base=True)), official)
 
 
 def test_branpo_preference_mask_official_code():
@@ -309,8 +317,7 @@ def test_branpo_preference_mask_official_code():
     assert 0.28 / s == approx(0.608, abs=1e-3)
     official = others | {"x.0.0": [1.5, 0.68 / s], "x.0.1": [None, 0.0]}
     close(by_leaf(branpo(trees(), clip_losers=True)), official)
-    cfg = advantages.AlgoConfig(algo="branpo", branpo_clip_losers=True)
-    close(by_leaf(advantages.credit(cfg, trees())), official)
+    close(by_leaf(registry_credit("branpo", trees(), branpo_clip_losers=True)), official)
     # a redundancy pair (branpo_trees' y): the original, through the redundant step y.0.0.0, loses:
     # its suffix takes min(A_branch, 0) = min(0.7071, 0) = 0 on both steps, the redundant one
     # trained (0), not masked (Eq. 14). The contrastive pair x: x.0.1 (r=0 < 1) loses,
@@ -674,9 +681,9 @@ def test_demo_credit_per_step_hand_computed():
         "carl": [1 / 3, 1 / 3, 1 / 3, None, -2 / 3, -1 / 3, None],
         "treeps": [1 / S3, 5 / 6, 5 / 6, 1 / 2, -7 / 6, -1, -1 / 2],
     }
-    tree, runs = advantages.demo()
+    tree, runs = advantages.demo(CREDITS)
     steps = ["q.0", "q.0.0", "q.0.1", "q.0.1.0", "q.0.2", "q.1", "q.1.0"]
-    assert [n.id for n in walk(tree.root)][1:] == steps and list(runs) == list(ALGOS)
+    assert [n.id for n in walk(tree.root)][1:] == steps and list(runs) == list(CREDITS)
     for name, trajectories in runs.items():
         credit = step_credit(trajectories)
         assert [None if x is None else approx(x, abs=1e-5) for x in want[name]] == [
@@ -712,7 +719,7 @@ def test_cli_prints_advantages_of_a_trees_file_the_budget_and_the_demo(tmp_path)
         "budget": 4.0,
     }
     demo = cli("--demo", "--plot", str(tmp_path / "demo.png"))
-    assert all(name in demo for name in ALGOS) and "[prefix_end]" in demo
+    assert all(name in demo for name in CREDITS) and "[prefix_end]" in demo
     assert (tmp_path / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

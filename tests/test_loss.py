@@ -9,10 +9,10 @@ import torch
 
 import advantages
 import rollout
-from advantages import AlgoConfig
+from advantages import CreditConfig
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
-from rollout import AgentConfig
+from rollout import AgentConfig, RolloutConfig
 from train import Args, collate, ppo_loss
 from tree import Sample
 
@@ -108,7 +108,14 @@ def test_dual_clip_caps_the_loss_of_a_negative_advantage():
     from train import validate
 
     with pytest.raises(SystemExit, match=r"--dual_clip 0.5: must be 0 \(off\) or > 1"):
-        validate(Args(dual_clip=0.5), AlgoConfig(), AgentConfig(), RetrieverConfig(), WarmConfig())
+        validate(
+            Args(dual_clip=0.5),
+            RolloutConfig(),
+            CreditConfig(),
+            AgentConfig(),
+            RetrieverConfig(),
+            WarmConfig(),
+        )
 
 
 def test_k3_is_not_clamped_and_every_log_ratio_is_bounded():
@@ -217,7 +224,8 @@ def test_hf_engine_logprobs_are_the_trainers_pi_old(env):
         engine,
         BM25Retriever(load_corpus(f"{world}/corpus.jsonl")),
         tok,
-        rollout.AgentConfig(instruction="short", max_step_tokens=12, max_turns=2, seed=3),
+        rollout.AgentConfig(instruction="short", max_step_tokens=12, max_turns=2),
+        seed=3,
     )
     rows = data.load_rows(str(world), "train")[:4]
     prompts = rollout.tree_grpo(agent, rows, random.Random(0), M=2, N=2, L=1)

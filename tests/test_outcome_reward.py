@@ -1,10 +1,11 @@
-"""rollout.py's outcome reward: worked examples for SQuAD normalisation, EM and token F1."""
+"""The outcome reward's answer scoring (infra/squad.py): worked examples for SQuAD normalisation, EM
+and token F1."""
 
 import unicodedata
 
 import pytest
 
-from rollout import exact_match, normalize_answer, token_f1
+from infra.squad import exact_match, normalize_answer, token_f1
 
 
 @pytest.mark.parametrize(

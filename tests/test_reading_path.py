@@ -7,7 +7,6 @@ import pathlib
 
 import pytest
 
-import advantages
 import rollout
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -88,10 +87,10 @@ def test_the_loop_is_found_in_train_main():
 
 
 def test_the_registry_read_from_the_code_holds_the_algorithm_names():
-    assert reading_path.algos(reading_path.load_modules(ROOT)) == list(advantages.ALGOS)
+    assert reading_path.algos(reading_path.load_modules(ROOT)) == list(rollout.ALGOS)
 
 
-@pytest.mark.parametrize("algo", list(advantages.ALGOS))
+@pytest.mark.parametrize("algo", list(rollout.ALGOS))
 def test_each_algo_path_holds_its_own_strategy_and_credit_and_no_other_credit(algo):
     path, stops = reading_path.reading_path(reading_path.load_modules(ROOT), algo)
     names = {(d.module, d.name) for d in path}
@@ -101,10 +100,10 @@ def test_each_algo_path_holds_its_own_strategy_and_credit_and_no_other_credit(al
         and all(d.code_lines > 0 for d in path)
     )
     assert ("train", "main (the loop)") in names
-    assert ("rollout", rollout.STRATEGIES[algo][0].__name__) in names
-    credits = {fn.__name__ for fn, _ in advantages.ALGOS.values()}
+    assert ("rollout", rollout.ALGOS[algo].grow.__name__) in names
+    credits = {entry.credit.__name__ for entry in rollout.ALGOS.values()}
     assert {n for m, n in names if m == "advantages"} & credits == {
-        advantages.ALGOS[algo][0].__name__
+        rollout.ALGOS[algo].credit.__name__
     }
     assert stops and all(s.split(".")[0] in reading_path.PACKAGE for s in stops)
 

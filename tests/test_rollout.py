@@ -11,7 +11,7 @@ import advantages
 from infra.engines import Completion
 from infra.search import Passage
 from retriever import RetrievalError
-from rollout import STRATEGIES, Agent, AgentConfig, Refiner, jaccard_prune, metrics, parse_action
+from rollout import ALGOS, Agent, AgentConfig, Refiner, jaccard_prune, metrics, parse_action
 from tree import Node, context_ids, path, to_samples, walk
 
 PIECES = [
@@ -118,7 +118,7 @@ def turns(ctx: str) -> int:
 
 def agent_with(policy, retriever=None, **cfg):
     eng = ScriptedEngine(policy)
-    return Agent(eng, retriever or MemoryRetriever(), TOK, AgentConfig(**cfg)), eng
+    return Agent(eng, retriever or MemoryRetriever(), TOK, AgentConfig(**cfg), seed=0), eng
 
 
 def one_trajectory(policy, retriever=None, **cfg):
@@ -323,7 +323,7 @@ def search_then_answer(c):
 
 def test_chain_one_engine_call_per_wave():
     agent, eng = agent_with(search_then_answer)
-    prompts = STRATEGIES["grpo"][0](agent, [EX, EX], random.Random(0), G=3)
+    prompts = ALGOS["grpo"].grow(agent, [EX, EX], random.Random(0), G=3)
     assert [len(trees) for trees in prompts] == [3, 3]
     assert all(
         len(t.leaves()) == 1 and t.leaves()[0].depth == 2 for trees in prompts for t in trees
@@ -335,7 +335,7 @@ def test_chain_one_engine_call_per_wave():
 
 def test_tree_grpo_221_gives_two_trees_of_three_leaves():
     agent, eng = agent_with(search_then_answer)
-    [trees] = STRATEGIES["tree_grpo"][0](agent, [EX], random.Random(0), M=2, N=2, L=1)
+    [trees] = ALGOS["tree_grpo"].grow(agent, [EX], random.Random(0), M=2, N=2, L=1)
     # each chain has 2 expandable nodes (root, the search step); N = 2 picks both
     assert [len(t.leaves()) for t in trees] == [3, 3]  # M (L N + 1) = 2 * 3 = 6 leaves
     # one expansion from the root, one from the search step
@@ -349,7 +349,7 @@ def test_tree_grpo_expansion_nodes_with_replacement():
     # with replacement (official code): the search step twice
     assert random.Random(0).choices([0, 1], k=2) == [1, 1]
     agent, eng = agent_with(search_then_answer)
-    [[t]] = STRATEGIES["tree_grpo"][0](
+    [[t]] = ALGOS["tree_grpo"].grow(
         agent, [EX], random.Random(0), M=1, N=2, L=1, with_replacement=True
     )
     # its answer + 2 new answers
@@ -370,7 +370,7 @@ def test_branpo_keeps_first_contrastive_branch():
     # first truncation point k = 1 (resample the answer): A's branches [A, W] -> keeps W; B's [W, A]
     # -> keeps A
     agent, eng = agent_with(queue_policy([S, S, A, W] + [A, W, W, A]))
-    (trees,) = STRATEGIES["branpo"][0](agent, [EX], random.Random(0), N=2)
+    (trees,) = ALGOS["branpo"].grow(agent, [EX], random.Random(0), N=2)
     a, b = trees
     assert eng.calls == [2, 2, 4]
     # branch .1 pruned
@@ -391,7 +391,7 @@ def test_branpo_unbranched_original_stays_split_at_the_last_truncation_point():
     # k = 1: a's branches [A, W] keep A (contrast); b's [A, A] none
     # k = 0 (b only): [S, S] then [A, A]: none
     agent, eng = agent_with(queue_policy([S, S, W, A] + [A, W, A, A] + [S, S, A, A]))
-    a, b = STRATEGIES["branpo"][0](agent, [EX], random.Random(0), N=2)[0]
+    a, b = ALGOS["branpo"].grow(agent, [EX], random.Random(0), N=2)[0]
     assert eng.calls == [2, 2, 4, 2, 2]
     assert a.find("p0.n0.0").prefix_end and [x.reward for x in a.leaves()] == [0.0, 1.0]
     # Algorithm 1: b keeps its last split, B = τ≤0 (the prompt), C = {(τ>0, R)}: root marked
@@ -432,7 +432,7 @@ def test_branpo_redundant_step_check():
         + [A, A, A, A]
     )
     agent, eng = agent_with(queue_policy(script))
-    a, b, c = STRATEGIES["branpo"][0](agent, [EX], random.Random(0), N=3)[0]
+    a, b, c = ALGOS["branpo"].grow(agent, [EX], random.Random(0), N=3)[0]
     s1, s2 = path(a.leaves()[0])[:2]
     assert s1.prefix_end and s2.redundant and not s1.redundant
     assert [(x.depth, x.reward) for x in a.leaves()] == [(3, 1.0), (2, 1.0)]
@@ -463,9 +463,7 @@ def test_branpo_redundant_step_check_fires_at_f1_0_8():
     # [P, W] keeps P
     script = [S1, S1, S1, S2, P, W, P] + [P, W, W, W, W, P, P, P, W]
     agent, _ = agent_with(queue_policy(script))
-    a, b, c = STRATEGIES["branpo"][0](agent, [Ex("who is it", ["Ivo Ra"])], random.Random(0), N=3)[
-        0
-    ]
+    a, b, c = ALGOS["branpo"].grow(agent, [Ex("who is it", ["Ivo Ra"])], random.Random(0), N=3)[0]
     s1, s2 = path(a.leaves()[0])[:2]
     assert s1.prefix_end and s2.redundant
     assert [x.depth for x in a.leaves()] == [3, 2] and [
@@ -484,7 +482,7 @@ def test_carl_forks_from_lowest_density():
         ("<search>q</search>", -2.0) if turns(c) == 0 else ("<answer>Ivo</answer>", -0.1)
     )
     agent, eng = agent_with(policy)
-    ([tree],) = STRATEGIES["carl"][0](agent, [EX], random.Random(0), N0=1, N=2)
+    ([tree],) = ALGOS["carl"].grow(agent, [EX], random.Random(0), N0=1, N=2)
     # fork 1: root (H/n = 2/1) beats the search state (0.1/1); fork 2: root (2/2 = 1) again
     assert len(tree.root.children) == 3 and len(tree.leaves()) == 3
     assert tree.root.entropy == pytest.approx(2.0) and tree.root.children[
@@ -494,7 +492,7 @@ def test_carl_forks_from_lowest_density():
         ("<search>q</search>", -0.1) if turns(c) == 0 else ("<answer>Ivo</answer>", -2.0)
     )
     agent, _ = agent_with(policy2)
-    ([tree],) = STRATEGIES["carl"][0](agent, [EX], random.Random(0), N0=1, N=2)
+    ([tree],) = ALGOS["carl"].grow(agent, [EX], random.Random(0), N0=1, N=2)
     # now the search state is the uncertain one: both forks resample the answer (2/1, then 2/2 vs
     # root 0.1)
     assert len(tree.root.children) == 1 and len(tree.root.children[0].children) == 3
@@ -515,7 +513,7 @@ def alternating_searches():
 def test_treeps_grows_eight_prompts_per_layer_and_keeps_two_per_parent():
     # 3 search rounds + the answer-only step: D = 4
     agent, eng = agent_with(alternating_searches(), max_turns=3)
-    ([tree],) = STRATEGIES["treeps"][0](agent, [EX], random.Random(0), N=8, N_retain=2)
+    ([tree],) = ALGOS["treeps"].grow(agent, [EX], random.Random(0), N=8, N_retain=2)
     # B_d = ceil(8 / |M(d-1)|) with |M| = 1, 2, 4, 8 -> 8, 4, 2, 1 children per parent: 8 prompts
     # per layer
     assert eng.calls == [8, 8, 8, 8]
@@ -528,7 +526,7 @@ def test_treeps_grows_eight_prompts_per_layer_and_keeps_two_per_parent():
 def test_treeps_prunes_at_the_depth_limit_and_samples_n_paths():
     retriever = MemoryRetriever()
     agent, eng = agent_with(alternating_searches(), retriever, max_turns=1)  # D = max_turns + 1 = 2
-    ([tree],) = STRATEGIES["treeps"][0](agent, [EX], random.Random(0), N=8, N_retain=2, N_train=3)
+    ([tree],) = ALGOS["treeps"].grow(agent, [EX], random.Random(0), N=8, N_retain=2, N_train=3)
     # depth 1: 8 searches, 2 kept (one per doc family); depth 2: B = ceil(8/2) = 4 per parent, 8
     # searches that the agent ends at its step limit (max_turns, not retrieved): pruned like any, 2
     # per parent -> 4 leaves (8 before)
@@ -542,7 +540,7 @@ def test_treeps_prunes_at_the_depth_limit_and_samples_n_paths():
     assert [x.sampled for x in leaves] == [True, True, False, True]
     # only those trained
     assert [t.leaf for t in advantages.treeps([tree])] == [leaves[0], leaves[1], leaves[3]]
-    ([tree],) = STRATEGIES["treeps"][0](
+    ([tree],) = ALGOS["treeps"].grow(
         agent_with(alternating_searches(), max_turns=1)[0], [EX], random.Random(0)
     )
     assert all(x.sampled for x in tree.leaves())  # N_train = N = 8 >= 4 leaves: every path
@@ -551,13 +549,13 @@ def test_treeps_prunes_at_the_depth_limit_and_samples_n_paths():
     # parent), ended
     retriever = MemoryRetriever()
     agent, eng = agent_with(alternating_searches(), retriever, max_turns=3)
-    ([tree],) = STRATEGIES["treeps"][0](agent, [EX], random.Random(0), N=8, D=2, N_retain=2)
+    ([tree],) = ALGOS["treeps"].grow(agent, [EX], random.Random(0), N=8, D=2, N_retain=2)
     assert [len(q) for q in retriever.calls] == [8, 8]
     assert [sum(1 for x in walk(tree.root) if x.depth == d) for d in (1, 2, 3)] == [2, 4, 0]
     assert sorted(x.query[:2] for x in tree.leaves()) == ["qa", "qa", "qb", "qb"]
     assert all(x.flags == ["max_turns"] and x.reward == 0.0 for x in tree.leaves())
     with pytest.raises(ValueError, match="depth limit D=5 exceeds the agent's max_turns \\+ 1 = 4"):
-        STRATEGIES["treeps"][0](agent, [EX], random.Random(0), D=5)
+        ALGOS["treeps"].grow(agent, [EX], random.Random(0), D=5)
 
 
 def test_treeps_retried_invalid_step_is_not_pruned_as_a_search_child():
@@ -570,7 +568,7 @@ def test_treeps_retried_invalid_step_is_not_pruned_as_a_search_child():
     agent, eng = agent_with(
         lambda c: next(script, "<answer>Ivo</answer>"), retriever, max_turns=1, retry_invalid=True
     )
-    ([tree],) = STRATEGIES["treeps"][0](agent, [EX], random.Random(0), N=4, N_retain=1)
+    ([tree],) = ALGOS["treeps"].grow(agent, [EX], random.Random(0), N=4, N_retain=1)
     assert [(c.id, c.action, c.flags) for c in tree.root.children] == [
         ("p0.0", "invalid", ["parse_error"]),
         ("p0.1", "search", []),

@@ -7,29 +7,24 @@ import math
 
 import pytest
 
-import advantages
-import rollout
-from advantages import AlgoConfig
+from advantages import CreditConfig
 from infra.run import summary
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
-from rollout import AgentConfig
+from rollout import ALGOS, AgentConfig, RolloutConfig
 from train import Args
 
 
-def test_algo_flags_become_the_papers_options_in_the_registries():
-    a = AlgoConfig(
-        tree_replace=True, carl_train_phase1=False, carl_N0=8, treeps_D=4, treeps_train=3
-    )
+def test_algo_flags_become_the_papers_options_in_the_registry():
+    r = RolloutConfig(tree_replace=True, carl_N0=8, treeps_D=4, treeps_train=3)
     # the official code's random.choices
-    assert rollout.STRATEGIES["tree_grpo"][1](a)["with_replacement"] is True
-    carl_options = advantages.ALGOS["carl"][1]
-    # C.1 / Eq. 13
-    assert (
-        carl_options(a)["phase1_chains"] == 8 and carl_options(AlgoConfig())["phase1_chains"] == 0
-    )
+    assert ALGOS["tree_grpo"].grow_knobs(r)["with_replacement"] is True
+    # C.1 / Eq. 13: --no_carl_train_phase1 leaves the N0 = 8 first chains untrained
+    carl = ALGOS["carl"].credit_knobs
+    assert carl(r, CreditConfig(carl_train_phase1=False))["phase1_chains"] == 8
+    assert carl(r, CreditConfig())["phase1_chains"] == 0
     # D = 4, 3 paths
-    assert rollout.STRATEGIES["treeps"][1](a) == {"N": 8, "D": 4, "N_retain": 2, "N_train": 3}
+    assert ALGOS["treeps"].grow_knobs(r) == {"N": 8, "D": 4, "N_retain": 2, "N_train": 3}
 
 
 def test_the_summary_says_whether_rl_helped_beyond_noise():
@@ -360,7 +355,7 @@ def test_vllm_engine_runs_the_training_loop(tmp_path_factory, algo):
 def test_validate_names_each_bad_flag():
     from train import validate
 
-    configs = (Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig)
+    configs = (Args, RolloutConfig, CreditConfig, AgentConfig, RetrieverConfig, WarmConfig)
     for flag in (
         "prompts_per_step",
         "tree_M",
@@ -383,7 +378,7 @@ def test_validate_refuses_bad_treeps_depth_and_paths_and_the_training_file_as_te
     # "Sample larger than population or is negative" after both models loaded; --treeps_D 6 with
     # --max_turns 4
     # failed only at the first rollout
-    configs = (Args, AlgoConfig, AgentConfig, RetrieverConfig, WarmConfig)
+    configs = (Args, RolloutConfig, CreditConfig, AgentConfig, RetrieverConfig, WarmConfig)
 
     def run(**flags):  # validate() with each flag set on the dataclass that owns it
         validate(
