@@ -197,7 +197,7 @@ def answers(rows, prompts) -> list[tuple[str, str]]:
 # ---- resume after kill -9 ------------------------------------------------------------------------
 
 
-def test_resume_after_kill_9_of_every_process_continues_exactly(env, launched):
+def test_resume_after_kill_9_of_every_process_continues_exactly(env, launched, tmp_path):
     # the job (launcher, torchrun's agent and both ranks, each of which torchrun starts in a
     # session of its own) killed with SIGKILL once checkpoint-1 is complete, then resumed: the run
     # logs what the uninterrupted grpo run logged, each step once
@@ -209,17 +209,19 @@ def test_resume_after_kill_9_of_every_process_continues_exactly(env, launched):
     cmd = launch_command(ROOT / "train.py", *flags)
     cmd[cmd.index("--steps") + 1] = "50"
     run = env / "out" / "runs" / "mp_killed"
-    job = subprocess.Popen(cmd, cwd=env, env=CPU, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with open(tmp_path / "stderr", "w") as stderr:
+        job = subprocess.Popen(cmd, cwd=env, env=CPU, stdout=subprocess.DEVNULL, stderr=stderr)
     deadline = time.time() + 600
     while time.time() < deadline and job.poll() is None:
         if (run / "latest").exists() and (run / "latest").read_text() == "checkpoint-1":
             break
         time.sleep(0.02)
+    assert job.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
     every = [job.pid] + [p.pid for p in psutil.Process(job.pid).children(recursive=True)]
     for pid in every:
         os.kill(pid, signal.SIGKILL)
     job.wait()
-    assert (run / "latest").read_text() == "checkpoint-1", job.stderr.read()[-3000:]
+    assert (run / "latest").read_text() == "checkpoint-1", (tmp_path / "stderr").read_text()
     alive = lambda: [
         p for p in every if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
     ]
