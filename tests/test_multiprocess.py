@@ -164,7 +164,7 @@ def test_two_process_eval_equals_one_process_eval_of_the_same_model(env, launche
     model, tok = engines.load_policy(str(run / "final"))
     cfg = rollout.for_eval(rollout.AgentConfig(max_step_tokens=12, max_turns=2))
     search = BM25Retriever(load_corpus(str(world / "corpus.jsonl")))
-    agent = rollout.Agent(engines.HFEngine(model, tok), search, tok, cfg)
+    agent = rollout.Agent(engines.HFEngine(model, tok), search, tok, cfg, seed=0)
     asked = []
     chain = evaluation.chain
 
@@ -363,10 +363,12 @@ def probe(records: Path, argv: list[str]):
     """train.py with `argv`, recording on each rank (records/rank{r}.pkl) per step the questions it
     rolled out, its trees, samples, update statistics and per-micro-batch losses, and per
     evaluation its (question, answer text) pairs, and the metrics row the env-error stop reads."""
+    import dataclasses
+
     import eval as evaluation
     import rollout
     import train
-    from advantages import AlgoConfig
+    from advantages import CreditConfig
     from infra import flags, run
     from infra.warmstart import WarmConfig
     from retriever import RetrieverConfig
@@ -374,8 +376,7 @@ def probe(records: Path, argv: list[str]):
     rank = int(os.environ.get("RANK", "0"))
     mine = {"steps": [], "evals": [], "checked": []}
     save = lambda: (records / f"rank{rank}.pkl").write_bytes(pickle.dumps(mine))
-    grow, to_samples, update, ppo_loss, chain, check = (
-        rollout.grow,
+    to_samples, update, ppo_loss, chain, check = (
         train.to_samples,
         train.update,
         train.ppo_loss,
@@ -383,12 +384,15 @@ def probe(records: Path, argv: list[str]):
         run.check_env_errors,
     )
 
-    def recording_grow(algo, agent, examples, rng):
-        prompts = grow(algo, agent, examples, rng)
-        mine["steps"].append(
-            {"questions": [e.question for e in examples], "prompts": prompts, "loss_items": []}
-        )
-        return prompts
+    def recording(grow):
+        def recording_grow(agent, examples, rng, **knobs):
+            prompts = grow(agent, examples, rng, **knobs)
+            mine["steps"].append(
+                {"questions": [e.question for e in examples], "prompts": prompts, "loss_items": []}
+            )
+            return prompts
+
+        return recording_grow
 
     def recording_to_samples(trajectories):
         mine["steps"][-1]["samples"] = to_samples(trajectories)
@@ -419,8 +423,11 @@ def probe(records: Path, argv: list[str]):
         save()
         return prompts
 
-    rollout.grow, train.to_samples, train.update, train.ppo_loss, evaluation.chain = (
-        recording_grow,
+    rollout.ALGOS = {
+        name: dataclasses.replace(algo, grow=recording(algo.grow))
+        for name, algo in rollout.ALGOS.items()
+    }
+    train.to_samples, train.update, train.ppo_loss, evaluation.chain = (
         recording_to_samples,
         recording_update,
         recording_ppo_loss,
@@ -429,7 +436,14 @@ def probe(records: Path, argv: list[str]):
     run.check_env_errors = recording_check
     sys.argv = [str(ROOT / "train.py"), *argv]
     train.main(
-        *flags.parse(train.Args, AlgoConfig, rollout.AgentConfig, RetrieverConfig, WarmConfig)
+        *flags.parse(
+            train.Args,
+            rollout.RolloutConfig,
+            CreditConfig,
+            rollout.AgentConfig,
+            RetrieverConfig,
+            WarmConfig,
+        )
     )
 
 
