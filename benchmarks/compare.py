@@ -5,19 +5,21 @@ budget sweep side by side over seeds, each arm a train.py run from the same warm
                                                 # README "Comparison"
     python benchmarks/compare.py --calibrate    # generated tokens / prompt / step of knob choices
     python benchmarks/compare.py --quick        # one seed, two arms, 2 steps, a tiny warm start
+    python benchmarks/compare.py --setting hard # the same in a harder world (SETTINGS), in
+                                                # out/compare-hard
 
-Per seed S, in OUT/seedS/: the embedded world; the warm start (`train.py warmstart --seed S`, once);
-its greedy test EM (`eval.py`, once: step 0 of every arm); then one `train.py --model WARMSTART
---no_eval_start` run per arm (runs/ARM/; its output in logs/). Every arm of a seed sees the same
-questions in the same order (train.py orders them by the seed), the same steps and the same shared
-settings (train.py's defaults and --train_flags); only the arm's own knobs (GROUPS) differ. An arm
-that two groups share runs once.
+Per seed S, in OUT/seedS/: the embedded world (of --setting: SETTINGS); the warm start (`train.py
+warmstart --seed S`, once); its greedy test EM (`eval.py`, once: step 0 of every arm); then one
+`train.py --model WARMSTART --no_eval_start` run per arm (runs/ARM/; its output in logs/). Every arm
+of a seed sees the same questions in the same order (train.py orders them by the seed), the same
+steps and the same shared settings (train.py's defaults and --train_flags); only the arm's own knobs
+(GROUPS) differ. An arm that two groups share runs once.
 
 Resuming: each finished task stores its result in OUT/seedS/results/ with a key: its flags (paths
-left out), a hash of every repository module its script imports, a hash of the warm start's weights,
---threads and the torch and transformers versions. A later call reuses a result whose key matches;
-where a stored key differs it stops before running anything and says what differs (--redo
-recomputes those tasks instead).
+left out; a setting's world flags too), a hash of every repository module its script imports, a hash
+of the warm start's weights, --threads and the torch and transformers versions. A later call reuses
+a result whose key matches; where a stored key differs it stops before running anything and says
+what differs (--redo recomputes those tasks instead).
 
 Threads: each task runs pinned to --threads cores (its CPU affinity, which train.py's torch threads
 follow, and OMP_NUM_THREADS) whatever --jobs is, so the figures do not depend on --jobs. One thread
@@ -197,6 +199,20 @@ CLAIMS = [  # (a paper's claim, its numbers; arm; reference; measure(); the sign
 ]
 QUICK_ARMS = [grpo(2), tree(1, 2, 1)]
 
+# The worlds the comparison runs in; every seed's world, warm start and arm alike. Each setting:
+# flags of infra/data.py's WorldConfig (world), of rollout.AgentConfig (agent: the warm start's and
+# every arm's, before --warm_flags and --train_flags, which win) and of WarmConfig (warm). "hard"
+# (docs/comparison.md, "The hard setting"): 6 hops (a search round each), twice the look-alike
+# passages, and a demonstrator that stops after 4 searches on 5- and 6-hop questions.
+SETTINGS = {
+    "default": dict(world="", agent="", warm=""),
+    "hard": dict(
+        world="--max_hops 6 --distractor_fraction 0.6",
+        agent="--max_turns 6 --max_traj_tokens 1536",
+        warm="--search_budget 4",
+    ),
+}
+
 
 def algo_config(flags: str) -> tuple[RolloutConfig, CreditConfig]:
     return parse(RolloutConfig, CreditConfig, args=flags.split())
@@ -252,7 +268,7 @@ class Args:
     warmstart: str = ""
     """An existing warm start to train every arm from (one seed); empty = built in OUT/seedS."""
     out: str = ""
-    """Output directory; empty = out/compare (out/compare-quick with --quick)."""
+    """Output directory; empty = out/compare (-SETTING if not the default; -quick with --quick)."""
     jobs: int = 1
     """Tasks run at once, each on --threads cores (the figures do not depend on this)."""
     threads: int = 1
@@ -265,6 +281,8 @@ class Args:
     """--calibrate: RL steps per candidate (no evaluation)."""
     quick: bool = False
     """Smoke run: the first seed, QUICK_ARMS, QUICK's tiny settings."""
+    setting: str = field(default="default", metadata={"choices": list(SETTINGS)})
+    """The world, agent and warm start flags of every seed and arm (SETTINGS)."""
 
 
 QUICK = dict(
@@ -301,20 +319,18 @@ def changed(config) -> list[str]:
 
 
 def configure(a: Args) -> tuple[Args, dict[str, str], str]:
-    """--quick's and --out's defaults applied and every flag checked; the arms to run (name ->
-    flags) and the train.py flags they share."""
+    """--quick's, --setting's and --out's defaults applied and every flag checked; the arms to run
+    (name -> flags) and the train.py flags they share."""
+    out = "out/compare" + f"-{a.setting}" * (a.setting != "default") + "-quick" * a.quick
     if a.quick:
-        a = replace(
-            a,
-            seeds=a.seeds[:1],
-            arms=[arm_name(f) for f in QUICK_ARMS],
-            **QUICK,
-            out=a.out or "out/compare-quick",
-        )
+        a = replace(a, seeds=a.seeds[:1], arms=[arm_name(f) for f in QUICK_ARMS], **QUICK)
+    setting = SETTINGS[a.setting]
     a = replace(
         a,
-        out=os.path.abspath(a.out or "out/compare"),
+        out=os.path.abspath(a.out or out),
         seeds=a.seeds[:1] if a.calibrate else a.seeds,
+        train_flags=" ".join(filter(None, (setting["agent"], a.train_flags))),
+        warm_flags=" ".join(filter(None, (setting["agent"], setting["warm"], a.warm_flags))),
     )
     table = {arm_name(f): f for fs in CANDIDATES.values() for f in fs} if a.calibrate else arms()
     unknown, cores = [n for n in a.arms if n not in table], len(os.sched_getaffinity(0))
@@ -378,6 +394,7 @@ class Task:
     steps: int = 0  # train.py: RL steps, for the progress bar
     metrics: str = ""  # train.py: its metrics.jsonl (counted by the bar, kept in the result)
     report: str = ""  # eval.py: its JSON report (kept in the result as a step-0 evaluation row)
+    world: str = ""  # the setting's world flags (in the key where set: the world is not a flag)
 
     @property
     def result(self) -> str:
@@ -386,6 +403,7 @@ class Task:
     def key(self, threads: int) -> dict:
         return {
             "command": [self.script, *self.flags],
+            **({"world": self.world} if self.world else {}),
             "code": code_hashes(self.script),
             "warmstart": weights_hash(self.warm) if self.warm else None,
             "threads": threads,
@@ -582,8 +600,9 @@ def last(s: dict) -> dict:
 
 
 def measure(s: dict, name: str) -> float:
-    """em: the last evaluation's greedy test EM; multihop: its EM on 2-4-hop questions (as many
-    per hop count: the mean of theirs); any other name: that step metric's mean over the run."""
+    """em: the last evaluation's greedy test EM; multihop: its EM on questions of 2 hops or more
+    (as many per hop count: the mean of theirs); any other name: that step metric's mean over the
+    run."""
     if name == "em":
         return last(s)["eval/em"]
     if name == "multihop":
@@ -659,11 +678,12 @@ def difference_table(runs: dict[str, list[dict]]) -> list[str]:
     first = next(iter(runs.values()))[0]
     steps, end = sorted(first["evals"]), max(first["evals"])
     early = steps[1] if len(steps) > 2 else end  # the first evaluation after step 0
+    top = max(int(k[len("eval/em_hop") :]) for k in last(first) if k.startswith("eval/em_hop"))
     picks = [
         (f"EM @ step {early}", lambda s: s["evals"][early]["eval/em"]),
         (f"EM @ step {end}", lambda s: measure(s, "em")),
         (f"multi-hop EM @ step {end}", lambda s: measure(s, "multihop")),
-        (f"4-hop EM @ step {end}", lambda s: last(s)["eval/em_hop4"]),
+        (f"{top}-hop EM @ step {end}", lambda s: last(s)[f"eval/em_hop{top}"]),
     ]
     out = [
         "### Paired differences, arm − reference on the same seeds: mean ± standard error, "
@@ -852,7 +872,12 @@ def main(a: Args):
     a, chosen, shared = configure(a)
     cfg, _, _, agent, retriever_cfg, _ = parse_train(shared)
     home = {s: os.path.join(a.out, f"seed{s}") for s in a.seeds}
-    world = {s: data.ensure_world(os.path.join(home[s], "world")) for s in a.seeds}
+    world_flags = SETTINGS[a.setting]["world"]  # a world of other flags: another directory
+    world_cfg = parse(data.WorldConfig, args=world_flags.split())[0]
+    where = "world" + f"-{slug(world_flags)}" * bool(world_flags)
+    named = {"setting": a.setting, "world flags": world_flags, "warm start flags": a.warm_flags}
+    named = named if world_flags else {}  # the default's outputs name no setting
+    world = {s: data.ensure_world(os.path.join(home[s], where), world_cfg) for s in a.seeds}
     warm = {
         s: os.path.abspath(a.warmstart) if a.warmstart else os.path.join(home[s], "warmstart")
         for s in a.seeds
@@ -867,6 +892,7 @@ def main(a: Args):
             ["--out", warm[s], "--world", world[s]],
             home[s],
             "warmstart",
+            world=world_flags,
         )
         for s in a.seeds
         if not a.warmstart
@@ -901,6 +927,7 @@ def main(a: Args):
                 "step0",
                 warm=warm[s],
                 report=report,
+                world=world_flags,
             )
         for name, knobs in chosen.items():
             run = f"calibrate{a.calibrate_steps}-" * a.calibrate + slug(name)
@@ -918,12 +945,15 @@ def main(a: Args):
                 f"seed {s} {name}",
                 "train.py",
                 flags,
-                ["--model", warm[s], "--out_dir", home[s], "--run_name", run, "--overwrite"],
+                ["--model", warm[s], "--out_dir", home[s], "--run_name", run, "--overwrite"]
+                + ["--data", world[s], "--corpus", os.path.join(world[s], "corpus.jsonl")]
+                * bool(world_flags),  # else train.py reads OUT/seedS/world, the default's
                 home[s],
                 run,
                 warm=warm[s],
                 steps=cfg.steps,
                 metrics=os.path.join(home[s], "runs", run, "metrics.jsonl"),
+                world=world_flags,
             )
     run_tasks([*evals.values(), *runs.values()], a)
 
@@ -955,9 +985,10 @@ def main(a: Args):
             + claims_table(summaries)
             + cost_table(summaries, walls)
             + [
-                f"Seeds {', '.join(map(str, a.seeds))}; {len(chosen)} arms; shared train.py flags "
-                f"{a.train_flags!r}; commit {commit()}. Wall time of the stored tasks as they ran "
-                f"(--jobs {a.jobs}, --threads {a.threads}): "
+                "".join(f"{k} {v!r}; " for k, v in named.items())
+                + f"Seeds {', '.join(map(str, a.seeds))}; {len(chosen)} arms; shared train.py "
+                f"flags {a.train_flags!r}; commit {commit()}. Wall time of the stored tasks as "
+                f"they ran (--jobs {a.jobs}, --threads {a.threads}): "
                 + ", ".join(f"{k} {v:.1f} min" for k, v in spent.items())
                 + f"; {sum(spent.values()) / 60:.2f} h in all."
             ]
@@ -966,7 +997,13 @@ def main(a: Args):
         figure(summaries, outputs[1])
         with open(outputs[2], "w") as f:
             json.dump(
-                {"seeds": a.seeds, "train_flags": a.train_flags, "runs": summaries, "walls": walls},
+                {
+                    **named,
+                    "seeds": a.seeds,
+                    "train_flags": a.train_flags,
+                    "runs": summaries,
+                    "walls": walls,
+                },
                 f,
                 indent=1,
             )

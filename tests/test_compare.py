@@ -5,11 +5,13 @@ import json
 import math
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from benchmarks import compare
+from infra import data
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,6 +47,37 @@ def test_every_arm_runs_once_under_its_own_name():
             compare.arms()
         finally:
             compare.GROUPS.pop()
+
+
+def test_settings_apply_to_every_arm_and_warm_start_and_leave_the_default_as_it_was():
+    # the default: the flags, out dirs and quick settings of before (no setting's flag added)
+    a, _, shared = compare.configure(compare.Args())
+    assert shared == "--eval_every 5" and a.warm_flags == "" and a.out.endswith("out/compare")
+    a, _, shared = compare.configure(compare.Args(quick=True))
+    assert (shared, a.warm_flags) == (compare.QUICK["train_flags"], compare.QUICK["warm_flags"])
+    assert a.out.endswith("out/compare-quick")
+    # hard: the agent's flags in the arms' and the warm start's, --train_flags / --warm_flags after
+    hard = compare.SETTINGS["hard"]
+    a, arms, shared = compare.configure(compare.Args(setting="hard", warm_flags="--val_n 10"))
+    assert shared == hard["agent"] + " --eval_every 5" and len(arms) == 15
+    assert a.warm_flags == hard["agent"] + " " + hard["warm"] + " --val_n 10"
+    assert a.out.endswith("out/compare-hard")
+    a, _, shared = compare.configure(compare.Args(setting="hard", quick=True))
+    assert a.out.endswith("out/compare-hard-quick")
+    assert compare.parse_train(shared)[2].max_turns == 2  # QUICK's --max_turns 2 comes last: wins
+
+
+def test_the_hard_world_has_six_hop_counts_and_twice_the_look_alikes():
+    hard = compare.parse(data.WorldConfig, args=compare.SETTINGS["hard"]["world"].split())[0]
+    world = data.build_world(hard)  # the full size, as the comparison builds it (seconds)
+    # 500 test questions for each of 1..6 hops; a 6-hop chain names 7 entities and 6 relations
+    assert Counter(r.hops for r in world.test) == {h: 500 for h in range(1, 7)}
+    assert all(len(r.gold_chain) == r.hops + 1 == len(r.gold_relations) + 1 for r in world.test)
+    # look-alikes: each real entity but the countries gets one with probability 0.6 (a draw can
+    # fail to find a free name: a little under 0.6); 6,800 of them: sd sqrt(0.6 0.4 / 6800) = 0.006
+    real = [e for e in world.entities if e.side not in ("distractor", "shared")]
+    share = sum(e.side == "distractor" for e in world.entities) / len(real)
+    assert len(real) == 4000 + 800 + 1600 + 400 and 0.57 < share < 0.62
 
 
 def test_a_result_key_names_the_code_it_ran():
@@ -183,3 +216,28 @@ def test_quick_runs_end_to_end_then_resumes_then_refuses_other_settings(tmp_path
     assert other.returncode != 0 and "--redo" in other.stderr
     assert "made with other code or settings (nothing was run)" in other.stderr
     assert "seed 0 warm start: threads (1 -> 2)" in other.stderr
+
+
+def test_quick_runs_the_hard_setting_in_its_own_world(tmp_path):
+    quick = [str(ROOT / "benchmarks" / "compare.py"), "--quick", "--setting", "hard"]
+    out = subprocess.run(
+        [sys.executable, *quick, "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # the tables reach 6 hops (8 questions spread over 3,000 sorted by hops: one is 6-hop) and the
+    # outputs name the setting
+    assert "6-hop @ 2" in out.stdout and "6-hop EM @ step 2" in out.stdout
+    assert "setting 'hard'; world flags '--max_hops 6" in (tmp_path / "results.md").read_text()
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["setting"] == "hard"
+    for (seed,) in results["runs"].values():  # the arms evaluated on the hard world's questions
+        assert "eval/em_hop6" in seed["evals"]["2"] and "eval/em_hop6" in seed["evals"]["0"]
+    home = tmp_path / "seed0"
+    assert (home / "world-max-hops-6-distractor-fraction-0-6" / "test.jsonl").exists()
+    assert not (home / "world").exists()  # no arm wrote (or read) the default world
+    warm = json.loads((home / "results" / "warmstart.json").read_text())["key"]
+    assert "--search_budget" in warm["command"] and warm["world"].startswith("--max_hops 6")
