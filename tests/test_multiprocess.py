@@ -52,6 +52,21 @@ def launch_command(script, *args, processes=2) -> list[str]:
 CPU = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
 
 
+def launch_train(env, *args) -> subprocess.CompletedProcess:
+    """train.py with the tests' fast flags and `args`, in two CPU processes; its output captured."""
+    from test_train import train_command
+
+    flags = train_command(env, *args)[2:]  # without "python train.py"
+    return subprocess.run(
+        launch_command(ROOT / "train.py", *flags),
+        cwd=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=CPU,
+    )
+
+
 def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -251,39 +266,20 @@ def test_a_live_lock_refuses_two_processes(env):
     # a barrier, is ended by the launcher (no hang)
     import fcntl
 
-    from test_train import train_command
-
     run = env / "out" / "runs" / "mp_locked"
     run.mkdir(parents=True)
     with open(run / "run.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         lock.write(f"{os.getpid()} testhost\n")
         lock.flush()
-        flags = train_command(env, "--algo", "grpo", "--steps", "1", "--run_name", "mp_locked")
-        out = subprocess.run(
-            launch_command(ROOT / "train.py", *flags[2:]),
-            cwd=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env=CPU,
-        )
+        out = launch_train(env, "--algo", "grpo", "--steps", "1", "--run_name", "mp_locked")
     assert out.returncode != 0 and f"in use by process {os.getpid()} testhost" in out.stderr
     assert not (run / "metrics.jsonl").exists()
 
 
 def test_prompts_per_step_must_split_over_the_processes(env):
-    from test_train import train_command
 
-    flags = train_command(env, "--algo", "grpo", "--run_name", "mp_odd", "--prompts_per_step", "3")
-    out = subprocess.run(
-        launch_command(ROOT / "train.py", *flags[2:]),
-        cwd=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=CPU,
-    )
+    out = launch_train(env, "--algo", "grpo", "--run_name", "mp_odd", "--prompts_per_step", "3")
     assert out.returncode != 0
     assert "--prompts_per_step 3 does not split over the 2 processes" in out.stderr
     assert "nothing was loaded or run" in out.stderr and not (env / "out/runs/mp_odd").exists()
