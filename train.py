@@ -767,6 +767,11 @@ def main(
         print(run.summary(history, seconds, time.perf_counter() - t_start, run_dir))
     # before end_training tears down torch.distributed, which vLLM's shutdown still uses
     engine.close()
+    # torch's gloo workers free a finished collective's tensors under the GIL, and tearing the
+    # process group down joins them holding it: a rank that reaches the teardown straight after a
+    # collective (rank 1, while rank 0 writes the final model) can hang there for ever. A barrier
+    # first waits without the GIL, so every earlier collective is freed before the teardown.
+    accelerator.wait_for_everyone()
     accelerator.end_training()
     if stopped:
         raise SystemExit(128 + stopped)  # the shell's code for a process ended by that signal

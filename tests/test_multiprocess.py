@@ -493,6 +493,7 @@ def parity(out: Path):
         saved[agg].update(norms=norms, losses=losses)
     if accelerator.is_main_process:
         torch.save(saved, out / f"parity{accelerator.num_processes}.pt")
+    accelerator.wait_for_everyone()  # as train.py does before the teardown (a gloo deadlock)
     accelerator.end_training()
 
 
