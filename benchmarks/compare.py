@@ -313,8 +313,10 @@ def changed(config) -> list[str]:
     return [
         x
         for f in fields(config)
-        if getattr(config, f.name) != getattr(default, f.name)
-        for x in (f"--{f.name}", str(getattr(config, f.name)))
+        if (v := getattr(config, f.name)) != getattr(default, f.name)
+        for x in (
+            [f"--{'no_' * (not v)}{f.name}"] if isinstance(v, bool) else [f"--{f.name}", str(v)]
+        )
     ]
 
 
