@@ -64,7 +64,7 @@ def test_settings_apply_to_every_arm_and_warm_start_and_leave_the_default_as_it_
     assert a.out.endswith("out/compare-hard")
     a, _, shared = compare.configure(compare.Args(setting="hard", quick=True))
     assert a.out.endswith("out/compare-hard-quick")
-    assert compare.parse_train(shared)[2].max_turns == 2  # QUICK's --max_turns 2 comes last: wins
+    assert compare.parse_train(shared)[3].max_turns == 2  # QUICK's --max_turns 2 comes last: wins
 
 
 def test_the_hard_world_has_six_hop_counts_and_twice_the_look_alikes():
