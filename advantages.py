@@ -40,7 +40,8 @@ Deviations from the papers, each cited by its name:
 
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -288,9 +289,9 @@ class CreditConfig:
     """Every paper's credit options, one name each (--algo and the rollout knobs:
     rollout.RolloutConfig)."""
 
-    tree_mode: str = field(default="both", metadata={"choices": ["both", "intra", "inter"]})
+    tree_mode: Literal["both", "intra", "inter"] = "both"
     """Tree-GRPO advantage: intra + inter (paper), or one of them (Table 4 ablation)."""
-    branpo_norm: str = field(default="prompt", metadata={"choices": ["prompt", "prefix"]})
+    branpo_norm: Literal["prompt", "prefix"] = "prompt"
     """BranPO: branch advantage normalized per prompt (Eq. 12) or per prefix (Algorithm 1)."""
     branpo_skip_empty_base: bool = False
     """BranPO: leave empty prefixes (k = 0) out of Eq. 11's statistics, as its official code."""

@@ -19,8 +19,9 @@ import os
 import random
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import partial
+from typing import Literal
 
 from accelerate.utils import gather_object
 
@@ -286,7 +287,7 @@ class EvalArgs:
     """Samples per question (pass@k); k > 1 needs eval_temperature > 0."""
     judge_model: str = ""
     """A local judge model directory for LLM-as-judge (BranPO Table 7); empty = none."""
-    engine: str = field(default="auto", metadata={"choices": ["auto", "hf", "vllm"]})
+    engine: Literal["auto", "hf", "vllm"] = "auto"
     """Generation engine."""
     out: str = ""
     """JSON report path; empty = next to the model as eval_<split>.json."""

@@ -12,7 +12,8 @@ agent counts ("Cut the Bill" §5.4.2: environment errors are discarded).
 """
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Literal
 
 from infra import server
 from infra.search import load_corpus, make_retriever
@@ -23,7 +24,7 @@ from infra.server import RemoteRetriever, RetrievalError
 class RetrieverConfig:
     """Which in-process retriever to build, and how."""
 
-    retriever: str = field(default="bm25", metadata={"choices": ["bm25", "dense"]})
+    retriever: Literal["bm25", "dense"] = "bm25"
     """In-process retriever when --retriever_url is empty: bm25 (bm25s) or dense (HF encoder +
     FAISS)."""
     retriever_url: str = ""

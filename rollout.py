@@ -58,7 +58,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from scipy.cluster.hierarchy import cut_tree, linkage
@@ -98,7 +98,7 @@ class AgentConfig:
     """How an agent step is generated, parsed, executed and scored, the same in training, eval, warm
     start, dumps."""
 
-    instruction: str = field(default="auto", metadata={"choices": ["auto", "search_r1", "short"]})
+    instruction: Literal["auto", "search_r1", "short"] = "auto"
     """Prompt: auto = the short one for the embedded default's tokenizer, else Search-R1's."""
     think_tag: str = "think"
     """Reasoning tag name: "think" (Search-R1), "thinking" or "reason" (the Qwen3 runs in the
@@ -127,7 +127,7 @@ class AgentConfig:
     top-p 0.8)."""
     eval_top_p: float = 1.0
     """Evaluation nucleus mass."""
-    reward: str = field(default="f1", metadata={"choices": ["f1", "em"]})
+    reward: Literal["f1", "em"] = "f1"
     """Outcome reward (Cut the Bill, BranPO: F1; Search-R1, Tree-GRPO, TreePS-RAG: EM)."""
     format_penalty: bool = False
     """BranPO's -0.5 for a broken tag format or an answer without any search."""

@@ -40,8 +40,9 @@ import shlex
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -84,15 +85,13 @@ class Args:
     this."""
     env_error_patience: int = 3
     """Steps in a row above --max_env_error_rate before the run stops."""
-    engine: str = field(default="auto", metadata={"choices": ["auto", "hf", "vllm"]})
+    engine: Literal["auto", "hf", "vllm"] = "auto"
     """Rollout engine: vLLM when installed with CUDA, else Hugging Face generate (printed once at
     start)."""
     vllm_gpu_memory_utilization: float = 0.3
     """Share of each rank's GPU memory its vLLM engine may take (the rank's training replica shares
     that GPU)."""
-    vllm_dtype: str = field(
-        default="", metadata={"choices": ["", "float32", "bfloat16", "float16"]}
-    )
+    vllm_dtype: Literal["", "float32", "bfloat16", "float16"] = ""
     """vLLM's dtype; empty = the policy's, so TIS corrects kernel differences, not rounding to a
     narrower type."""
     out_dir: str = "out"
@@ -128,9 +127,7 @@ class Args:
     tis_cap: float = 2.0
     """TIS cap C on pi_old / pi_rollout (BranPO Table 5: 2.0; its batch-normalize option: README); 0
     disables TIS."""
-    loss_agg: str = field(
-        default="token-mean", metadata={"choices": ["token-mean", "seq-mean-token-mean"]}
-    )
+    loss_agg: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
     """How per-token losses are averaged."""
     grad_clip: float = 1.0
     """Gradient-norm clip."""
@@ -152,7 +149,7 @@ class Args:
     overwrite: bool = False
     """Delete what the run directory holds and start fresh (without --resume or this, a run there is
     refused)."""
-    log_with: str = field(default="", metadata={"choices": ["", *run.TRACKERS]})
+    log_with: Literal["", *run.TRACKERS] = ""
     """An accelerate tracker to log to as well (pip install it: README, Metrics); empty = none."""
 
 
@@ -212,10 +209,7 @@ def validate(args: Args, *configs):
                 args.gguf_file and not args.model,
                 f"--gguf_file {args.gguf_file!r} needs --model, the directory holding it",
             ),
-            (
-                warm.sft_max_steps < warm.sft_steps,
-                f"--sft_max_steps {warm.sft_max_steps} must be >= --sft_steps {warm.sft_steps}",
-            ),
+            warmstart.steps_rule(warm),
             (
                 args.log_with
                 and not (args.log_with in run.TRACKERS and run.TRACKERS[args.log_with]()),

@@ -44,6 +44,7 @@ import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, fields, replace
 from queue import Queue
+from typing import Literal
 
 from matplotlib.figure import Figure
 from scipy import stats
@@ -281,7 +282,7 @@ class Args:
     """--calibrate: RL steps per candidate (no evaluation)."""
     quick: bool = False
     """Smoke run: the first seed, QUICK_ARMS, QUICK's tiny settings."""
-    setting: str = field(default="default", metadata={"choices": list(SETTINGS)})
+    setting: Literal[*SETTINGS] = "default"
     """The world, agent and warm start flags of every seed and arm (SETTINGS)."""
 
 
@@ -313,8 +314,10 @@ def changed(config) -> list[str]:
     return [
         x
         for f in fields(config)
-        if getattr(config, f.name) != getattr(default, f.name)
-        for x in (f"--{f.name}", str(getattr(config, f.name)))
+        if (v := getattr(config, f.name)) != getattr(default, f.name)
+        for x in (
+            [f"--{'no_' * (not v)}{f.name}"] if isinstance(v, bool) else [f"--{f.name}", str(v)]
+        )
     ]
 
 

@@ -1,45 +1,23 @@
-"""Command-line flags for every script: dataclasses parsed by HfArgumentParser, then checked against
-a table of rules. The scripts' progress bars (`progress`) are made here too, so that a log file can
-hold them.
+"""Command-line flags for every script: dataclasses parsed by tyro, then checked against a table of
+rules. The scripts' progress bars (`progress`) are made here too, so that a log file can hold them.
 """
 
-import ast
 import dataclasses
-import inspect
 import sys
-import textwrap
-import types
 
+import tyro
 from tqdm import tqdm
-from transformers import HfArgumentParser
 
 
 def parse(*classes, args=None):
-    """Parse the command line (or `args`) into one instance per dataclass; `--help` gives
-    docstrings, defaults.
-
-    HfArgumentParser reads a field's `--help` only from `metadata["help"]`: first copy the string
-    written under each field into that metadata, read from the source with `ast` (classes defined
-    under `if __name__ == "__main__":` included); `--help` also shows each field's default."""
-    for cls in classes:
-        # field name -> the string literal written right under it, in cls and its dataclass bases
-        docs = {}
-        for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
-            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
-            for stmt, after in zip(body, body[1:]):
-                if (
-                    isinstance(stmt, ast.AnnAssign)
-                    and isinstance(after, ast.Expr)
-                    and isinstance(after.value, ast.Constant)
-                    and isinstance(after.value.value, str)
-                ):
-                    docs[stmt.target.id] = " ".join(after.value.value.split())
-        for f in dataclasses.fields(cls):
-            if f.name in docs and "help" not in f.metadata:
-                f.metadata = types.MappingProxyType(
-                    {**f.metadata, "help": docs[f.name].replace("%", "%%")}
-                )
-    return HfArgumentParser(classes).parse_args_into_dataclasses(args=args)
+    """Parse the command line (or `args`) into one instance per dataclass, every field a flag of its
+    own name (--tree_M, --no_eval_start); `--help` shows each field's docstring and default."""
+    flags = dataclasses.make_dataclass(
+        "Flags", [(c.__name__, c, dataclasses.field(default_factory=c)) for c in classes]
+    )
+    config = (tyro.conf.OmitArgPrefixes,)
+    parsed = tyro.cli(flags, args=args, use_underscores=True, config=config)
+    return tuple(getattr(parsed, c.__name__) for c in classes)
 
 
 def check(configs, rules, extra=()):

@@ -11,7 +11,8 @@ import os
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Literal
 
 from infra import data, draw, flags
 from infra.engines import RULES as ENGINE_RULES
@@ -151,7 +152,7 @@ class DumpArgs:
     """`python rollout.py --algo ALGO --dump FILE`: one rollout batch on the embedded default,
     dumped as JSON."""
 
-    dump: str = field(default="", metadata={"required": True})
+    dump: str
     """Output JSON: one list of trees per prompt (advantages.py --trees FILE --prompt I)."""
     n_prompts: int = 4
     """Questions of --split to roll out (spread over the hops)."""
@@ -159,9 +160,9 @@ class DumpArgs:
     """Policy directory or hub name (train.py writes the warm start to out/warmstart)."""
     world: str = "out/world"
     """Embedded world directory (written on first use)."""
-    engine: str = field(default="auto", metadata={"choices": ["auto", "hf", "vllm"]})
+    engine: Literal["auto", "hf", "vllm"] = "auto"
     """Generation engine."""
-    split: str = field(default="train", metadata={"choices": ["train", "dev", "test"]})
+    split: Literal["train", "dev", "test"] = "train"
     """Which questions of the world."""
     plot: str = ""
     """Also grow every other method on the same questions (at the knobs given); draw all to this

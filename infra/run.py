@@ -169,7 +169,10 @@ def save_config(run_dir: str, whole: dict, classes):
     the flags that differ from the defaults of `classes` (the run's flag dataclasses)."""
     Path(run_dir, "config.json").write_text(json.dumps(whole, indent=1))
     default = {k: v for c in classes for k, v in asdict(c()).items()}
-    changed = " ".join(f"--{k} {shlex.quote(str(v))}" for k, v in whole.items() if v != default[k])
+    flag = lambda k, v: (
+        f"--{'no_' * (not v)}{k}" if isinstance(v, bool) else f"--{k} {shlex.quote(str(v))}"
+    )
+    changed = " ".join(flag(k, v) for k, v in whole.items() if v != default[k])
     print(f"config: {run_dir}/config.json; not the defaults: {changed or 'none'}")
 
 

@@ -168,6 +168,14 @@ RULES = [  # flags.check: (flags, what is allowed, test)
 ]
 
 
+def steps_rule(cfg: WarmConfig) -> tuple[bool, str]:
+    """flags.check's rule that ties --sft_max_steps to --sft_steps: (broken?, message)."""
+    return (
+        cfg.sft_max_steps < cfg.sft_steps,
+        f"--sft_max_steps {cfg.sft_max_steps} must be >= --sft_steps {cfg.sft_steps}",
+    )
+
+
 def open_question(row, hop: int) -> str:
     """The question still open after `hop` hops: the original with its innermost phrase ("the
     employer of kalo mire") replaced by the entity reached ("ravoki"); hop 0 gives the original
@@ -505,7 +513,7 @@ def main(argv: list[str], rollout, evaluate):
     into --out, whatever is there, from the world in --world (written first if missing). `rollout`,
     `evaluate`: as `train`."""
     cfg, a, agent_cfg = flags.parse(WarmConfig, WarmArgs, rollout.AgentConfig, args=argv)
-    flags.check(cfg, RULES)
+    flags.check((cfg, agent_cfg), RULES + rollout.RULES, [steps_rule(cfg)])
     world = data.ensure_world(a.world)
     with data.claimed(a.out.rstrip("/") + ".lock", f"the warm start {a.out}"):
         train(a.out, world, cfg, agent_cfg, a.seed, rollout, evaluate)

@@ -756,11 +756,11 @@ def test_cli_names_an_unknown_key_in_the_trees_file(tmp_path):
         ),
         (
             ["--algo", "tree_grpo", "--trees", "x.json", "--tree_mode", "intr"],
-            "invalid choice: 'intr'",
+            "invalid choice 'intr' for argument '--tree_mode'",
         ),
         (
             ["--algo", "branpo", "--trees", "x.json", "--branpo_norm", "tree"],
-            "invalid choice: 'tree'",
+            "invalid choice 'tree' for argument '--branpo_norm'",
         ),
     ],
 )

@@ -33,15 +33,23 @@ def test_help_gives_every_flag_a_description_and_its_default(script):
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    options = out.stdout.split("\noptions:\n", 1)[1]
-    # one per flag: "  --name VALUE  Description (default: x)"
-    entries = re.split(r"\n(?=  -)", options.strip("\n"))
-    flags = [e for e in entries if not e.lstrip().startswith("-h, --help")]
+    # one box per dataclass: its docstring, a rule, then one entry per flag, "--name VALUE" and its
+    # description (on the same line after 2+ spaces, or on the next lines), then its default
+    entries = []
+    for box in out.stdout.split("╭")[1:]:
+        lines = [line[2:].rstrip("│ ") for line in box.splitlines()[1:] if line.startswith("│")]
+        rules = [i for i, line in enumerate(lines) if set(line) == {"─"}]
+        for line in lines[rules[0] + 1 :] if rules else lines:
+            if line.startswith("-"):  # a flag; its description's next lines are indented
+                entries.append(line)
+            elif entries:
+                entries[-1] += "  " + line
+    flags = [e for e in entries if not e.startswith("-h, --help")]
     assert len(flags) > 1, out.stdout
     for entry in flags:
-        # the description follows 2+ spaces or a new line
-        name, _, description = entry.strip().partition("  ")
-        assert re.fullmatch(r"\S.* \(default: .*\)", " ".join(description.split())), entry
+        name, _, description = entry.partition("  ")
+        description = " ".join(description.split())
+        assert re.fullmatch(r"\S.* \((default: .*|required)\)", description), entry
 
 
 def test_every_flag_a_rule_names_is_a_flag_of_train_py():
