@@ -56,6 +56,7 @@ import rollout
 from advantages import CreditConfig
 from eval import evaluate
 from infra import data, engines, flags, run, warmstart
+from infra.logprobs import TokenLogp
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
 from rollout import AgentConfig, RolloutConfig
@@ -227,52 +228,15 @@ def validate(args: Args, *configs):
 
 
 LOG_RATIO_BOUND = 20.0  # log-ratio-bound: |log ratio| <= 20 before any exp (verl's); e^20 = 4.9e8
-LOGP_CHUNK = 2**24  # logits per chunk in token_logprobs: 64 MiB of float32, 110 Qwen positions
-
-
-class _TokenLogp(torch.autograd.Function):
-    """log_softmax(logits)[target] per row (and the entropy, asked), LOGP_CHUNK logits at a time:
-    (N, V) logits of any float dtype in, (N,) float32 out. Backward recomputes each chunk's
-    log-softmax, so only the logits themselves are kept, never a float32 copy of the vocabulary;
-    values and gradients are bit for bit those of one log_softmax over all rows. The entropy has no
-    gradient (it is only logged)."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, with_entropy: bool):  # (N, V), (N,)
-        rows = max(1, LOGP_CHUNK // logits.shape[1])
-        logp = torch.empty(len(logits), device=logits.device)  # (N,)
-        entropy = torch.empty(len(logits) if with_entropy else 0, device=logits.device)  # (N,)|(0,)
-        for s in range(0, len(logits), rows):
-            logp_all = logits[s : s + rows].float().log_softmax(-1)  # (c, V)
-            logp[s : s + rows] = logp_all.gather(1, targets[s : s + rows, None])[:, 0]  # (c,)
-            if with_entropy:
-                entropy[s : s + rows] = -(logp_all.exp() * logp_all).sum(-1)  # (c,)
-        ctx.save_for_backward(logits, targets)
-        ctx.mark_non_differentiable(entropy)
-        return logp, entropy
-
-    @staticmethod
-    def backward(ctx, grad, _):  # (N,): d loss / d logp
-        logits, targets = ctx.saved_tensors  # (N, V), (N,)
-        rows = max(1, LOGP_CHUNK // logits.shape[1])
-        out = torch.empty_like(logits)  # (N, V)
-        for s in range(0, len(logits), rows):
-            with torch.enable_grad():  # the chunk's forward again, differentiated on its own
-                x = logits[s : s + rows].detach().requires_grad_()  # (c, V)
-                logp = (
-                    x.float().log_softmax(-1).gather(1, targets[s : s + rows, None])[:, 0]
-                )  # (c,)
-                (out[s : s + rows],) = torch.autograd.grad(logp, x, grad[s : s + rows])  # (c, V)
-        return out, None, None
 
 
 def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, entropy: bool = False):
     """Per-token log pi(token_t | tokens_<t), aligned with `ids` (entry 0 is 0); with `entropy`,
-    also the policy's entropy at t (no gradient), else None. Chunk by chunk (_TokenLogp)."""
+    also the policy's entropy at t (no gradient), else None. Chunk by chunk (infra/logprobs.py)."""
     logits = model(input_ids=ids, attention_mask=attn).logits  # (B, T, V)
     B, T, V = logits.shape
     targets = ids.roll(-1, 1)  # (B, T): the next token; each row's last is a dummy, dropped below
-    logp, ent = _TokenLogp.apply(logits.reshape(B * T, V), targets.reshape(B * T), entropy)  # (BT,)
+    logp, ent = TokenLogp.apply(logits.reshape(B * T, V), targets.reshape(B * T), entropy)  # (BT,)
     aligned = lambda x: F.pad(x.view(B, T)[:, :-1], (1, 0))
     return aligned(logp), aligned(ent) if entropy else None  # (B, T), (B, T) or None
 

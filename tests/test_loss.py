@@ -169,11 +169,14 @@ def test_token_logprobs_equal_the_full_log_softmax(env, monkeypatch):
     # (log_softmax over all positions at once, entropy from it): log-probs, entropy and the gradient
     # reaching the weights are bit for bit the same, so default runs do not move
     import train
+    from infra import logprobs
     from infra.engines import load_policy
 
     model, _ = load_policy(str(env / "tiny"))
     V = model.config.vocab_size
-    monkeypatch.setattr(train, "LOGP_CHUNK", 3 * V)  # 3 positions a chunk: many, a short last one
+    monkeypatch.setattr(
+        logprobs, "LOGP_CHUNK", 3 * V
+    )  # 3 positions a chunk: many, a short last one
     torch.manual_seed(0)
     ids = torch.randint(0, V, (2, 11))  # (B, T)
     attn, weights = torch.ones_like(ids), torch.linspace(-1, 1, 22).view(2, 11)  # (B, T), (B, T)
