@@ -154,73 +154,14 @@ class Args:
     """An accelerate tracker to log to as well (pip install it: README, Metrics); empty = none."""
 
 
-# (flags, what is allowed, test): checked right after parsing, before any file or model is read
-RULES = [
-    (
-        "steps prompts_per_step ppo_mini_batches ppo_epochs micro_batch_size eval_n "
-        "env_error_patience",
-        "an integer >= 1",
-        lambda v: v >= 1,
-    ),
-    ("warmup_steps eval_every checkpoint_every", "an integer >= 0", lambda v: v >= 0),
-    ("lr grad_clip", "> 0", lambda v: v > 0),
-    ("clip_high kl_coef tis_cap", ">= 0", lambda v: v >= 0),
-    ("clip_low", "in [0, 1)", lambda v: 0 <= v < 1),
-    ("dual_clip", "0 (off) or > 1", lambda v: v == 0 or v > 1),
-    ("vllm_gpu_memory_utilization", "in (0, 1]", lambda v: 0 < v <= 1),
-    ("max_env_error_rate", "in [0, 1]", lambda v: 0 <= v <= 1),
-    (
-        "data test_data corpus",
-        "an existing file, a directory or a datasets name",
-        lambda v: os.path.exists(v) or not v.endswith((".parquet", ".jsonl", ".json")),
-    ),
-]
-
-
 def validate(args: Args, *configs):
-    """Every flag against its module's RULES, and the rules that tie flags together; one message
-    lists all broken."""
-    rollout_cfg, agent, warm = (
-        next(c for c in configs if isinstance(c, t))
-        for t in (RolloutConfig, AgentConfig, WarmConfig)
+    """Every flag against its module's RULES, and the rules that tie flags together (infra/run.py's
+    validate, given the top level's); one message lists all broken."""
+    rollout_cfg, agent = (
+        next(c for c in configs if isinstance(c, t)) for t in (RolloutConfig, AgentConfig)
     )
-    one_file = args.data.endswith((".parquet", ".jsonl", ".json"))
-    no_model = engines.model_problem(args.model, args.gguf_file) if args.model else ""
-    rules = RULES + rollout.RULES + retriever.RULES + engines.RULES + warmstart.RULES
-    flags.check(
-        (args, *configs),
-        rules,
-        [
-            (
-                args.eval_every and one_file and not args.test_data,
-                f"--data {args.data!r} is one file and --test_data is empty: evaluation would "
-                "score the training questions; pass --test_data FILE, or --eval_every 0",
-            ),
-            (
-                one_file and os.path.realpath(args.test_data) == os.path.realpath(args.data),
-                f"--test_data {args.test_data!r} is the --data file: evaluation would score the "
-                "training questions; pass a test file",
-            ),
-            rollout.depth_rule(rollout_cfg, agent),
-            (
-                args.resume and args.overwrite,
-                "--resume and --overwrite contradict each other: pick one",
-            ),
-            (
-                args.gguf_file and not args.model,
-                f"--gguf_file {args.gguf_file!r} needs --model, the directory holding it",
-            ),
-            warmstart.steps_rule(warm),
-            (
-                args.log_with
-                and not (args.log_with in run.TRACKERS and run.TRACKERS[args.log_with]()),
-                f"--log_with {args.log_with}: the {args.log_with!r} package is not installed, so "
-                f"nothing would reach that tracker; pip install {args.log_with}, or drop "
-                "--log_with (metrics.jsonl and the console always log)",
-            ),
-            (no_model, no_model),
-        ],
-    )
+    depth = rollout.depth_rule(rollout_cfg, agent)
+    run.validate(args, configs, rollout.RULES + retriever.RULES, depth)
 
 
 # --------------------------------------------------------------------------------------------------

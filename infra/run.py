@@ -1,6 +1,6 @@
-"""A training run's bookkeeping: its directory and lock, configuration, metrics, learning curves,
-checkpoints and the signals that stop it. train.py calls these; its flags (`args`: train.py's Args)
-are passed in.
+"""A training run's bookkeeping: its flags checked (the rules of train.py's Args), its directory and
+lock, configuration, metrics, learning curves, checkpoints and the signals that stop it. train.py
+calls these; its flags (`args`: train.py's Args) are passed in.
 """
 
 import fcntl
@@ -18,6 +18,8 @@ from pathlib import Path
 import accelerate.utils
 from matplotlib.figure import Figure
 
+from infra import engines, flags, warmstart
+
 TRACKERS = {
     n: getattr(accelerate.utils, f"is_{n}_available")
     for n in (  # --log_with n: its check
@@ -32,6 +34,73 @@ TRACKERS = {
         "trackio",
     )
 }  # that the package (pip install n) imports, as accelerate checks it
+
+
+# --------------------------------------------------------------------------------------------------
+# train.py's flags, checked right after parsing, before any file or model is read
+
+RULES = [  # flags.check: (flags of train.py's Args, what is allowed, test)
+    (
+        "steps prompts_per_step ppo_mini_batches ppo_epochs micro_batch_size eval_n "
+        "env_error_patience",
+        "an integer >= 1",
+        lambda v: v >= 1,
+    ),
+    ("warmup_steps eval_every checkpoint_every", "an integer >= 0", lambda v: v >= 0),
+    ("lr grad_clip", "> 0", lambda v: v > 0),
+    ("clip_high kl_coef tis_cap", ">= 0", lambda v: v >= 0),
+    ("clip_low", "in [0, 1)", lambda v: 0 <= v < 1),
+    ("dual_clip", "0 (off) or > 1", lambda v: v == 0 or v > 1),
+    ("vllm_gpu_memory_utilization", "in (0, 1]", lambda v: 0 < v <= 1),
+    ("max_env_error_rate", "in [0, 1]", lambda v: 0 <= v <= 1),
+    (
+        "data test_data corpus",
+        "an existing file, a directory or a datasets name",
+        lambda v: os.path.exists(v) or not v.endswith((".parquet", ".jsonl", ".json")),
+    ),
+]
+
+
+def validate(args, configs, rules, depth):
+    """Every flag of train.py (`args`; `configs`: its other dataclasses) against RULES, `rules`
+    (the top-level modules', passed in), engines' and warmstart's, and the rules that tie flags
+    together (`depth`: rollout.depth_rule's (broken?, message)); one message lists all broken."""
+    warm = next(c for c in configs if isinstance(c, warmstart.WarmConfig))
+    one_file = args.data.endswith((".parquet", ".jsonl", ".json"))
+    no_model = engines.model_problem(args.model, args.gguf_file) if args.model else ""
+    flags.check(
+        (args, *configs),
+        RULES + rules + engines.RULES + warmstart.RULES,
+        [
+            (
+                args.eval_every and one_file and not args.test_data,
+                f"--data {args.data!r} is one file and --test_data is empty: evaluation would "
+                "score the training questions; pass --test_data FILE, or --eval_every 0",
+            ),
+            (
+                one_file and os.path.realpath(args.test_data) == os.path.realpath(args.data),
+                f"--test_data {args.test_data!r} is the --data file: evaluation would score the "
+                "training questions; pass a test file",
+            ),
+            depth,
+            (
+                args.resume and args.overwrite,
+                "--resume and --overwrite contradict each other: pick one",
+            ),
+            (
+                args.gguf_file and not args.model,
+                f"--gguf_file {args.gguf_file!r} needs --model, the directory holding it",
+            ),
+            warmstart.steps_rule(warm),
+            (
+                args.log_with and not (args.log_with in TRACKERS and TRACKERS[args.log_with]()),
+                f"--log_with {args.log_with}: the {args.log_with!r} package is not installed, so "
+                f"nothing would reach that tracker; pip install {args.log_with}, or drop "
+                "--log_with (metrics.jsonl and the console always log)",
+            ),
+            (no_model, no_model),
+        ],
+    )
 
 
 def log(row: dict, history: list[dict], run_dir: str, accelerator, args):

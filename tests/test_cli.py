@@ -60,10 +60,10 @@ def test_every_flag_a_rule_names_is_a_flag_of_train_py():
     import rollout
     import train
     from advantages import CreditConfig
-    from infra import engines, warmstart
+    from infra import engines, run, warmstart
 
     configs = (train.Args, rollout.RolloutConfig, CreditConfig, rollout.AgentConfig)
     configs += (retriever.RetrieverConfig, warmstart.WarmConfig)
-    rules = train.RULES + rollout.RULES + retriever.RULES + engines.RULES + warmstart.RULES
+    rules = run.RULES + rollout.RULES + retriever.RULES + engines.RULES + warmstart.RULES
     named = {name for names, _, _ in rules for name in names.split()}
     assert named <= {f.name for c in configs for f in fields(c)}
