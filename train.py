@@ -30,25 +30,19 @@ Deviations from the papers, each cited by its name:
   where the anchor matters most; log-ratio-bound keeps k3 finite, grad_clip bounds the step.
 """
 
-import contextlib
-import io
-import json
 import math
 import os
 import random
-import shlex
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from accelerate.commands.config import default_config_file
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import gather_object
 from transformers import get_constant_schedule_with_warmup
 
 import retriever
@@ -389,20 +383,6 @@ def run_eval(step: int, eval_agent: rollout.Agent, test_rows, accelerator) -> di
 
 
 # --------------------------------------------------------------------------------------------------
-# Several processes (accelerate launch): each rolls out its share with its own engine
-
-
-RANK_SEED = 1_000_003  # rank r samples with seed + RANK_SEED x r: a prime, so no rank's per-wave
-# seeds (rollout.Agent: seed + 7919 x wave) meet another's before 7919 ranks
-
-
-def quiet(silent: bool):
-    """A context that swallows what is printed to stdout when `silent` (the ranks other than 0
-    repeat rank 0's start-up lines)."""
-    return contextlib.redirect_stdout(io.StringIO()) if silent else contextlib.nullcontext()
-
-
-# --------------------------------------------------------------------------------------------------
 
 
 def main(
@@ -422,49 +402,16 @@ def main(
     world = os.path.join(args.out_dir, "world") if not (args.data and args.corpus) else ""
     # the embedded default's warm start
     model_path = args.model or os.path.join(args.out_dir, "warmstart")
-    config = {
-        **asdict(args),
-        **asdict(rollout_cfg),
-        **asdict(credit_cfg),
-        **asdict(agent_cfg),
-        **asdict(retriever_cfg),
-    }
     accelerator = Accelerator(log_with=args.log_with or None, project_dir=run_dir)
     main_proc, rank, ranks = (
         accelerator.is_main_process,
         accelerator.process_index,
         accelerator.num_processes,
     )
-    flags.check(
-        args,
-        [],
-        [
-            (
-                args.prompts_per_step % ranks,
-                f"--prompts_per_step {args.prompts_per_step} does not split over the {ranks} "
-                f"processes (each rolls out prompts_per_step / {ranks} of every step's prompts); "
-                f"pass a multiple of {ranks}",
-            )
-        ],
+    # the processes, the seed; rank 0 locks run_dir, writes config.json, starts the trackers
+    run_lock = run.start(  # noqa: F841 (open, so locked, while main runs)
+        accelerator, run_dir, args, (args, rollout_cfg, credit_cfg, agent_cfg, retriever_cfg), warm
     )
-    if ranks == 1 and accelerator.device.type == "cpu":
-        # `accelerate launch` sets OMP_NUM_THREADS=1; one process may use every core it is allowed
-        # (taskset / cpuset)
-        torch.set_num_threads(len(os.sched_getaffinity(0)))
-    set_seed(args.seed)
-    if main_proc:
-        run_lock = run.claim_run_dir(run_dir, args)  # noqa: F841 (open, so locked, while main runs)
-        whole = {**config, **(asdict(warm) if not args.model else {})}  # warm: embedded default
-        configs = (Args, RolloutConfig, CreditConfig, AgentConfig, RetrieverConfig, WarmConfig)
-        run.save_config(run_dir, whole, configs)
-        if os.path.isfile(default_config_file) and "ACCELERATE_DYNAMO_BACKEND" not in os.environ:
-            # a user's accelerate config, and no launcher (each sets that variable): not in use
-            print(
-                f"accelerate: {default_config_file} is not used by a run started without "
-                f"`accelerate launch`; start it with `accelerate launch train.py ...` to use it"
-            )
-        if args.log_with:
-            accelerator.init_trackers("train", config=config)
 
     # ---- init: data, retriever, policy, reference, engine, agent
     # one rank writes the world (and below, the warm start); the others wait for it
@@ -481,7 +428,7 @@ def main(
     # files first: a bad corpus or a dead server stops the run before any model loads. Every rank
     # searches with its own client; rank 0 connects first (it writes --index_dir, the others read
     # it), the others say nothing that rank 0 said
-    with accelerator.main_process_first(), quiet(not main_proc):
+    with accelerator.main_process_first(), run.quiet(not main_proc):
         search, where = retriever.connect(
             retriever_cfg, args.corpus or os.path.join(world, "corpus.jsonl")
         )
@@ -503,7 +450,7 @@ def main(
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     # every rank rolls out with its own engine (vLLM: one per GPU, in the launcher's process group)
     # and its own sampling stream: seed + RANK_SEED x rank (rank 0: the run's seed, as one process)
-    with quiet(not main_proc):
+    with run.quiet(not main_proc):
         engine = engines.make_engine(
             args.engine,
             accelerator.unwrap_model(model),
@@ -513,7 +460,7 @@ def main(
             gpu_memory_utilization=args.vllm_gpu_memory_utilization,
             **({"distributed_executor_backend": "external_launcher"} if ranks > 1 else {}),
         )
-    rank_seed = args.seed + RANK_SEED * rank
+    rank_seed = args.seed + run.RANK_SEED * rank
     agent = rollout.Agent(engine, search, tok, agent_cfg, rank_seed)
     eval_agent = rollout.Agent(engine, search, tok, rollout.for_eval(agent_cfg), rank_seed)
     # are the engine's log-probs pi_old (tis-old-policy)? Only the HF engine's in a float32 run
@@ -530,31 +477,9 @@ def main(
     random.Random(args.seed).shuffle(order)
 
     # ---- resume: the checkpoint's state, and the metrics logged up to it
-    start, history, skipped = 0, [], 0
-    state = run.load_checkpoint(accelerator, run_dir) if args.resume else None
-    if state:
-        start, skipped = state["step"], state["skipped"]
-        saved = 1 + len(state.get("ranks", []))  # rank 0's stream, then the others'
-        if saved != ranks:
-            raise SystemExit(
-                f"resume: checkpoint-{start} of {run_dir} was saved by {saved} processes, and "
-                f"each one's sampling stream goes on from it; resume it with {saved} "
-                f"(accelerate launch --num_processes {saved}), or start over with --overwrite"
-            )
-        mine = state if rank == 0 else state["ranks"][rank - 1]
-        rng.setstate((mine["rng"][0], tuple(mine["rng"][1]), mine["rng"][2]))
-        agent.counters.update(mine["counters"])
-        engine.load_weights(accelerator.unwrap_model(model))
-        history = [
-            row
-            for row in run.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
-            if row["step"] <= start
-        ]
-    accelerator.wait_for_everyone()  # every rank has read the metrics before rank 0 rewrites them
-    if main_proc:  # drop what an interrupted run logged after its checkpoint
-        Path(run_dir, "metrics.jsonl").write_text(
-            "".join(json.dumps(row) + "\n" for row in history)
-        )
+    start, history, skipped = run.resume(
+        accelerator, run_dir, args.resume, rng, agent.counters, engine, model
+    )
     if start == 0 and args.eval_every and args.eval_start:
         t0 = time.perf_counter()
         run.log(
@@ -630,50 +555,21 @@ def main(
             row = run_eval(step + 1, eval_agent, test_rows, accelerator)
             run.log(row, history, run_dir, accelerator, args)
             seconds["eval"] = seconds.get("eval", 0.0) + time.perf_counter() - t0
-        stop = (
-            step + 1 < args.steps
-            and accelerator.reduce(  # one rank asked: all stop here
-                torch.tensor(float(bool(asked)), device=accelerator.device), "sum"
-            ).item()
-            > 0
-        )
+        stop = step + 1 < args.steps and run.stop_asked(accelerator, asked)  # on every rank alike
         if stop or args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
-            # each rank's sampling stream: rank 0's as one process saves it, then the others'
-            streams = gather_object([{"rng": rng.getstate(), "counters": dict(agent.counters)}])
-            state = {
-                "step": step + 1,
-                "skipped": skipped,
-                **streams[0],
-                **({"ranks": streams[1:]} if ranks > 1 else {}),
-            }
-            run.save_checkpoint(accelerator, run_dir, step + 1, state, main_proc)
+            run.checkpoint(accelerator, run_dir, step + 1, skipped, rng, agent.counters)
         if stop:
             stopped = asked.get("signal", signal.SIGTERM)  # SIGTERM: it reached another rank only
             bar.n = step + 1  # the steps done (tqdm counts them lazily, at each redraw)
             bar.close()
             break
     if main_proc and stopped:
-        again = " ".join(shlex.quote(a) for a in ["python", *sys.argv] if a != "--overwrite")
-        print(
-            f"stopped by {stopped.name} after step {step + 1} of {args.steps}: saved {run_dir}/"
-            f"checkpoint-{step + 1}; to go on, run the same command with --resume: {again}"
-            + " --resume"
-            * ("--resume" not in sys.argv)
-        )
+        print(run.stopped_message(run_dir, stopped, step + 1, args.steps))
     elif main_proc:
         accelerator.unwrap_model(model).save_pretrained(os.path.join(run_dir, "final"))
         tok.save_pretrained(os.path.join(run_dir, "final"))
         print(run.summary(history, seconds, time.perf_counter() - t_start, run_dir))
-    # before end_training tears down torch.distributed, which vLLM's shutdown still uses
-    engine.close()
-    # torch's gloo workers free a finished collective's tensors under the GIL, and tearing the
-    # process group down joins them holding it: a rank that reaches the teardown straight after a
-    # collective (rank 1, while rank 0 writes the final model) can hang there for ever. A barrier
-    # first waits without the GIL, so every earlier collective is freed before the teardown.
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    if stopped:
-        raise SystemExit(128 + stopped)  # the shell's code for a process ended by that signal
+    run.end(accelerator, engine, stopped)  # the engine closed, every process ended together
 
 
 if __name__ == "__main__":

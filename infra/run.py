@@ -1,9 +1,12 @@
-"""A training run's bookkeeping: its flags checked (the rules of train.py's Args), its directory and
-lock, configuration, metrics, learning curves, checkpoints and the signals that stop it. train.py
-calls these; its flags (`args`: train.py's Args) are passed in.
+"""A training run's bookkeeping: its flags checked (the rules of train.py's Args), its start and end
+over one or several processes, its directory and lock, configuration, metrics, learning curves,
+checkpoints (saved, and resumed from) and the signals that stop it. train.py calls these; its flags
+(`args`: train.py's Args) and what the run holds (engine, model, agent counters) are passed in.
 """
 
+import contextlib
 import fcntl
+import io
 import json
 import math
 import os
@@ -12,10 +15,13 @@ import shlex
 import shutil
 import signal
 import socket
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import accelerate.utils
+import torch
+from accelerate.commands.config import default_config_file
 from matplotlib.figure import Figure
 
 from infra import engines, flags, warmstart
@@ -101,6 +107,10 @@ def validate(args, configs, rules, depth):
             (no_model, no_model),
         ],
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Metrics: the log, the run's last word, learning curves, the stop on retrieval errors
 
 
 def log(row: dict, history: list[dict], run_dir: str, accelerator, args):
@@ -401,3 +411,146 @@ def stop_on_signals() -> dict:
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, ask)
     return asked
+
+
+# --------------------------------------------------------------------------------------------------
+# The run's start and end, over several processes (accelerate launch): each rolls out its share with
+# its own engine
+
+RANK_SEED = 1_000_003  # rank r samples with seed + RANK_SEED x r: a prime, so no rank's per-wave
+# seeds (rollout.Agent: seed + 7919 x wave) meet another's before 7919 ranks
+
+
+def quiet(silent: bool):
+    """A context that swallows what is printed to stdout when `silent` (the ranks other than 0
+    repeat rank 0's start-up lines)."""
+    return contextlib.redirect_stdout(io.StringIO()) if silent else contextlib.nullcontext()
+
+
+def start(accelerator, run_dir: str, args, configs, warm):
+    """Before anything loads: refuse a --prompts_per_step that does not split over the processes,
+    give one CPU process every core it may use, seed (--seed); then rank 0 claims run_dir
+    (claim_run_dir), writes the whole configuration (`configs`: train.py's dataclasses; `warm`, the
+    warm start's, with the embedded default) and prints what differs from the defaults
+    (save_config), says when a user's accelerate config goes unused, and starts the trackers.
+    Returns the open run.lock on rank 0 (hold it while the run lasts), else None."""
+    ranks = accelerator.num_processes
+    flags.check(
+        args,
+        [],
+        [
+            (
+                args.prompts_per_step % ranks,
+                f"--prompts_per_step {args.prompts_per_step} does not split over the {ranks} "
+                f"processes (each rolls out prompts_per_step / {ranks} of every step's prompts); "
+                f"pass a multiple of {ranks}",
+            )
+        ],
+    )
+    if ranks == 1 and accelerator.device.type == "cpu":
+        # `accelerate launch` sets OMP_NUM_THREADS=1; one process may use every core it is allowed
+        # (taskset / cpuset)
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+    accelerate.utils.set_seed(args.seed)
+    if not accelerator.is_main_process:
+        return None
+    config = {k: v for c in configs for k, v in asdict(c).items()}
+    lock = claim_run_dir(run_dir, args)
+    whole = {**config, **(asdict(warm) if not args.model else {})}  # warm: embedded default
+    save_config(run_dir, whole, [type(c) for c in (*configs, warm)])
+    if os.path.isfile(default_config_file) and "ACCELERATE_DYNAMO_BACKEND" not in os.environ:
+        # a user's accelerate config, and no launcher (each sets that variable): not in use
+        print(
+            f"accelerate: {default_config_file} is not used by a run started without "
+            f"`accelerate launch`; start it with `accelerate launch train.py ...` to use it"
+        )
+    if args.log_with:
+        accelerator.init_trackers("train", config=config)
+    return lock
+
+
+def resume(accelerator, run_dir: str, asked: bool, rng, counters, engine, model):
+    """With --resume (`asked`) and a checkpoint: restore it (load_checkpoint), this rank's sampling
+    stream (`rng`, the agent's `counters`) and the engine's weights. Returns the step to start
+    from, the metrics logged up to it and the skipped updates so far; (0, [], 0) otherwise.
+    metrics.jsonl is rewritten to those rows: what an interrupted run logged after its
+    checkpoint is dropped."""
+    rank, ranks = accelerator.process_index, accelerator.num_processes
+    start, history, skipped = 0, [], 0
+    state = load_checkpoint(accelerator, run_dir) if asked else None
+    if state:
+        start, skipped = state["step"], state["skipped"]
+        saved = 1 + len(state.get("ranks", []))  # rank 0's stream, then the others'
+        if saved != ranks:
+            raise SystemExit(
+                f"resume: checkpoint-{start} of {run_dir} was saved by {saved} processes, and "
+                f"each one's sampling stream goes on from it; resume it with {saved} "
+                f"(accelerate launch --num_processes {saved}), or start over with --overwrite"
+            )
+        mine = state if rank == 0 else state["ranks"][rank - 1]
+        rng.setstate((mine["rng"][0], tuple(mine["rng"][1]), mine["rng"][2]))
+        counters.update(mine["counters"])
+        engine.load_weights(accelerator.unwrap_model(model))
+        history = [
+            row
+            for row in read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+            if row["step"] <= start
+        ]
+    accelerator.wait_for_everyone()  # every rank has read the metrics before rank 0 rewrites them
+    if accelerator.is_main_process:  # drop what an interrupted run logged after its checkpoint
+        Path(run_dir, "metrics.jsonl").write_text(
+            "".join(json.dumps(row) + "\n" for row in history)
+        )
+    return start, history, skipped
+
+
+def stop_asked(accelerator, asked: dict) -> bool:
+    """Whether any rank was asked to stop (`asked`: stop_on_signals'); every rank calls it, and all
+    get the same answer."""
+    return (
+        accelerator.reduce(
+            torch.tensor(float(bool(asked)), device=accelerator.device), "sum"
+        ).item()
+        > 0
+    )
+
+
+def checkpoint(accelerator, run_dir: str, step: int, skipped: int, rng, counters):
+    """save_checkpoint with the trainer state: the step, the skipped updates and each rank's
+    sampling stream (`rng`, the agent's `counters`): rank 0's as one process saves it, then the
+    others'."""
+    streams = accelerate.utils.gather_object([{"rng": rng.getstate(), "counters": dict(counters)}])
+    state = {
+        "step": step,
+        "skipped": skipped,
+        **streams[0],
+        **({"ranks": streams[1:]} if accelerator.num_processes > 1 else {}),
+    }
+    save_checkpoint(accelerator, run_dir, step, state, accelerator.is_main_process)
+
+
+def stopped_message(run_dir: str, stopped: signal.Signals, step: int, steps: int) -> str:
+    """What a run stopped by a signal after `step` of `steps` says: where its checkpoint is, and
+    the command that goes on from it."""
+    again = " ".join(shlex.quote(a) for a in ["python", *sys.argv] if a != "--overwrite")
+    return (
+        f"stopped by {stopped.name} after step {step} of {steps}: saved {run_dir}/"
+        f"checkpoint-{step}; to go on, run the same command with --resume: {again}"
+        + " --resume"
+        * ("--resume" not in sys.argv)
+    )
+
+
+def end(accelerator, engine, stopped: signal.Signals | None):
+    """Close the engine and end every process together; a run stopped by a signal then exits with
+    the shell's code for it."""
+    # before end_training tears down torch.distributed, which vLLM's shutdown still uses
+    engine.close()
+    # torch's gloo workers free a finished collective's tensors under the GIL, and tearing the
+    # process group down joins them holding it: a rank that reaches the teardown straight after a
+    # collective (rank 1, while rank 0 writes the final model) can hang there for ever. A barrier
+    # first waits without the GIL, so every earlier collective is freed before the teardown.
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    if stopped:
+        raise SystemExit(128 + stopped)  # the shell's code for a process ended by that signal
