@@ -1,8 +1,8 @@
-"""Evaluation: roll out test questions with the agent and score them (`evaluate`, per-dataset table,
-pass@k, optional LLM judge), with the metrics beyond rollout.py's EM/F1 reward: cover EM, answer
-extraction, the format check.
+"""Evaluation: roll out test questions with the agent and score them (`evaluate`: per-dataset
+report, pass@k, optional LLM judge), with the metrics beyond rollout.py's EM/F1 reward: cover EM,
+answer extraction, the format check.
 
-    python eval.py --model out/runs/tree_grpo-seed0/final --n 400
+    python eval.py --model out/runs/tree_grpo-seed0/final --n 400  # flags, table: infra/eval_cli.py
 
 Deviations from the papers' code, each cited by its name:
 - cover-em-tokens: cover EM matches whole tokens: gold "art" is in "modern art" but not in "party"
@@ -14,22 +14,16 @@ Deviations from the papers' code, each cited by its name:
   act without them.
 """
 
-import json
-import os
 import random
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass
-from functools import partial
-from typing import Literal
+from dataclasses import dataclass
 
 from accelerate.utils import gather_object
 
-import retriever
-import rollout
-from infra import data, engines, flags
+from infra import engines
 from infra.squad import normalize_answer, normalized_golds
-from rollout import Agent, AgentConfig, chain, for_eval, path, user_turn_ids
+from rollout import chain, path, user_turn_ids
 
 # --------------------------------------------------------------------------------------------------
 # The response: final answer and format, and cover EM (beyond the reward's EM and F1)
@@ -249,101 +243,10 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None, processes=None):
     }
 
 
-def table(report):
-    """The per-dataset table as text."""
-    keys = [key for key in report if key != "by_source" and not key.startswith("em_hop")]
-    lines = [f"{'dataset':14}" + "".join(f"{key:>10}" for key in keys)]
-    for name, m in [*report["by_source"].items(), ("all", report)]:
-        lines.append(
-            f"{name:14}"
-            + "".join(
-                f"{m[key]:>10d}" if key in ("n", "env_errors") else f"{m[key]:>10.3f}"
-                for key in keys
-            )
-        )
-    hops = [f"{key[6:]}-hop {v:.3f}" for key, v in report.items() if key.startswith("em_hop")]
-    return "\n".join(lines + ([f"EM by hops: {', '.join(hops)}"] if hops else []))
-
-
-@dataclass
-class EvalArgs:
-    """`python eval.py --model DIR --data NAME|PATH`: a policy under train.py's agent settings and
-    retriever."""
-
-    model: str = "out/warmstart"
-    """Policy: a checkpoint directory (e.g. out/runs/tree_grpo-seed0/final) or a hub name."""
-    gguf_file: str = ""
-    """A GGUF file inside --model's directory."""
-    data: str = ""
-    """Questions: .parquet / .jsonl / a directory with {split}.* / a datasets name; empty = the
-    embedded world."""
-    split: str = "test"
-    """Split to evaluate."""
-    corpus: str = ""
-    """Corpus JSONL; empty = the embedded world's."""
-    n: int = 500
-    """Questions: n spread evenly over the split."""
-    k: int = 1
-    """Samples per question (pass@k); k > 1 needs eval_temperature > 0."""
-    judge_model: str = ""
-    """A local judge model directory for LLM-as-judge (BranPO Table 7); empty = none."""
-    engine: Literal["auto", "hf", "vllm"] = "auto"
-    """Generation engine."""
-    out: str = ""
-    """JSON report path; empty = next to the model as eval_<split>.json."""
-    seed: int = 0
-    """Seed of the engine's sampling (with --eval_temperature > 0), as train.py's --seed."""
-
-
-def main():
-    a, agent_cfg, retriever_cfg = flags.parse(EvalArgs, AgentConfig, retriever.RetrieverConfig)
-    models = [
-        engines.model_problem(a.model, a.gguf_file),  # checked before anything loads
-        a.judge_model and engines.model_problem(a.judge_model),
-    ]
-    flags.check(
-        (a, agent_cfg, retriever_cfg),
-        rollout.RULES
-        + retriever.RULES
-        + engines.RULES
-        + [("n k", "an integer >= 1", lambda v: v >= 1)],
-        [
-            (
-                a.k > 1 and agent_cfg.eval_temperature == 0,
-                f"--k {a.k} needs --eval_temperature > 0: greedy samples are all equal",
-            ),
-            *zip(models, models),
-        ],
-    )
-    world = data.ensure_world("out/world") if not (a.data and a.corpus) else ""
-    rows = data.spread(data.load_rows(a.data or world, a.split), a.n)
-    search, _ = retriever.connect(retriever_cfg, a.corpus or os.path.join(world, "corpus.jsonl"))
-    model, tok = engines.load_policy(a.model, a.gguf_file or None)
-    engine = engines.make_engine(a.engine, model, tok, a.model)
-    judge_fn = None
-    if a.judge_model:
-        judge_model, judge_tok = engines.load_policy(a.judge_model)
-        judge_fn = partial(
-            judge, engines.make_engine(a.engine, judge_model, judge_tok, a.judge_model), judge_tok
-        )
-    report = evaluate(
-        Agent(engine, search, tok, for_eval(agent_cfg), a.seed), rows, k=a.k, judge_fn=judge_fn
-    )
-    print(table(report))
-    out = a.out or os.path.join(a.model if os.path.isdir(a.model) else ".", f"eval_{a.split}.json")
-    with open(out, "w") as f:
-        json.dump(
-            {
-                "args": vars(a),
-                "agent": asdict(agent_cfg),
-                "retriever": asdict(retriever_cfg),
-                "report": report,
-            },
-            f,
-            indent=1,
-        )
-    print(f"report: {out}")
-
-
 if __name__ == "__main__":
-    main()
+    # the command line (infra/eval_cli.py), given the agent, the retriever and the scoring
+    import retriever
+    import rollout
+    from infra import eval_cli
+
+    eval_cli.main(rollout, retriever, evaluate, judge)

@@ -1,0 +1,112 @@
+"""`python eval.py`'s command line: its flags (EvalArgs), the run (a policy, its retriever and agent
+under train.py's settings; an optional judge model) and the report it prints (`table`) and writes.
+eval.py calls `main` from its `__main__` block and passes the top level in (rollout.py,
+retriever.py, its `evaluate` and `judge`), as this package never imports it.
+"""
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Literal
+
+from infra import data, engines, flags
+
+
+def table(report):
+    """The per-dataset table as text."""
+    keys = [key for key in report if key != "by_source" and not key.startswith("em_hop")]
+    lines = [f"{'dataset':14}" + "".join(f"{key:>10}" for key in keys)]
+    for name, m in [*report["by_source"].items(), ("all", report)]:
+        lines.append(
+            f"{name:14}"
+            + "".join(
+                f"{m[key]:>10d}" if key in ("n", "env_errors") else f"{m[key]:>10.3f}"
+                for key in keys
+            )
+        )
+    hops = [f"{key[6:]}-hop {v:.3f}" for key, v in report.items() if key.startswith("em_hop")]
+    return "\n".join(lines + ([f"EM by hops: {', '.join(hops)}"] if hops else []))
+
+
+@dataclass
+class EvalArgs:
+    """`python eval.py --model DIR --data NAME|PATH`: a policy under train.py's agent settings and
+    retriever."""
+
+    model: str = "out/warmstart"
+    """Policy: a checkpoint directory (e.g. out/runs/tree_grpo-seed0/final) or a hub name."""
+    gguf_file: str = ""
+    """A GGUF file inside --model's directory."""
+    data: str = ""
+    """Questions: .parquet / .jsonl / a directory with {split}.* / a datasets name; empty = the
+    embedded world."""
+    split: str = "test"
+    """Split to evaluate."""
+    corpus: str = ""
+    """Corpus JSONL; empty = the embedded world's."""
+    n: int = 500
+    """Questions: n spread evenly over the split."""
+    k: int = 1
+    """Samples per question (pass@k); k > 1 needs eval_temperature > 0."""
+    judge_model: str = ""
+    """A local judge model directory for LLM-as-judge (BranPO Table 7); empty = none."""
+    engine: Literal["auto", "hf", "vllm"] = "auto"
+    """Generation engine."""
+    out: str = ""
+    """JSON report path; empty = next to the model as eval_<split>.json."""
+    seed: int = 0
+    """Seed of the engine's sampling (with --eval_temperature > 0), as train.py's --seed."""
+
+
+def main(rollout, retriever, evaluate, judge):
+    """Evaluate a policy (EvalArgs, AgentConfig, RetrieverConfig from the command line): `evaluate`
+    and `judge` are eval.py's; print the per-dataset table and write the JSON report."""
+    a, agent_cfg, retriever_cfg = flags.parse(
+        EvalArgs, rollout.AgentConfig, retriever.RetrieverConfig
+    )
+    models = [
+        engines.model_problem(a.model, a.gguf_file),  # checked before anything loads
+        a.judge_model and engines.model_problem(a.judge_model),
+    ]
+    flags.check(
+        (a, agent_cfg, retriever_cfg),
+        rollout.RULES
+        + retriever.RULES
+        + engines.RULES
+        + [("n k", "an integer >= 1", lambda v: v >= 1)],
+        [
+            (
+                a.k > 1 and agent_cfg.eval_temperature == 0,
+                f"--k {a.k} needs --eval_temperature > 0: greedy samples are all equal",
+            ),
+            *zip(models, models),
+        ],
+    )
+    world = data.ensure_world("out/world") if not (a.data and a.corpus) else ""
+    rows = data.spread(data.load_rows(a.data or world, a.split), a.n)
+    search, _ = retriever.connect(retriever_cfg, a.corpus or os.path.join(world, "corpus.jsonl"))
+    model, tok = engines.load_policy(a.model, a.gguf_file or None)
+    engine = engines.make_engine(a.engine, model, tok, a.model)
+    judge_fn = None
+    if a.judge_model:
+        judge_model, judge_tok = engines.load_policy(a.judge_model)
+        judge_fn = partial(
+            judge, engines.make_engine(a.engine, judge_model, judge_tok, a.judge_model), judge_tok
+        )
+    agent = rollout.Agent(engine, search, tok, rollout.for_eval(agent_cfg), a.seed)
+    report = evaluate(agent, rows, k=a.k, judge_fn=judge_fn)
+    print(table(report))
+    out = a.out or os.path.join(a.model if os.path.isdir(a.model) else ".", f"eval_{a.split}.json")
+    with open(out, "w") as f:
+        json.dump(
+            {
+                "args": vars(a),
+                "agent": asdict(agent_cfg),
+                "retriever": asdict(retriever_cfg),
+                "report": report,
+            },
+            f,
+            indent=1,
+        )
+    print(f"report: {out}")
