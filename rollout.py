@@ -65,32 +65,16 @@ from scipy.cluster.hierarchy import cut_tree, linkage
 from scipy.spatial.distance import squareform
 
 import advantages
-from infra import data
+from infra import health
 from infra.engines import Sampling
+from infra.prompts import INSTRUCTION as INSTRUCTION  # re-exported: infra/warmstart.py reads
+from infra.prompts import RETRY, format_passages, instruction_template, user_turn_ids
+from infra.prompts import SHORT_INSTRUCTION as SHORT_INSTRUCTION  # both from this module
 from infra.squad import exact_match, token_f1  # the outcome reward's EM and F1 (squad-reward)
 from retriever import RetrievalError
 from tree import FLAGS, Node, Tree, context_ids, path, scored_leaves, walk
 
-INSTRUCTION = (
-    "Answer the given question. You must conduct reasoning inside <{think}> and </{think}> first "
-    "every time you get new information. After reasoning, if you find you lack some knowledge, "
-    "you can call a search engine by <search> query </search> and it will return the top "
-    "searched results between <information> and </information>. You can search as many times as "
-    "your want. If you find no further external knowledge needed, you can directly provide the "
-    "answer inside <answer> and </answer>, without detailed illustrations. For example, <answer> "
-    "Beijing </answer>. Question: {question}\n"
-)
-SHORT_INSTRUCTION = (
-    "Answer the question. Think inside <{think}> </{think}>, search with <search> query </search>, "
-    "read <information> </information>, answer inside <answer> </answer>. Question: {question}\n"
-)
-RETRY = (
-    "\nMy previous action is invalid. If I want to search, I should put the query between "
-    "<search> and </search>. If I want to give the final answer, I should put the answer between "
-    "<answer> and </answer>. Let me try again.\n"
-)
 CORRECT_F1 = 0.8  # BranPO App. A.1: "an F1 score of 0.8 is used as a threshold" for correctness
-INSTRUCTIONS = {"search_r1": INSTRUCTION, "short": SHORT_INSTRUCTION}
 
 
 @dataclass
@@ -153,22 +137,6 @@ def for_eval(cfg: AgentConfig) -> AgentConfig:
     return replace(cfg, temperature=cfg.eval_temperature, top_p=cfg.eval_top_p)
 
 
-def is_world_tokenizer(tokenizer) -> bool:
-    """Whether `tokenizer` is the embedded default's (its syllable continuation pieces are in the
-    vocabulary)."""
-    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-    return all("##" + s in vocab for s in data.SYLLABLES)
-
-
-def instruction_template(choice: str, tokenizer) -> str:
-    """AgentConfig.instruction's template ("auto": short for the embedded default's tokenizer, else
-    Search-R1's)."""
-    return (
-        INSTRUCTIONS.get(choice)
-        or INSTRUCTIONS["short" if is_world_tokenizer(tokenizer) else "search_r1"]
-    )
-
-
 # --------------------------------------------------------------------------------------------------
 # The agent
 
@@ -190,62 +158,13 @@ def parse_action(text: str, think: str, max_calls: int) -> tuple[str, str | None
     return tag, content, None
 
 
-def format_passages(passages) -> str:
-    """Search-R1's observation body: 'Doc i(Title: t) text' per passage."""
-    return "\n".join(f"Doc {i + 1}(Title: {p.title}) {p.text}" for i, p in enumerate(passages))
-
-
-def user_turn_ids(tokenizer, text: str) -> list[int]:
-    """`text` as a user turn: the chat template (generation prompt added) if the tokenizer has one,
-    else plain."""
-    if getattr(tokenizer, "chat_template", None):
-        return list(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}],
-                tokenize=True,
-                add_generation_prompt=True,
-                return_dict=False,
-            )
-        )
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
 def _key(query: str) -> str:
     return re.sub(r"\s+", " ", query.strip().lower())
 
 
-class Refiner:
-    """Cut the Bill §6: a second, frozen model reads each query's retrieved passages and writes a
-    query-relevant summary; only the summary is appended to the agent's context. It is never
-    trained."""
-
-    PROMPT = (
-        "Summarize the information in the passages below that is relevant to the query, in a few "
-        "sentences. Keep names exactly as written.\nQuery: {query}\nPassages:\n{passages}\nSummary:"
-    )
-
-    def __init__(self, engine, tokenizer, max_tokens: int = 128):
-        self.engine, self.tok = engine, tokenizer
-        self.sampling = Sampling(temperature=0.0, top_p=1.0, max_tokens=max_tokens, stop=[], seed=0)
-
-    def summarize(self, queries: list[str], results: list[list | None]) -> list[str | None]:
-        """One summary per query (None where retrieval failed), one batched engine call."""
-        todo = [i for i, r in enumerate(results) if r is not None]
-        prompts = [
-            self.tok.encode(
-                self.PROMPT.format(query=queries[i], passages=format_passages(results[i]))
-            )
-            for i in todo
-        ]
-        summaries: list[str | None] = [None] * len(queries)
-        for i, out in zip(todo, self.engine.generate(prompts, self.sampling) if prompts else []):
-            summaries[i] = self.tok.decode(out.token_ids, skip_special_tokens=True).strip()
-        return summaries
-
-
 class Agent:
     """Generates, parses, executes and scores agent steps for frontiers of nodes, batched across
-    prompts."""
+    prompts (`refiner`: a retriever.Refiner, or None)."""
 
     def __init__(self, engine, retriever, tokenizer, cfg: AgentConfig, seed: int, refiner=None):
         self.engine, self.retriever, self.tok = engine, retriever, tokenizer
@@ -361,7 +280,7 @@ class Agent:
         bodies = [None if r is None else format_passages(r) for r in results]
         # Cut the Bill §6: only the frozen model's summary reaches the agent
         if self.refiner is not None:
-            bodies = self.refiner.summarize(queries, results)
+            bodies = self.refiner.summarize(queries, bodies)
         retrieval_time = time.perf_counter() - t0
         for (tree, child, _), passages, body in zip(searching, results, bodies):
             tree.stats["tool_calls"] += 1
@@ -755,46 +674,8 @@ ALGOS = {
 
 
 def metrics(prompts: list[list[Tree]]) -> dict[str, float]:
-    """One rollout batch's metrics (the README lists them): reward, EM/F1 (as the agent recorded
-    them), behaviour, effective groups, budgets per prompt, failed retrieval queries (summed over
-    the batch), abnormal rates."""
-    n = max(len(prompts), 1)
-    leaves = [leaf for trees in prompts for t in trees for leaf in t.leaves()]
-    scored = [leaf for leaf in leaves if leaf.scored]
-    em = [x.em or 0.0 for x in scored]  # a missing answer scores 0
-    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0
-    stat = lambda key: sum(t.stats.get(key, 0) for trees in prompts for t in trees) / n
-    groups = [[x.reward for t in trees for x in t.leaves() if x.scored] for trees in prompts]
-    m = {
-        "rollout/reward": mean([x.reward for x in scored]),
-        "rollout/em": mean(em),
-        "rollout/f1": mean([x.f1 or 0.0 for x in scored]),
-        "rollout/effective_groups": mean([float(len(set(g)) > 1) for g in groups]),
-    }
-    for name, values in (
-        ("turns", [float(x.depth) for x in scored]),
-        ("searches", [float(sum(s.action == "search" for s in path(x))) for x in scored]),
-    ):
-        correct = [v for v, e in zip(values, em) if e == 1]
-        for suffix, picked in (("", values), ("_correct", correct)):
-            # upper median
-            m[f"rollout/{name}_median{suffix}"] = (
-                sorted(picked)[len(picked) // 2] if picked else 0.0
-            )
-            m[f"rollout/{name}_max{suffix}"] = max(picked, default=0.0)
-    m.update(
-        {
-            "rollout/tokens_per_prompt": stat("generated_tokens"),
-            "rollout/tool_calls_per_prompt": stat("tool_calls"),
-            "tree/leaves_per_prompt": len(leaves) / n,
-            "rollout/gen_seconds_per_prompt": stat("gen_seconds"),
-            "rollout/retrieval_seconds_per_prompt": stat("retrieval_seconds"),
-            "rollout/retrieval_failed_queries": stat("failed_queries") * n,
-        }
-    )
-    for flag in FLAGS:  # share of trajectories with that outcome on any of their steps
-        m[f"abnormal/{flag}"] = mean([float(any(flag in s.flags for s in path(x))) for x in leaves])
-    return m
+    """One rollout batch's health metrics (infra/health.py; the README lists them)."""
+    return health.metrics(prompts, path, FLAGS)
 
 
 if __name__ == "__main__":  # python rollout.py --algo ALGO --dump FILE [--plot PNG]
