@@ -85,6 +85,12 @@ class Node:
         """A leaf whose reward enters group statistics (not discarded by an environment error)."""
         return not self.children and self.reward is not None and "env_error" not in self.flags
 
+    @property
+    def ended(self) -> bool:
+        """A step after which the trajectory stops: it has a reward, or it was discarded by a
+        retrieval error."""
+        return self.reward is not None or "env_error" in self.flags
+
     def add_child(self, **step) -> Node:
         """Append a newly sampled step under this node and return it."""
         self.n_sampled = max(self.n_sampled, len(self.children)) + 1

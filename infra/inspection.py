@@ -23,6 +23,7 @@ from typing import Literal
 from infra import data, draw, flags
 from infra.engines import RULES as ENGINE_RULES
 from infra.engines import load_policy, make_engine, model_problem
+from infra.protocol import AgentConfig
 from infra.search import BM25Retriever, load_corpus
 
 # --------------------------------------------------------------------------------------------------
@@ -313,7 +314,7 @@ def dump_cli(rollout, advantages, tree_module):
     """`python rollout.py --dump ...`: `rollout`, `advantages`, `tree_module`: the modules
     rollout.py, advantages.py and tree.py, passed in."""
     args, r, c, agent_cfg = flags.parse(
-        DumpArgs, rollout.RolloutConfig, advantages.CreditConfig, rollout.AgentConfig
+        DumpArgs, rollout.RolloutConfig, advantages.CreditConfig, AgentConfig
     )
     no_model = model_problem(args.model)
     if args.model == "out/warmstart" and not os.path.exists(args.model):
