@@ -36,7 +36,6 @@ Deviations from the papers, each cited by its name:
 """
 
 import math
-import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -304,9 +303,9 @@ class CreditConfig:
 
 
 # python advantages.py --demo | --algo ALGO --trees FILE | --budget M,N,L
-if __name__ == "__main__":  # run as a script only: the registry (name -> credit) is rollout.py's
-    import rollout
+if __name__ == "__main__":  # run as a script only: the registry (name -> credit) is rollout.py's,
+    import rollout  # which imports this file again, as `advantages`: the CLI uses that one module
     import tree
     from infra import inspection
 
-    inspection.credit_cli(sys.modules[__name__], rollout, tree)
+    inspection.credit_cli(rollout.advantages, rollout, tree)

@@ -99,8 +99,8 @@ class Refiner:
         self.sampling = Sampling(temperature=0.0, top_p=1.0, max_tokens=max_tokens, stop=[], seed=0)
 
     def summarize(self, queries: list[str], bodies: list[str | None]) -> list[str | None]:
-        """One summary per query of its passages, written as the agent's observation body (None
-        where retrieval failed: None), one batched engine call."""
+        """One summary per query of its passages, given as the agent's observation body (None where
+        retrieval failed, which stays None); one batched engine call."""
         todo = [i for i, body in enumerate(bodies) if body is not None]
         prompts = [
             self.tok.encode(self.PROMPT.format(query=queries[i], passages=bodies[i])) for i in todo
