@@ -16,9 +16,6 @@ Deviations from the papers, each cited by its name:
   per prompt. We follow Eq. 12; `branch_norm="prefix"` gives Algorithm 1.
 - carl-defined-children: CARL's V(s) averages over the children with a defined value: a child whose
   every leaf was discarded (retrieval failure) is left out rather than counted as 0.
-- budget-formula: Tree-GRPO's text prints the expected budget E[B] = M*B + L*N*B/2; its Tables 3
-  and 7 fit M*B + M*L*N*B/2 (N expansions in each of the M trees), which `tree_grpo_budget`
-  implements.
 - carl-phase1: CARL App. C.1 leaves the N0 first-phase chains (sampled before any fork) untrained;
   Eq. 13 (every action with a sibling) and Eq. 15's lower bound N + 1 count them. We follow
   Eqs. 13/15; `phase1_chains=N0` gives App. C.1.
@@ -39,7 +36,6 @@ Deviations from the papers, each cited by its name:
 """
 
 import math
-import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -306,74 +302,10 @@ class CreditConfig:
     """TreePS-RAG: process advantage (False = GRPO over its trajectories, Table 2 ablation)."""
 
 
-def tree_grpo_budget(M: int, N: int, L: int) -> tuple[int, float]:
-    """Tree-GRPO §4.2.3 (budget-formula): M trees, L rounds of N expansions per tree, each one new
-    leaf starting at a uniform depth (B/2 on average). Returns rollouts = M (L N + 1) and E[B_tree]
-    = M B + M L N B / 2 in units of B, the full trajectory: Table 3's budgets 2, 4, 8, 16 for
-    (M,N,L) = (1,2,1) .. (8,2,1), ~16 for (6,3,1), (4,5,1)."""
-    return M * (L * N + 1), M * (1 + L * N / 2)
-
-
-# --------------------------------------------------------------------------------------------------
-# The worked example of `python advantages.py --demo` (infra/inspection.py)
-
-
-def demo(credits: dict) -> tuple[Tree, dict[str, list[Trajectory]]]:
-    """A worked tree (one prompt, two original trajectories: one with branches and a redundant step,
-    one split at its last step with no branch kept) and every method's trajectories on it (GRPO's on
-    the tree's root-to-leaf paths, each copied into a chain of its own). `credits`: name -> credit
-    function, rollout.ALGOS's, each run with its defaults."""
-    tree = Tree.from_dict(
-        {
-            "id": "q",
-            "children": [
-                {
-                    "id": "q.0",
-                    "action": "search",
-                    "query": "who founded Acme",
-                    "prefix_end": True,
-                    "children": [
-                        {"id": "q.0.0", "action": "answer", "answer": "Ivo", "reward": 1.0},
-                        {
-                            "id": "q.0.1",
-                            "action": "search",
-                            "query": "Ivo Ra birthplace",
-                            "redundant": True,
-                            "children": [
-                                {
-                                    "id": "q.0.1.0",
-                                    "action": "answer",
-                                    "answer": "Ivo",
-                                    "reward": 1.0,
-                                }
-                            ],
-                        },
-                        {"id": "q.0.2", "action": "answer", "answer": "Oda", "reward": 0.0},
-                    ],
-                },
-                {
-                    "id": "q.1",
-                    "action": "search",
-                    "query": "Acme founder",
-                    "prefix_end": True,
-                    "children": [
-                        {"id": "q.1.0", "action": "answer", "answer": "Oda", "reward": 0.0}
-                    ],
-                },
-            ],
-        }
-    )
-    chains = [Tree.from_dict(tree.to_dict()) for _ in scored_leaves(tree.root)]
-    for chain, leaf in zip(chains, scored_leaves(tree.root)):
-        for step in path(chain.find(leaf.id)):
-            step.parent.children = [step]  # prune the copy to the root-to-leaf path
-    return tree, {name: fn(chains if name == "grpo" else [tree]) for name, fn in credits.items()}
-
-
 # python advantages.py --demo | --algo ALGO --trees FILE | --budget M,N,L
-if __name__ == "__main__":  # run as a script only: the registry (name -> credit) is rollout.py's
-    import rollout
+if __name__ == "__main__":  # run as a script only: the registry (name -> credit) is rollout.py's,
+    import rollout  # which imports this file again, as `advantages`: the CLI uses that one module
     import tree
     from infra import inspection
 
-    inspection.credit_cli(sys.modules[__name__], rollout, tree)
+    inspection.credit_cli(rollout.advantages, rollout, tree)

@@ -5,7 +5,8 @@ over HTTP.
 timeout, retries with backoff, a concurrency cap), else an in-process index over the corpus file
 (infra/search.py: BM25 through bm25s, or a Hugging Face encoder with FAISS; --retriever chooses),
 and checks it with one query. Queries the server could not answer raise `RetrievalError`, which the
-agent counts ("Cut the Bill" §5.4.2: environment errors are discarded).
+agent counts ("Cut the Bill" §5.4.2: environment errors are discarded). `Refiner`, the optional
+refine agent (Cut the Bill §6), summarises each query's passages with a frozen model.
 
     python retriever.py serve --corpus FILE --port 8000  # Search-R1's POST /retrieve
                                                          # (infra/server.py)
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from infra import server
+from infra.engines import Sampling
 from infra.search import load_corpus, make_retriever
 from infra.server import RemoteRetriever, RetrievalError
 
@@ -80,6 +82,33 @@ def connect(cfg: RetrieverConfig, corpus_path: str):
         )
     health_check(search, where)
     return search, where
+
+
+class Refiner:
+    """Cut the Bill §6: a second, frozen model reads each query's retrieved passages and writes a
+    query-relevant summary; only the summary is appended to the agent's context. It is never
+    trained."""
+
+    PROMPT = (
+        "Summarize the information in the passages below that is relevant to the query, in a few "
+        "sentences. Keep names exactly as written.\nQuery: {query}\nPassages:\n{passages}\nSummary:"
+    )
+
+    def __init__(self, engine, tokenizer, max_tokens: int = 128):
+        self.engine, self.tok = engine, tokenizer
+        self.sampling = Sampling(temperature=0.0, top_p=1.0, max_tokens=max_tokens, stop=[], seed=0)
+
+    def summarize(self, queries: list[str], bodies: list[str | None]) -> list[str | None]:
+        """One summary per query of its passages, given as the agent's observation body (None where
+        retrieval failed, which stays None); one batched engine call."""
+        todo = [i for i, body in enumerate(bodies) if body is not None]
+        prompts = [
+            self.tok.encode(self.PROMPT.format(query=queries[i], passages=bodies[i])) for i in todo
+        ]
+        summaries: list[str | None] = [None] * len(queries)
+        for i, out in zip(todo, self.engine.generate(prompts, self.sampling) if prompts else []):
+            summaries[i] = self.tok.decode(out.token_ids, skip_special_tokens=True).strip()
+        return summaries
 
 
 if __name__ == "__main__":

@@ -2,11 +2,12 @@
 strategy.
 
 The agent speaks Search-R1's protocol (<think>, <search> query </search>, <information> ...
-</information>, <answer> ... </answer>). `Agent.step` advances a frontier of nodes across all
-prompts by one step with ONE batched engine call and ONE batched retriever call; `Agent.run` steps
-until every branch has ended. A strategy (chain for GRPO, tree_grpo, branpo, carl, treeps) picks the
-nodes to continue from; a chain is the degenerate tree. ALGOS, the algorithm registry, pairs each
-with its credit function in advantages.py.
+</information>, <answer> ... </answer>; its settings, texts and parsing: infra/protocol.py).
+`Agent.step` advances a frontier of nodes across all prompts by one step with ONE batched engine
+call and ONE batched retriever call; `Agent.run` steps until every branch has ended. A strategy
+(chain for GRPO, tree_grpo, branpo, carl, treeps) picks the nodes to continue from; a chain is the
+degenerate tree. ALGOS, the algorithm registry, pairs each with its credit function in
+advantages.py.
 
 Abnormal outcomes ("Cut the Bill" §5.4), each a flag on the node and a counter: too_many_calls,
 parse_error, repeated_query (5.4.1) and max_turns (5.4.3) stop with reward 0; env_error (retrieval
@@ -65,187 +66,37 @@ from scipy.cluster.hierarchy import cut_tree, linkage
 from scipy.spatial.distance import squareform
 
 import advantages
-from infra import data
+from infra import health, protocol
 from infra.engines import Sampling
+from infra.protocol import INSTRUCTION as INSTRUCTION  # for infra/warmstart.py
+from infra.protocol import (
+    RETRY,
+    AgentConfig,
+    format_passages,
+    instruction_template,
+    parse_action,
+    user_turn_ids,
+)
+from infra.protocol import SHORT_INSTRUCTION as SHORT_INSTRUCTION  # for infra/warmstart.py
+from infra.protocol import for_eval as for_eval  # for train.py and eval.py
 from infra.squad import exact_match, token_f1  # the outcome reward's EM and F1 (squad-reward)
 from retriever import RetrievalError
 from tree import FLAGS, Node, Tree, context_ids, path, scored_leaves, walk
 
-INSTRUCTION = (
-    "Answer the given question. You must conduct reasoning inside <{think}> and </{think}> first "
-    "every time you get new information. After reasoning, if you find you lack some knowledge, "
-    "you can call a search engine by <search> query </search> and it will return the top "
-    "searched results between <information> and </information>. You can search as many times as "
-    "your want. If you find no further external knowledge needed, you can directly provide the "
-    "answer inside <answer> and </answer>, without detailed illustrations. For example, <answer> "
-    "Beijing </answer>. Question: {question}\n"
-)
-SHORT_INSTRUCTION = (
-    "Answer the question. Think inside <{think}> </{think}>, search with <search> query </search>, "
-    "read <information> </information>, answer inside <answer> </answer>. Question: {question}\n"
-)
-RETRY = (
-    "\nMy previous action is invalid. If I want to search, I should put the query between "
-    "<search> and </search>. If I want to give the final answer, I should put the answer between "
-    "<answer> and </answer>. Let me try again.\n"
-)
 CORRECT_F1 = 0.8  # BranPO App. A.1: "an F1 score of 0.8 is used as a threshold" for correctness
-INSTRUCTIONS = {"search_r1": INSTRUCTION, "short": SHORT_INSTRUCTION}
-
-
-@dataclass
-class AgentConfig:
-    """How an agent step is generated, parsed, executed and scored, the same in training, eval, warm
-    start, dumps."""
-
-    instruction: Literal["auto", "search_r1", "short"] = "auto"
-    """Prompt: auto = the short one for the embedded default's tokenizer, else Search-R1's."""
-    think_tag: str = "think"
-    """Reasoning tag name: "think" (Search-R1), "thinking" or "reason" (the Qwen3 runs in the
-    papers)."""
-    max_turns: int = 4
-    """Search rounds (Search-R1's max_turns); step max_turns + 1 may only answer (a search there:
-    reward 0)."""
-    max_step_tokens: int = 64
-    """Tokens generated per step."""
-    max_traj_tokens: int = 1024
-    """Token budget per trajectory after the prompt; exceeding it truncates (reward counts, tokens
-    not trained)."""
-    max_obs_tokens: int = 160
-    """Observation tokens appended per search (the passages are cut, the closing tag kept)."""
-    topk: int = 3
-    """Passages retrieved per query."""
-    max_calls: int = 1
-    """Tool calls allowed in one step; more is too_many_calls (Cut the Bill uses 5 or 10 with
-    parallel calls)."""
-    temperature: float = 1.0
-    """Rollout sampling temperature."""
-    top_p: float = 1.0
-    """Rollout nucleus mass."""
-    eval_temperature: float = 0.0
-    """Evaluation sampling temperature (0 = greedy, deterministic; for the seeds' protocol: 0.7 with
-    top-p 0.8)."""
-    eval_top_p: float = 1.0
-    """Evaluation nucleus mass."""
-    reward: Literal["f1", "em"] = "f1"
-    """Outcome reward (Cut the Bill, BranPO: F1; Search-R1, Tree-GRPO, TreePS-RAG: EM)."""
-    format_penalty: bool = False
-    """BranPO's -0.5 for a broken tag format or an answer without any search."""
-    retry_invalid: bool = False
-    """Search-R1's behaviour: on a parse error, append "invalid action, try again" instead of
-    stopping."""
-
-
-RULES = [  # flags.check: (flags, what is allowed, test)
-    (
-        "max_turns max_step_tokens max_traj_tokens max_obs_tokens topk max_calls",
-        "an integer >= 1",
-        lambda v: v >= 1,
-    ),
-    ("temperature eval_temperature", ">= 0", lambda v: v >= 0),
-    ("top_p eval_top_p", "in (0, 1]", lambda v: 0 < v <= 1),
-]
-
-
-def for_eval(cfg: AgentConfig) -> AgentConfig:
-    """The agent settings evaluation samples with (eval_temperature, eval_top_p), every budget
-    unchanged."""
-    return replace(cfg, temperature=cfg.eval_temperature, top_p=cfg.eval_top_p)
-
-
-def is_world_tokenizer(tokenizer) -> bool:
-    """Whether `tokenizer` is the embedded default's (its syllable continuation pieces are in the
-    vocabulary)."""
-    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-    return all("##" + s in vocab for s in data.SYLLABLES)
-
-
-def instruction_template(choice: str, tokenizer) -> str:
-    """AgentConfig.instruction's template ("auto": short for the embedded default's tokenizer, else
-    Search-R1's)."""
-    return (
-        INSTRUCTIONS.get(choice)
-        or INSTRUCTIONS["short" if is_world_tokenizer(tokenizer) else "search_r1"]
-    )
 
 
 # --------------------------------------------------------------------------------------------------
 # The agent
 
 
-def parse_action(text: str, think: str, max_calls: int) -> tuple[str, str | None, str | None]:
-    """One step's (action, content, abnormal flag): "search" or "answer" for the FIRST complete tag,
-    else "invalid" with too_many_calls (> max_calls <search> tags) or parse_error (no tag, unclosed
-    tag, empty, unbalanced think)."""
-    if text.count("<search>") > max_calls:
-        return "invalid", None, "too_many_calls"
-    found = [(text.find(f"<{tag}>"), tag) for tag in ("search", "answer") if f"<{tag}>" in text]
-    if text.count(f"<{think}>") != text.count(f"</{think}>") or not found:
-        return "invalid", None, "parse_error"
-    start, tag = min(found)
-    end = text.find(f"</{tag}>", start)
-    content = text[start + len(tag) + 2 : end].strip()
-    if end < 0 or not content:
-        return "invalid", None, "parse_error"
-    return tag, content, None
-
-
-def format_passages(passages) -> str:
-    """Search-R1's observation body: 'Doc i(Title: t) text' per passage."""
-    return "\n".join(f"Doc {i + 1}(Title: {p.title}) {p.text}" for i, p in enumerate(passages))
-
-
-def user_turn_ids(tokenizer, text: str) -> list[int]:
-    """`text` as a user turn: the chat template (generation prompt added) if the tokenizer has one,
-    else plain."""
-    if getattr(tokenizer, "chat_template", None):
-        return list(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}],
-                tokenize=True,
-                add_generation_prompt=True,
-                return_dict=False,
-            )
-        )
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
 def _key(query: str) -> str:
     return re.sub(r"\s+", " ", query.strip().lower())
 
 
-class Refiner:
-    """Cut the Bill §6: a second, frozen model reads each query's retrieved passages and writes a
-    query-relevant summary; only the summary is appended to the agent's context. It is never
-    trained."""
-
-    PROMPT = (
-        "Summarize the information in the passages below that is relevant to the query, in a few "
-        "sentences. Keep names exactly as written.\nQuery: {query}\nPassages:\n{passages}\nSummary:"
-    )
-
-    def __init__(self, engine, tokenizer, max_tokens: int = 128):
-        self.engine, self.tok = engine, tokenizer
-        self.sampling = Sampling(temperature=0.0, top_p=1.0, max_tokens=max_tokens, stop=[], seed=0)
-
-    def summarize(self, queries: list[str], results: list[list | None]) -> list[str | None]:
-        """One summary per query (None where retrieval failed), one batched engine call."""
-        todo = [i for i, r in enumerate(results) if r is not None]
-        prompts = [
-            self.tok.encode(
-                self.PROMPT.format(query=queries[i], passages=format_passages(results[i]))
-            )
-            for i in todo
-        ]
-        summaries: list[str | None] = [None] * len(queries)
-        for i, out in zip(todo, self.engine.generate(prompts, self.sampling) if prompts else []):
-            summaries[i] = self.tok.decode(out.token_ids, skip_special_tokens=True).strip()
-        return summaries
-
-
 class Agent:
     """Generates, parses, executes and scores agent steps for frontiers of nodes, batched across
-    prompts."""
+    prompts (`refiner`: a retriever.Refiner, or None)."""
 
     def __init__(self, engine, retriever, tokenizer, cfg: AgentConfig, seed: int, refiner=None):
         self.engine, self.retriever, self.tok = engine, retriever, tokenizer
@@ -272,16 +123,13 @@ class Agent:
         )
 
     def new_tree(self, example, tree_id: str) -> Tree:
-        """An empty tree for one prompt: the root holds the prompt's token ids; `stats` counts from
-        0 (a Counter)."""
+        """An empty tree for one prompt: the root holds the prompt's ids; `stats` counts from 0."""
         return Tree(
             Node(tree_id, tokens=self.prompt_ids(example.question)),
             question=example.question,
             golden_answers=list(example.golden_answers),
             stats=Counter(),
         )
-
-    # ---- one step for a frontier -----------------------------------------------------------------
 
     def step(self, frontier: list[tuple[Tree, Node]]) -> list[tuple[Tree, Node]]:
         """Sample one child for every (tree, node) entry (repeat an entry for several children) and
@@ -303,9 +151,8 @@ class Agent:
                 text=self.tok.decode(out.token_ids),
             )
             children.append((tree, child))
-            # a wave is one engine call: its time is shared among prompts by generated tokens
             tree.stats["generated_tokens"] += len(out.token_ids)
-            # its share of the wave, by tokens
+            # a wave is one engine call: its time is shared among prompts by generated tokens
             tree.stats["gen_seconds"] += gen_time * (len(out.token_ids) / total_tokens)
             self.counters["rollout/steps"] += 1
             action, content, flag = parse_action(child.text, cfg.think_tag, cfg.max_calls)
@@ -339,15 +186,13 @@ class Agent:
         return children
 
     def _end(self, child: Node, flag: str, reward: float | None):
-        """Stop the trajectory at `child` with an abnormal outcome (a flag and a counter) and its
-        reward."""
+        """End the trajectory at `child`: an abnormal outcome (a flag, a counter) and its reward."""
         child.flags.append(flag)
         child.reward = reward
         self.counters["abnormal/" + flag] += 1
 
     def _observe(self, searching: list[tuple[Tree, Node, str]]):
-        """One retriever call for the wave's queries; append each <information> observation (failed:
-        env_error)."""
+        """One retriever call for the wave's queries; each gets its <information> or env_error."""
         if not searching:
             return
         queries = [q for _, _, q in searching]
@@ -361,7 +206,7 @@ class Agent:
         bodies = [None if r is None else format_passages(r) for r in results]
         # Cut the Bill §6: only the frozen model's summary reaches the agent
         if self.refiner is not None:
-            bodies = self.refiner.summarize(queries, results)
+            bodies = self.refiner.summarize(queries, bodies)
         retrieval_time = time.perf_counter() - t0
         for (tree, child, _), passages, body in zip(searching, results, bodies):
             tree.stats["tool_calls"] += 1
@@ -382,21 +227,14 @@ class Agent:
         return self.obs_open + self.encode(body)[: max(room, 0)] + self.obs_close
 
     def run(self, frontier: list[tuple[Tree, Node]]) -> list[Node]:
-        """Continue every frontier entry to its end, one `step` per wave; return the leaves in
-        frontier order."""
+        """Run each frontier entry to its end, one `step` per wave; the leaves in frontier order."""
         heads = list(frontier)
         going = list(range(len(heads)))
         while going:
             for i, head in zip(going, self.step([heads[i] for i in going])):
                 heads[i] = head
-            going = [i for i in going if not ended(heads[i][1])]
+            going = [i for i in going if not heads[i][1].ended]
         return [node for _, node in heads]
-
-
-def ended(node: Node) -> bool:
-    """A step after which the trajectory stops: it has a reward, or it was discarded by a retrieval
-    error."""
-    return node.reward is not None or "env_error" in node.flags
 
 
 # --------------------------------------------------------------------------------------------------
@@ -440,7 +278,7 @@ class RolloutConfig:
     """TreePS-RAG: root-to-leaf paths sampled for training (§2.3); 0 = treeps_N, as the paper."""
 
 
-RULES += [  # RolloutConfig's
+RULES = protocol.RULES + [  # flags.check: AgentConfig's (infra/protocol.py), RolloutConfig's
     (
         "grpo_G tree_M tree_N branpo_N carl_N0 treeps_N treeps_retain",
         "an integer >= 1",
@@ -501,8 +339,7 @@ def tree_grpo(
 
 
 def _f1(leaf: Node) -> float:
-    """The F1 the agent recorded on a leaf (0 without an answer): BranPO's r, correct when >=
-    CORRECT_F1."""
+    """The agent's F1 on a leaf (0 without an answer): BranPO's r, correct if >= CORRECT_F1."""
     return leaf.f1 or 0.0
 
 
@@ -516,6 +353,14 @@ def _recur(r: float, acc: float) -> int:
     if acc < 0.5 and r < CORRECT_F1:
         return 3
     return 2 if acc < 1 or r < CORRECT_F1 else 1
+
+
+def _kept(branch: Node, original: Node, mode: str) -> bool:
+    """BranPO: whether a branch's leaf is kept for `original`'s: "contrast", its correctness is the
+    other; "shorter" (the RSM check), it is correct in fewer steps."""
+    if mode == "contrast":
+        return (_f1(branch) >= CORRECT_F1) != (_f1(original) >= CORRECT_F1)
+    return _f1(branch) >= CORRECT_F1 and branch.depth < original.depth
 
 
 def branpo(
@@ -565,20 +410,7 @@ def branpo(
         for (_, leaf, plan), start in zip(jobs, starts):
             k, n_branches, mode = plan.pop(0)
             mine, ends = ends[:n_branches], ends[n_branches:]
-            correct = _f1(leaf) >= CORRECT_F1
-            keep = next(
-                (
-                    e
-                    for e in mine
-                    if e.scored
-                    and (
-                        (_f1(e) >= CORRECT_F1) != correct
-                        if mode == "contrast"
-                        else _f1(e) >= CORRECT_F1 and e.depth < leaf.depth
-                    )
-                ),
-                None,
-            )
+            keep = next((e for e in mine if e.scored and _kept(e, leaf, mode)), None)
             for e in mine:  # prune the branches that are not kept
                 if e is not keep:
                     start.children.remove(path(e)[k])
@@ -600,8 +432,7 @@ def _action_nll(node: Node) -> float:
 
 
 def _states(tree: Tree) -> list[Node]:
-    """Set H(s) (CARL Eq. 6-8) on every state of `tree` (the root and each intermediate node);
-    return them."""
+    """Set H(s) (CARL Eq. 6-8) on every state of `tree` (root and inner nodes); return them."""
     states = [n for n in walk(tree.root) if n.children]
     for s in states:
         s.entropy = sum(_action_nll(c) for c in s.children) / len(s.children)
@@ -685,13 +516,13 @@ def treeps(
                     c
                     for c in p.children
                     if c.action == "search"  # Alg. 1 l. 11
-                    and (not ended(c) or c.flags == ["max_turns"])
+                    and (not c.ended or c.flags == ["max_turns"])
                 ]  # the limit ended too
                 keep = jaccard_prune(search, N_retain)
                 p.children = [c for c in p.children if c not in search or c in keep]
-                kept += [c for c in p.children if c in keep or not ended(c)]  # + retried invalid
+                kept += [c for c in p.children if c in keep or not c.ended]  # + retried invalid
             # Alg. 1 l. 24: leaves at D, reward 0
-            for c in [c for c in kept if d == D and not ended(c)]:
+            for c in [c for c in kept if d == D and not c.ended]:
                 agent._end(c, "max_turns", 0.0)
             retained[i] = kept
     for t in trees:
@@ -755,46 +586,8 @@ ALGOS = {
 
 
 def metrics(prompts: list[list[Tree]]) -> dict[str, float]:
-    """One rollout batch's metrics (the README lists them): reward, EM/F1 (as the agent recorded
-    them), behaviour, effective groups, budgets per prompt, failed retrieval queries (summed over
-    the batch), abnormal rates."""
-    n = max(len(prompts), 1)
-    leaves = [leaf for trees in prompts for t in trees for leaf in t.leaves()]
-    scored = [leaf for leaf in leaves if leaf.scored]
-    em = [x.em or 0.0 for x in scored]  # a missing answer scores 0
-    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0
-    stat = lambda key: sum(t.stats.get(key, 0) for trees in prompts for t in trees) / n
-    groups = [[x.reward for t in trees for x in t.leaves() if x.scored] for trees in prompts]
-    m = {
-        "rollout/reward": mean([x.reward for x in scored]),
-        "rollout/em": mean(em),
-        "rollout/f1": mean([x.f1 or 0.0 for x in scored]),
-        "rollout/effective_groups": mean([float(len(set(g)) > 1) for g in groups]),
-    }
-    for name, values in (
-        ("turns", [float(x.depth) for x in scored]),
-        ("searches", [float(sum(s.action == "search" for s in path(x))) for x in scored]),
-    ):
-        correct = [v for v, e in zip(values, em) if e == 1]
-        for suffix, picked in (("", values), ("_correct", correct)):
-            # upper median
-            m[f"rollout/{name}_median{suffix}"] = (
-                sorted(picked)[len(picked) // 2] if picked else 0.0
-            )
-            m[f"rollout/{name}_max{suffix}"] = max(picked, default=0.0)
-    m.update(
-        {
-            "rollout/tokens_per_prompt": stat("generated_tokens"),
-            "rollout/tool_calls_per_prompt": stat("tool_calls"),
-            "tree/leaves_per_prompt": len(leaves) / n,
-            "rollout/gen_seconds_per_prompt": stat("gen_seconds"),
-            "rollout/retrieval_seconds_per_prompt": stat("retrieval_seconds"),
-            "rollout/retrieval_failed_queries": stat("failed_queries") * n,
-        }
-    )
-    for flag in FLAGS:  # share of trajectories with that outcome on any of their steps
-        m[f"abnormal/{flag}"] = mean([float(any(flag in s.flags for s in path(x))) for x in leaves])
-    return m
+    """One rollout batch's health metrics (infra/health.py; the README lists them)."""
+    return health.metrics(prompts, path, FLAGS)
 
 
 if __name__ == "__main__":  # python rollout.py --algo ALGO --dump FILE [--plot PNG]

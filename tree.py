@@ -85,6 +85,12 @@ class Node:
         """A leaf whose reward enters group statistics (not discarded by an environment error)."""
         return not self.children and self.reward is not None and "env_error" not in self.flags
 
+    @property
+    def ended(self) -> bool:
+        """A step after which the trajectory stops: it has a reward, or it was discarded by a
+        retrieval error."""
+        return self.reward is not None or "env_error" in self.flags
+
     def add_child(self, **step) -> Node:
         """Append a newly sampled step under this node and return it."""
         self.n_sampled = max(self.n_sampled, len(self.children)) + 1
@@ -224,32 +230,6 @@ def _draw(n: Node, first: str, rest: str) -> list[str]:
     return lines
 
 
-def save_trees(prompts: list[list[Tree]], path_: str) -> None:
-    """Write a JSON list with one entry per prompt, each entry that prompt's trees."""
-    with open(path_, "w") as f:
-        json.dump([[t.to_dict() for t in trees] for trees in prompts], f, indent=1)
-
-
-def load_trees(path_: str, prompt: int | None = None) -> list[Tree]:
-    """The trees of ONE prompt: from a JSON list of tree dicts, or entry `prompt` of a `save_trees`
-    rollout dump."""
-    with open(path_) as f:
-        data = json.load(f)
-    if isinstance(data, list) and data and all(isinstance(x, list) for x in data):  # a rollout dump
-        if prompt is None or not 0 <= prompt < len(data):
-            raise ValueError(
-                f"{path_} is a rollout dump of {len(data)} prompts; pick one with --prompt K "
-                f"(0 <= K < {len(data)}), got {prompt}"
-            )
-        data = data[prompt]
-    if not isinstance(data, list) or not all(isinstance(t, dict) for t in data):
-        raise ValueError(
-            f"{path_}: expected a JSON list of trees (node dicts) for one prompt, "
-            f"or a rollout dump (a list of such lists); got {type(data).__name__}"
-        )
-    return [Tree.from_dict(t) for t in data]
-
-
 # --------------------------------------------------------------------------------------------------
 # Training samples
 
@@ -328,41 +308,3 @@ def step_credit(trajectories: list[Trajectory]) -> dict[str, float]:
     for step, a in trained_steps(trajectories):
         credit[step.id] = credit.get(step.id, 0.0) + a
     return credit
-
-
-def drawing(trees: list[Tree], trajectories: list[Trajectory]) -> list[dict]:
-    """Plain data for `infra.draw`, one dict per node of `trees`, parents first: id, parent id, kind
-    (prompt, search, answer, invalid, truncated, discarded; step: no action set), the step's credit
-    (None: not trained), a leaf's reward, the marks it carries (BranPO's prefix_end and redundant;
-    TreePS-RAG's sampled and retained, i.e. kept by the pruning; fork: more than one child) and how
-    many of its sampled children were dropped (BranPO's unkept branches, TreePS-RAG's pruned)."""
-    credit, rows = step_credit(trajectories), []
-    for n in (n for t in trees for n in walk(t.root)):
-        has = {
-            "prefix_end": n.prefix_end,
-            "redundant": n.redundant,
-            "sampled": n.sampled,
-            "fork": len(n.children) > 1,
-            "retained": n.parent is not None and (bool(n.children) or n.flags == ["max_turns"]),
-        }
-        kind = (
-            "prompt"
-            if n.parent is None
-            else "truncated"
-            if "truncated" in n.flags
-            else "discarded"
-            if "env_error" in n.flags
-            else n.action or "step"
-        )
-        rows.append(
-            {
-                "id": n.id,
-                "parent": n.parent and n.parent.id,
-                "kind": kind,
-                "credit": credit.get(n.id),
-                "reward": None if n.children else n.reward,
-                "marks": [m for m, on in has.items() if on],
-                "dropped": max(n.n_sampled - len(n.children), 0),
-            }
-        )
-    return rows

@@ -1,11 +1,11 @@
 """Rollout trees drawn with the credit each step receives: one panel per method, one colour scale.
 
-The input is plain data (`tree.drawing` writes it), so nothing of the project is imported here.
-A panel is a dict {"algo": a method of PANELS, "nodes": [...], "note": a line under it}; a node is
-a dict {"id", "parent" (None: a root, the prompt), "kind" (a key of KINDS), "credit" (None: not
-trained), "reward" (leaves; None: not scored), "marks" (keys of MARKS; a panel draws its method's
-own), "dropped" (children sampled, then removed)}, every parent listed before its children. A tree
-is drawn top-down: x by leaf order, y by depth.
+The input is plain data (`infra.inspection.drawing` writes it), so nothing of the project is
+imported here. A panel is a dict {"algo": a method of PANELS, "nodes": [...], "note": a line under
+it}; a node is a dict {"id", "parent" (None: a root, the prompt), "kind" (a key of KINDS), "credit"
+(None: not trained), "reward" (leaves; None: not scored), "marks" (keys of MARKS; a panel draws its
+method's own), "dropped" (children sampled, then removed)}, every parent listed before its children.
+A tree is drawn top-down: x by leaf order, y by depth.
 
 Panels of more than MAX_NODES nodes are simplified, and say how under them: first a run of
 single-child steps of one kind, one credit and no marks becomes one node labelled "xk" (k steps);

@@ -1,9 +1,15 @@
 """The inspection command lines: `python advantages.py` (one prompt's trees -> every step's credit
 as JSON, the worked demo side by side, Tree-GRPO's budget) and `python rollout.py --dump` (one
-rollout batch of the embedded default as JSON, every method drawn on one of its prompts).
+rollout batch of the embedded default as JSON, every method drawn on one of its prompts), with what
+only they use: the demo tree, the budget formula, rollout dumps on disk, trees as `infra.draw` data.
 advantages.py and rollout.py call them from their `__main__` blocks and pass the modules in
 (advantages.py, rollout.py with its algorithm registry, tree.py), as this package never imports the
 top level.
+
+Deviations from the papers, each cited by its name:
+- budget-formula: Tree-GRPO's text prints the expected budget E[B] = M*B + L*N*B/2; its Tables 3
+  and 7 fit M*B + M*L*N*B/2 (N expansions in each of the M trees), which `tree_grpo_budget`
+  implements.
 """
 
 import json
@@ -17,10 +23,141 @@ from typing import Literal
 from infra import data, draw, flags
 from infra.engines import RULES as ENGINE_RULES
 from infra.engines import load_policy, make_engine, model_problem
+from infra.protocol import AgentConfig
 from infra.search import BM25Retriever, load_corpus
 
 # --------------------------------------------------------------------------------------------------
+# Trees on disk and as `infra.draw` data
+
+
+def save_trees(prompts: list[list], path_: str) -> None:
+    """Write a JSON list with one entry per prompt, each entry that prompt's trees."""
+    with open(path_, "w") as f:
+        json.dump([[t.to_dict() for t in trees] for trees in prompts], f, indent=1)
+
+
+def load_trees(path_: str, prompt: int | None, tree_class) -> list:
+    """The trees of ONE prompt: from a JSON list of tree dicts, or entry `prompt` of a `save_trees`
+    rollout dump (`tree_class`: tree.Tree)."""
+    with open(path_) as f:
+        data = json.load(f)
+    if isinstance(data, list) and data and all(isinstance(x, list) for x in data):  # a rollout dump
+        if prompt is None or not 0 <= prompt < len(data):
+            raise ValueError(
+                f"{path_} is a rollout dump of {len(data)} prompts; pick one with --prompt K "
+                f"(0 <= K < {len(data)}), got {prompt}"
+            )
+        data = data[prompt]
+    if not isinstance(data, list) or not all(isinstance(t, dict) for t in data):
+        raise ValueError(
+            f"{path_}: expected a JSON list of trees (node dicts) for one prompt, "
+            f"or a rollout dump (a list of such lists); got {type(data).__name__}"
+        )
+    return [tree_class.from_dict(t) for t in data]
+
+
+def drawing(trees: list, trajectories: list, tree_module) -> list[dict]:
+    """Plain data for `infra.draw`, one dict per node of `trees`, parents first: id, parent id, kind
+    (prompt, search, answer, invalid, truncated, discarded; step: no action set), the step's credit
+    (None: not trained), a leaf's reward, the marks it carries (BranPO's prefix_end and redundant;
+    TreePS-RAG's sampled and retained, i.e. kept by the pruning; fork: more than one child) and how
+    many of its sampled children were dropped (BranPO's unkept branches, TreePS-RAG's pruned).
+    `tree_module`: tree.py."""
+    credit, rows = tree_module.step_credit(trajectories), []
+    for n in (n for t in trees for n in tree_module.walk(t.root)):
+        has = {
+            "prefix_end": n.prefix_end,
+            "redundant": n.redundant,
+            "sampled": n.sampled,
+            "fork": len(n.children) > 1,
+            "retained": n.parent is not None and (bool(n.children) or n.flags == ["max_turns"]),
+        }
+        kind = (
+            "prompt"
+            if n.parent is None
+            else "truncated"
+            if "truncated" in n.flags
+            else "discarded"
+            if "env_error" in n.flags
+            else n.action or "step"
+        )
+        rows.append(
+            {
+                "id": n.id,
+                "parent": n.parent and n.parent.id,
+                "kind": kind,
+                "credit": credit.get(n.id),
+                "reward": None if n.children else n.reward,
+                "marks": [m for m, on in has.items() if on],
+                "dropped": max(n.n_sampled - len(n.children), 0),
+            }
+        )
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
 # python advantages.py
+
+
+def tree_grpo_budget(M: int, N: int, L: int) -> tuple[int, float]:
+    """Tree-GRPO §4.2.3 (budget-formula): M trees, L rounds of N expansions per tree, each one new
+    leaf starting at a uniform depth (B/2 on average). Returns rollouts = M (L N + 1) and E[B_tree]
+    = M B + M L N B / 2 in units of B, the full trajectory: Table 3's budgets 2, 4, 8, 16 for
+    (M,N,L) = (1,2,1) .. (8,2,1), ~16 for (6,3,1), (4,5,1)."""
+    return M * (L * N + 1), M * (1 + L * N / 2)
+
+
+def demo(credits: dict, tree_module):
+    """A worked tree (one prompt, two original trajectories: one with branches and a redundant step,
+    one split at its last step with no branch kept) and every method's trajectories on it (GRPO's on
+    the tree's root-to-leaf paths, each copied into a chain of its own). `credits`: name -> credit
+    function, rollout.ALGOS's, each run with its defaults; `tree_module`: tree.py."""
+    tree = tree_module.Tree.from_dict(
+        {
+            "id": "q",
+            "children": [
+                {
+                    "id": "q.0",
+                    "action": "search",
+                    "query": "who founded Acme",
+                    "prefix_end": True,
+                    "children": [
+                        {"id": "q.0.0", "action": "answer", "answer": "Ivo", "reward": 1.0},
+                        {
+                            "id": "q.0.1",
+                            "action": "search",
+                            "query": "Ivo Ra birthplace",
+                            "redundant": True,
+                            "children": [
+                                {
+                                    "id": "q.0.1.0",
+                                    "action": "answer",
+                                    "answer": "Ivo",
+                                    "reward": 1.0,
+                                }
+                            ],
+                        },
+                        {"id": "q.0.2", "action": "answer", "answer": "Oda", "reward": 0.0},
+                    ],
+                },
+                {
+                    "id": "q.1",
+                    "action": "search",
+                    "query": "Acme founder",
+                    "prefix_end": True,
+                    "children": [
+                        {"id": "q.1.0", "action": "answer", "answer": "Oda", "reward": 0.0}
+                    ],
+                },
+            ],
+        }
+    )
+    leaves = tree_module.scored_leaves(tree.root)
+    chains = [tree_module.Tree.from_dict(tree.to_dict()) for _ in leaves]
+    for chain, leaf in zip(chains, leaves):
+        for step in tree_module.path(chain.find(leaf.id)):
+            step.parent.children = [step]  # prune the copy to the root-to-leaf path
+    return tree, {name: fn(chains if name == "grpo" else [tree]) for name, fn in credits.items()}
 
 
 def report(algo: str, trees, trajectories, walk) -> dict:
@@ -44,7 +181,7 @@ def report(algo: str, trees, trajectories, walk) -> dict:
 def demo_table(advantages, credits, tree_module) -> str:
     """The worked tree, then one row per (trajectory, step) and one column per method (`credits`:
     name -> credit function)."""
-    tree, runs = advantages.demo(credits)
+    tree, runs = demo(credits, tree_module)
     table = {
         (name, tr.leaf.id, step.id): a
         for name, trajectories in runs.items()
@@ -99,14 +236,14 @@ def credit_cli(advantages, rollout, tree_module):
     if args.demo:
         print(demo_table(advantages, credits, tree_module))
         if args.plot:
-            tree, runs = advantages.demo(credits)
+            tree, runs = demo(credits, tree_module)
             notes = {
                 "grpo": "the tree's 4 paths as 4 chains:\na step adds up the chains through it"
             }
             panels = [
                 {
                     "algo": k,
-                    "nodes": tree_module.drawing([tree], trajectories),
+                    "nodes": drawing([tree], trajectories, tree_module),
                     "note": notes.get(k, ""),
                 }
                 for k, trajectories in runs.items()
@@ -130,10 +267,10 @@ def credit_cli(advantages, rollout, tree_module):
                 (M < 1 or min(N, L) < 0, f"--budget {args.budget!r}: M must be >= 1 and N, L >= 0"),
             ],
         )
-        rollouts, budget = advantages.tree_grpo_budget(M, N, L)
+        rollouts, budget = tree_grpo_budget(M, N, L)
         print(json.dumps({"rollouts": rollouts, "budget": budget}))
     elif args.trees:
-        trees = tree_module.load_trees(args.trees, args.prompt)
+        trees = load_trees(args.trees, args.prompt, tree_module.Tree)
         algo = rollout.ALGOS[r.algo]
         trajectories = algo.credit(trees, **algo.credit_knobs(r, c))
         print(json.dumps(report(r.algo, trees, trajectories, tree_module.walk), indent=1))
@@ -177,7 +314,7 @@ def dump_cli(rollout, advantages, tree_module):
     """`python rollout.py --dump ...`: `rollout`, `advantages`, `tree_module`: the modules
     rollout.py, advantages.py and tree.py, passed in."""
     args, r, c, agent_cfg = flags.parse(
-        DumpArgs, rollout.RolloutConfig, advantages.CreditConfig, rollout.AgentConfig
+        DumpArgs, rollout.RolloutConfig, advantages.CreditConfig, AgentConfig
     )
     no_model = model_problem(args.model)
     if args.model == "out/warmstart" and not os.path.exists(args.model):
@@ -206,7 +343,7 @@ def dump_cli(rollout, advantages, tree_module):
     algo = rollout.ALGOS[r.algo]
     t0 = time.perf_counter()
     prompts = algo.grow(agent, rows, random.Random(args.seed), **algo.grow_knobs(r))
-    tree_module.save_trees(prompts, args.dump)
+    save_trees(prompts, args.dump)
     print(
         f"{r.algo} {algo.grow_knobs(r)}: {len(prompts)} prompts in "
         f"{time.perf_counter() - t0:.1f} s -> {args.dump}"
@@ -230,7 +367,7 @@ def dump_cli(rollout, advantages, tree_module):
             panels.append(
                 {
                     "algo": name,
-                    "nodes": tree_module.drawing(trees, credit),
+                    "nodes": drawing(trees, credit, tree_module),
                     "note": f"{used}\n{tokens} tokens generated",
                 }
             )

@@ -1,5 +1,5 @@
 """advantages.py: every paper's credit assignment on small hand-built trees, with the arithmetic
-written out.
+written out; its command line, with Tree-GRPO's budget and the worked demo (infra/inspection.py).
 
 Group convention: (r - mean) / (std + 1e-6), unbiased std. The 1e-6 changes results below 1e-5, so
 expected values are written from the exact formula and compared with approx(abs=1e-5).
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from pytest import approx
 
-import advantages
 import rollout
+import tree as tree_module
 from advantages import (
     CreditConfig,
     branpo,
@@ -24,9 +24,9 @@ from advantages import (
     group_normalize,
     grpo,
     tree_grpo,
-    tree_grpo_budget,
     treeps,
 )
+from infra.inspection import demo, tree_grpo_budget
 from tree import Node, Tree, step_credit, to_samples, walk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -681,7 +681,7 @@ def test_demo_credit_per_step_hand_computed():
         "carl": [1 / 3, 1 / 3, 1 / 3, None, -2 / 3, -1 / 3, None],
         "treeps": [1 / S3, 5 / 6, 5 / 6, 1 / 2, -7 / 6, -1, -1 / 2],
     }
-    tree, runs = advantages.demo(CREDITS)
+    tree, runs = demo(CREDITS, tree_module)
     steps = ["q.0", "q.0.0", "q.0.1", "q.0.1.0", "q.0.2", "q.1", "q.1.0"]
     assert [n.id for n in walk(tree.root)][1:] == steps and list(runs) == list(CREDITS)
     for name, trajectories in runs.items():

@@ -10,8 +10,8 @@ import pytest
 import advantages
 from infra.engines import Completion
 from infra.search import Passage
-from retriever import RetrievalError
-from rollout import ALGOS, Agent, AgentConfig, Refiner, jaccard_prune, metrics, parse_action
+from retriever import Refiner, RetrievalError
+from rollout import ALGOS, Agent, AgentConfig, jaccard_prune, metrics, parse_action
 from tree import Node, context_ids, path, to_samples, walk
 
 PIECES = [

@@ -8,7 +8,7 @@ import pytest
 
 import rollout
 from eval import evaluate
-from infra import data, warmstart
+from infra import data, protocol, warmstart
 from infra.data import QARow
 from infra.engines import load_policy
 from infra.search import BM25Retriever, load_corpus
@@ -141,7 +141,7 @@ def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, c
     assert saved["sft_steps"] == 2 and saved["topk"] == 2 and saved["max_obs_tokens"] == 60
     assert saved["copy_steps_done"] == 50 and saved["sft_steps_done"] == 2
     model, tok = load_policy(out)
-    assert rollout.is_world_tokenizer(tok)
+    assert protocol.is_world_tokenizer(tok)
     warmstart.ensure(out, world, cfg, agent.cfg, 0, rollout, evaluate)
     assert "cached" in capsys.readouterr().out
     # another observation format: the checkpoint does not fit
