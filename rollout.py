@@ -68,7 +68,6 @@ from scipy.spatial.distance import squareform
 import advantages
 from infra import health, protocol
 from infra.engines import Sampling
-from infra.protocol import INSTRUCTION as INSTRUCTION  # for infra/warmstart.py
 from infra.protocol import (
     RETRY,
     AgentConfig,
@@ -77,8 +76,6 @@ from infra.protocol import (
     parse_action,
     user_turn_ids,
 )
-from infra.protocol import SHORT_INSTRUCTION as SHORT_INSTRUCTION  # for infra/warmstart.py
-from infra.protocol import for_eval as for_eval  # for train.py and eval.py
 from infra.squad import exact_match, token_f1  # the outcome reward's EM and F1 (squad-reward)
 from retriever import RetrievalError
 from tree import FLAGS, Node, Tree, context_ids, path, scored_leaves, walk

@@ -49,7 +49,7 @@ import retriever
 import rollout
 from advantages import CreditConfig
 from eval import evaluate
-from infra import data, engines, flags, run, warmstart
+from infra import data, engines, flags, health, protocol, run, warmstart
 from infra.logprobs import TokenLogp
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
@@ -338,33 +338,6 @@ def update(minis, accelerator, model, optimizer, scheduler, args: Args):
     return stats, grad_norms, losses, args.ppo_epochs * len(minis) - len(grad_norms)
 
 
-def train_metrics(stats, grad_norms, losses, args: Args) -> dict[str, float]:
-    """The update's train/ metrics (the README lists them)."""
-    cat = lambda k: torch.cat([s[k].float().cpu() for s in stats]) if stats else torch.zeros(0)
-    mean = lambda x: x.mean().item() if stats else 0.0
-    return {
-        "train/loss": sum(losses) / max(len(losses), 1),
-        "train/kl": mean(cat("kl")),
-        "train/entropy": mean(cat("entropy")),
-        "train/clip_fraction": mean(cat("clipped")),
-        "train/tis_truncated_fraction": mean((cat("tis") > args.tis_cap).float())
-        if args.tis_cap > 0
-        else 0.0,
-        **({"train/dual_clip_fraction": mean(cat("dual_clipped"))} if args.dual_clip else {}),
-        "train/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
-        **quantiles("train/ratio", cat("ratio")),
-        **quantiles("train/tis_ratio", cat("tis")),
-        **({"train/tis_ratio_max_dev": (cat("tis") - 1).abs().max().item()} if stats else {}),
-    }
-
-
-def quantiles(name: str, x: torch.Tensor) -> dict[str, float]:
-    if x.numel() == 0:
-        return {}
-    q = torch.quantile(x.float(), torch.tensor([0.05, 0.5, 0.95]))
-    return {f"{name}_p5": q[0].item(), f"{name}_p50": q[1].item(), f"{name}_p95": q[2].item()}
-
-
 # --------------------------------------------------------------------------------------------------
 # Evaluation
 
@@ -462,7 +435,7 @@ def main(
         )
     rank_seed = args.seed + run.RANK_SEED * rank
     agent = rollout.Agent(engine, search, tok, agent_cfg, rank_seed)
-    eval_agent = rollout.Agent(engine, search, tok, rollout.for_eval(agent_cfg), rank_seed)
+    eval_agent = rollout.Agent(engine, search, tok, protocol.for_eval(agent_cfg), rank_seed)
     # are the engine's log-probs pi_old (tis-old-policy)? Only the HF engine's in a float32 run
     old_from_engine = engine.exact_logprobs and accelerator.mixed_precision == "no"
     source = "the HF engine's log-probs" if old_from_engine else "the trainer's forward"
@@ -531,7 +504,7 @@ def main(
         metrics = {
             **rollout.metrics([trees for r in every for trees in r[0]]),
             **{k: sum(r[1][k] for r in every) for k in every[0][1]},
-            **train_metrics([s for r in every for s in r[2]], grad_norms, losses, args),
+            **health.train_metrics([s for r in every for s in r[2]], grad_norms, losses, args),
             **{
                 "train/skipped_steps": skipped,
                 "train/lr": scheduler.get_last_lr()[0],

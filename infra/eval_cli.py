@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Literal
 
-from infra import data, engines, flags
+from infra import data, engines, flags, protocol
 
 
 def table(report):
@@ -94,7 +94,7 @@ def main(rollout, retriever, evaluate, judge):
         judge_fn = partial(
             judge, engines.make_engine(a.engine, judge_model, judge_tok, a.judge_model), judge_tok
         )
-    agent = rollout.Agent(engine, search, tok, rollout.for_eval(agent_cfg), a.seed)
+    agent = rollout.Agent(engine, search, tok, protocol.for_eval(agent_cfg), a.seed)
     report = evaluate(agent, rows, k=a.k, judge_fn=judge_fn)
     print(table(report))
     out = a.out or os.path.join(a.model if os.path.isdir(a.model) else ".", f"eval_{a.split}.json")

@@ -1,7 +1,9 @@
-"""A rollout batch's health metrics: the `rollout/`, `tree/` and `abnormal/` entries of every
-step's log (the README lists them). rollout.py exposes them as `rollout.metrics`, with tree.py's
-`path` and `FLAGS` passed in, as this package never imports the top level.
+"""A step's health metrics: the `rollout/`, `tree/` and `abnormal/` entries of every step's log
+(rollout.py exposes them as `rollout.metrics`, with tree.py's `path` and `FLAGS` passed in, as this
+package never imports the top level) and the update's `train/` ones (the README lists them all).
 """
+
+import torch
 
 
 def metrics(prompts: list[list], path, flags) -> dict[str, float]:
@@ -45,3 +47,31 @@ def metrics(prompts: list[list], path, flags) -> dict[str, float]:
     for flag in flags:  # share of trajectories with that outcome on any of their steps
         m[f"abnormal/{flag}"] = mean([float(any(flag in s.flags for s in path(x))) for x in leaves])
     return m
+
+
+def train_metrics(stats, grad_norms, losses, args) -> dict[str, float]:
+    """The update's train/ metrics (the README lists them): `stats`, the per-micro-batch statistics
+    of train.update, the applied steps' gradient norms and losses; `args`: train.py's Args."""
+    cat = lambda k: torch.cat([s[k].float().cpu() for s in stats]) if stats else torch.zeros(0)
+    mean = lambda x: x.mean().item() if stats else 0.0
+    return {
+        "train/loss": sum(losses) / max(len(losses), 1),
+        "train/kl": mean(cat("kl")),
+        "train/entropy": mean(cat("entropy")),
+        "train/clip_fraction": mean(cat("clipped")),
+        "train/tis_truncated_fraction": mean((cat("tis") > args.tis_cap).float())
+        if args.tis_cap > 0
+        else 0.0,
+        **({"train/dual_clip_fraction": mean(cat("dual_clipped"))} if args.dual_clip else {}),
+        "train/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
+        **quantiles("train/ratio", cat("ratio")),
+        **quantiles("train/tis_ratio", cat("tis")),
+        **({"train/tis_ratio_max_dev": (cat("tis") - 1).abs().max().item()} if stats else {}),
+    }
+
+
+def quantiles(name: str, x: torch.Tensor) -> dict[str, float]:
+    if x.numel() == 0:
+        return {}
+    q = torch.quantile(x.float(), torch.tensor([0.05, 0.5, 0.95]))
+    return {f"{name}_p5": q[0].item(), f"{name}_p50": q[1].item(), f"{name}_p95": q[2].item()}

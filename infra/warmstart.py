@@ -42,7 +42,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from infra import data, flags
+from infra import data, flags, protocol
 from infra.engines import HFEngine, model_problem
 from infra.search import BM25Retriever, load_corpus
 
@@ -61,15 +61,15 @@ TAGS = [
 SPECIAL = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
 
 
-def world_tokenizer(rollout) -> PreTrainedTokenizerFast:
+def world_tokenizer() -> PreTrainedTokenizerFast:
     """WordPiece over the world's syllables and syllable pairs (word-initial and '##' pieces; why
-    pairs: README, "The embedded default"), its words, the agent's words (`rollout`: the module
-    rollout.py), digits, punctuation, single letters; agent tags whole."""
+    pairs: README, "The embedded default"), its words, the agent's words (infra/protocol.py),
+    digits, punctuation, single letters; agent tags whole."""
     agent_text = " ".join(
         [
-            rollout.INSTRUCTION,
-            rollout.SHORT_INSTRUCTION,
-            rollout.RETRY,
+            protocol.INSTRUCTION,
+            protocol.SHORT_INSTRUCTION,
+            protocol.RETRY,
             "Doc 1(Title: x) 0123456789",
         ]
     )
@@ -124,7 +124,7 @@ def tiny_llama(tokenizer, hidden=128, layers=3, heads=4, max_len=2048, seed=0) -
 @dataclass
 class WarmConfig:
     """The warm start's stages and optimisation (the trajectories' format is the RL run's
-    rollout.AgentConfig)."""
+    infra/protocol.py's AgentConfig)."""
 
     copy_steps: int = 2000
     """Cap on the copy task's steps (stage 1; 0 = none); it ends sooner, once its loss is below
@@ -330,7 +330,7 @@ def train(
     demonstrates); `evaluate`: eval.py's (the validation). `search`: the run's retriever, searched
     when it is BM25 over the world's corpus (one index per run); otherwise the warm start builds its
     own."""
-    tok = world_tokenizer(rollout)
+    tok = world_tokenizer()
     model = tiny_llama(tok, seed=seed)
     rows = [r for r in data.load_rows(world_dir, "train") if r.gold_queries]
     if not rows:
@@ -354,7 +354,7 @@ def train(
     # every query a trajectory makes, in one call
     passages = agent.retriever.search(names, agent.cfg.topk)
     observations = {
-        q: agent.observation_ids(rollout.format_passages(p)) for q, p in zip(names, passages)
+        q: agent.observation_ids(protocol.format_passages(p)) for q, p in zip(names, passages)
     }
     trajectories = partial(trajectory_batch, agent, rng, by_hops, cfg, names, observations)
 
@@ -425,7 +425,7 @@ def train(
     with open(os.path.join(out_dir, "warmstart.json"), "w") as f:
         json.dump(
             {
-                **settings(cfg, agent_cfg, seed, rollout),
+                **settings(cfg, agent_cfg, seed),
                 "world": world_dir,
                 "final_loss": loss,
                 "copy_steps_done": copy_steps,
@@ -438,7 +438,7 @@ def train(
     return out_dir
 
 
-def settings(cfg: WarmConfig, agent_cfg, seed: int, rollout) -> dict:
+def settings(cfg: WarmConfig, agent_cfg, seed: int) -> dict:
     """What a cached warm start must match: its own settings, the agent format it was trained in and
     its seed."""
     keep = ("think_tag", "topk", "max_obs_tokens")
@@ -446,9 +446,7 @@ def settings(cfg: WarmConfig, agent_cfg, seed: int, rollout) -> dict:
         **asdict(cfg),
         **{k: v for k, v in asdict(agent_cfg).items() if k in keep},
         "seed": seed,
-        "instruction": rollout.instruction_template(
-            agent_cfg.instruction, world_tokenizer(rollout)
-        ),
+        "instruction": protocol.instruction_template(agent_cfg.instruction, world_tokenizer()),
     }
 
 
@@ -472,7 +470,7 @@ def ensure(
                 was = json.load(f)
             differ = {
                 k: (was.get(k), v)
-                for k, v in settings(cfg, agent_cfg, seed, rollout).items()
+                for k, v in settings(cfg, agent_cfg, seed).items()
                 if was.get(k) != v
             }
             if differ:
@@ -512,7 +510,7 @@ def main(argv: list[str], rollout, evaluate):
     """`python train.py warmstart ...` (`argv`: the arguments after `warmstart`): train a warm start
     into --out, whatever is there, from the world in --world (written first if missing). `rollout`,
     `evaluate`: as `train`."""
-    cfg, a, agent_cfg = flags.parse(WarmConfig, WarmArgs, rollout.AgentConfig, args=argv)
+    cfg, a, agent_cfg = flags.parse(WarmConfig, WarmArgs, protocol.AgentConfig, args=argv)
     flags.check((cfg, agent_cfg), RULES + rollout.RULES, [steps_rule(cfg)])
     world = data.ensure_world(a.world)
     with data.claimed(a.out.rstrip("/") + ".lock", f"the warm start {a.out}"):

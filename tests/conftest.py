@@ -22,12 +22,11 @@ SMALL = dict(
 def env(tmp_path_factory):
     """A directory holding out/world (a small embedded world) and tiny/ (a freshly initialised tiny
     policy)."""
-    import rollout
     from infra import data, warmstart
 
     root = tmp_path_factory.mktemp("env")
     data.write_world(data.build_world(data.WorldConfig(**SMALL)), root / "out" / "world")
-    tok = warmstart.world_tokenizer(rollout)
+    tok = warmstart.world_tokenizer()
     model = warmstart.tiny_llama(tok, hidden=32, layers=1, heads=2)
     model.save_pretrained(root / "tiny")
     tok.save_pretrained(root / "tiny")

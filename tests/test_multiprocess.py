@@ -113,7 +113,7 @@ def launched(env, tmp_path_factory):
 def test_two_processes_split_every_step_and_log_the_whole_of_it(env, launched, algo):
     import rollout
     import train
-    from infra import data
+    from infra import data, health
 
     run, ranks, out = launched(algo)
     assert "2 processes, each rolling out its share of every step" in out.stdout
@@ -139,7 +139,7 @@ def test_two_processes_split_every_step_and_log_the_whole_of_it(env, launched, a
         assert row["train/tokens_trained"] == sum(sum(s.loss_mask) for s in samples)
         stats = mine[0]["stats"] + mine[1]["stats"]
         # the update's statistics over every trained token of both ranks
-        expected = train.train_metrics(
+        expected = health.train_metrics(
             stats, mine[0]["grad_norms"], mine[0]["losses"], train.Args()
         )
         for key, value in expected.items():  # kl, entropy, clip and TIS fractions, quantiles...
@@ -169,7 +169,7 @@ def test_two_process_eval_equals_one_process_eval_of_the_same_model(env, launche
     # final model: the same report, and the same answer to every question
     import eval as evaluation
     import rollout
-    from infra import data, engines
+    from infra import data, engines, protocol
     from infra.search import BM25Retriever, load_corpus
 
     run, ranks, _ = launched("grpo")
@@ -177,7 +177,7 @@ def test_two_process_eval_equals_one_process_eval_of_the_same_model(env, launche
     world = env / "out" / "world"
     test_rows = data.spread(data.load_rows(str(world), "test"), 8)
     model, tok = engines.load_policy(str(run / "final"))
-    cfg = rollout.for_eval(rollout.AgentConfig(max_step_tokens=12, max_turns=2))
+    cfg = protocol.for_eval(rollout.AgentConfig(max_step_tokens=12, max_turns=2))
     search = BM25Retriever(load_corpus(str(world / "corpus.jsonl")))
     agent = rollout.Agent(engines.HFEngine(model, tok), search, tok, cfg, seed=0)
     asked = []
@@ -452,13 +452,12 @@ def parity(out: Path):
     from accelerate import Accelerator
     from transformers import get_constant_schedule
 
-    import rollout
     import train
     from infra import warmstart
     from tree import Sample
 
     accelerator = Accelerator()
-    tok = warmstart.world_tokenizer(rollout)
+    tok = warmstart.world_tokenizer()
     start = warmstart.tiny_llama(tok, hidden=32, layers=1, heads=2)
     g = torch.Generator().manual_seed(0)
     samples = []

@@ -40,7 +40,7 @@ def test_open_question_rewords_each_resolved_hop_and_fact_states_it():
 def setup(env):
     world = str(env / "out" / "world")
     retriever = BM25Retriever(load_corpus(f"{world}/corpus.jsonl"))
-    tok = warmstart.world_tokenizer(rollout)
+    tok = warmstart.world_tokenizer()
     agent = rollout.Agent(
         None, retriever, tok, rollout.AgentConfig(instruction="short", topk=2, max_obs_tokens=60), 0
     )
