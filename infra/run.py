@@ -544,13 +544,14 @@ def stopped_message(run_dir: str, stopped: signal.Signals, step: int, steps: int
 def end(accelerator, engine, stopped: signal.Signals | None):
     """Close the engine and end every process together; a run stopped by a signal then exits with
     the shell's code for it."""
-    # before end_training tears down torch.distributed, which vLLM's shutdown still uses
-    engine.close()
     # torch's gloo workers free a finished collective's tensors under the GIL, and tearing the
     # process group down joins them holding it: a rank that reaches the teardown straight after a
     # collective (rank 1, while rank 0 writes the final model) can hang there for ever. A barrier
-    # first waits without the GIL, so every earlier collective is freed before the teardown.
+    # first waits without the GIL, so every earlier collective is freed before the teardown. It
+    # comes before the engine's close: vLLM's shutdown (external_launcher) destroys the group.
     accelerator.wait_for_everyone()
+    # before end_training tears down torch.distributed, which vLLM's shutdown still uses
+    engine.close()
     accelerator.end_training()
     if stopped:
         raise SystemExit(128 + stopped)  # the shell's code for a process ended by that signal
