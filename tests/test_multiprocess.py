@@ -261,6 +261,46 @@ def test_resume_after_kill_9_of_every_process_continues_exactly(env, launched, t
     assert "accelerate launch --num_processes 2" in one.stderr
 
 
+def test_sigterm_to_the_launcher_stops_both_ranks_after_one_step_and_resume_continues(
+    env, tmp_path
+):
+    # a cluster's preemption: SIGTERM to the launcher, which passes it to both ranks; they finish
+    # the step in progress together (any rank asked stops every rank), save one checkpoint and
+    # exit, none hangs in the teardown; --resume then logs what the uninterrupted run logged
+    flags = "--algo grpo --prompts_per_step 4 --eval_every 0 --checkpoint_every 0".split()
+    straight = launch_train(env, *flags, "--steps", "3", "--run_name", "mp_straight")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    from test_train import train_command
+
+    cmd = launch_command(
+        ROOT / "train.py",
+        *train_command(env, *flags, "--steps", "50", "--run_name", "mp_sigterm")[2:],
+    )
+    run = env / "out" / "runs" / "mp_sigterm"
+    with open(tmp_path / "out", "w") as stdout, open(tmp_path / "err", "w") as stderr:
+        job = subprocess.Popen(cmd, cwd=env, env=CPU, stdout=stdout, stderr=stderr)
+        deadline = time.time() + 600
+        while time.time() < deadline and job.poll() is None and not metrics_written(run):
+            time.sleep(0.05)
+        job.send_signal(signal.SIGTERM)  # in step 2, or between steps 1 and 2
+        job.wait(timeout=300)
+    out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
+    assert job.returncode != 0, err[-3000:]  # the run is not finished
+    done = len(metrics(run))
+    assert f"stopped by SIGTERM after step {done} of 50: saved {run}/checkpoint-{done}" in out, (
+        out[-3000:] + err[-3000:]
+    )
+    assert (run / "latest").read_text() == f"checkpoint-{done}" and not (run / "final").exists()
+    resume = launch_train(env, *flags, "--steps", "3", "--run_name", "mp_sigterm", "--resume")
+    assert resume.returncode == 0, resume.stderr[-3000:]
+    assert f"resumed from {run}/checkpoint-{done} at step {done}" in resume.stdout
+    assert strip(metrics(run)) == strip(metrics(env / "out" / "runs" / "mp_straight"))
+
+
+def metrics_written(run: Path) -> bool:
+    return (run / "metrics.jsonl").exists() and (run / "metrics.jsonl").stat().st_size > 0
+
+
 def test_a_live_lock_refuses_two_processes(env):
     # another process holds the run directory's lock: rank 0 refuses, and rank 1, waiting for it at
     # a barrier, is ended by the launcher (no hang)
