@@ -201,7 +201,7 @@ CLAIMS = [  # (a paper's claim, its numbers; arm; reference; measure(); the sign
 QUICK_ARMS = [grpo(2), tree(1, 2, 1)]
 
 # The worlds the comparison runs in; every seed's world, warm start and arm alike. Each setting:
-# flags of infra/data.py's WorldConfig (world), of rollout.AgentConfig (agent: the warm start's and
+# flags of infra/data.py's WorldConfig (world), of protocol.AgentConfig (agent: the warm start's and
 # every arm's, before --warm_flags and --train_flags, which win) and of WarmConfig (warm). "hard"
 # (docs/comparison.md, "The hard setting"): 6 hops (a search round each), twice the look-alike
 # passages, and a demonstrator that stops after 4 searches on 5- and 6-hop questions.

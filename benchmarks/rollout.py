@@ -25,7 +25,7 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import rollout
-from infra import data, flags
+from infra import data, flags, protocol
 from infra.engines import load_policy, make_engine
 from infra.search import BM25Retriever, load_corpus
 
@@ -59,7 +59,7 @@ class Args:
     """Seed of the engine's sampling and the strategies' random choices (train.py's --seed)."""
 
 
-def main(a: Args, cfg: rollout.AgentConfig):
+def main(a: Args, cfg: protocol.AgentConfig):
     """The chosen strategies at BUDGETS, under the run's agent settings (train.py's budgets) and
     --seed."""
     names = a.strategies.split(",")
@@ -130,4 +130,4 @@ def main(a: Args, cfg: rollout.AgentConfig):
 
 
 if __name__ == "__main__":
-    main(*flags.parse(Args, rollout.AgentConfig))
+    main(*flags.parse(Args, protocol.AgentConfig))

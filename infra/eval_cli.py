@@ -63,7 +63,7 @@ def main(rollout, retriever, evaluate, judge):
     """Evaluate a policy (EvalArgs, AgentConfig, RetrieverConfig from the command line): `evaluate`
     and `judge` are eval.py's; print the per-dataset table and write the JSON report."""
     a, agent_cfg, retriever_cfg = flags.parse(
-        EvalArgs, rollout.AgentConfig, retriever.RetrieverConfig
+        EvalArgs, protocol.AgentConfig, retriever.RetrieverConfig
     )
     models = [
         engines.model_problem(a.model, a.gguf_file),  # checked before anything loads

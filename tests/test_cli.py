@@ -60,9 +60,9 @@ def test_every_flag_a_rule_names_is_a_flag_of_train_py():
     import rollout
     import train
     from advantages import CreditConfig
-    from infra import engines, run, warmstart
+    from infra import engines, protocol, run, warmstart
 
-    configs = (train.Args, rollout.RolloutConfig, CreditConfig, rollout.AgentConfig)
+    configs = (train.Args, rollout.RolloutConfig, CreditConfig, protocol.AgentConfig)
     configs += (retriever.RetrieverConfig, warmstart.WarmConfig)
     rules = run.RULES + rollout.RULES + retriever.RULES + engines.RULES + warmstart.RULES
     named = {name for names, _, _ in rules for name in names.split()}

@@ -213,7 +213,7 @@ def test_hf_engine_logprobs_are_the_trainers_pi_old(env):
     # engine's log-probs equal the trainer's right-padded full forward pass on every trained token
     import random
 
-    from infra import data
+    from infra import data, protocol
     from infra.engines import HFEngine, load_policy
     from infra.search import BM25Retriever, load_corpus
     from train import token_logprobs
@@ -227,7 +227,7 @@ def test_hf_engine_logprobs_are_the_trainers_pi_old(env):
         engine,
         BM25Retriever(load_corpus(f"{world}/corpus.jsonl")),
         tok,
-        rollout.AgentConfig(instruction="short", max_step_tokens=12, max_turns=2),
+        protocol.AgentConfig(instruction="short", max_step_tokens=12, max_turns=2),
         seed=3,
     )
     rows = data.load_rows(str(world), "train")[:4]

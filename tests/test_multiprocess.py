@@ -177,7 +177,7 @@ def test_two_process_eval_equals_one_process_eval_of_the_same_model(env, launche
     world = env / "out" / "world"
     test_rows = data.spread(data.load_rows(str(world), "test"), 8)
     model, tok = engines.load_policy(str(run / "final"))
-    cfg = protocol.for_eval(rollout.AgentConfig(max_step_tokens=12, max_turns=2))
+    cfg = protocol.for_eval(protocol.AgentConfig(max_step_tokens=12, max_turns=2))
     search = BM25Retriever(load_corpus(str(world / "corpus.jsonl")))
     agent = rollout.Agent(engines.HFEngine(model, tok), search, tok, cfg, seed=0)
     asked = []
@@ -405,7 +405,7 @@ def probe(records: Path, argv: list[str]):
     import rollout
     import train
     from advantages import CreditConfig
-    from infra import flags, run
+    from infra import flags, protocol, run
     from infra.warmstart import WarmConfig
     from retriever import RetrieverConfig
 
@@ -476,7 +476,7 @@ def probe(records: Path, argv: list[str]):
             train.Args,
             rollout.RolloutConfig,
             CreditConfig,
-            rollout.AgentConfig,
+            protocol.AgentConfig,
             RetrieverConfig,
             WarmConfig,
         )

@@ -42,7 +42,11 @@ def setup(env):
     retriever = BM25Retriever(load_corpus(f"{world}/corpus.jsonl"))
     tok = warmstart.world_tokenizer()
     agent = rollout.Agent(
-        None, retriever, tok, rollout.AgentConfig(instruction="short", topk=2, max_obs_tokens=60), 0
+        None,
+        retriever,
+        tok,
+        protocol.AgentConfig(instruction="short", topk=2, max_obs_tokens=60),
+        0,
     )
     rows = data.load_rows(world, "train")
     return agent, retriever, rows, world
@@ -52,7 +56,9 @@ def observed(agent, queries):
     """Each query's observation ids, as the warm start caches them for its demonstrations (query ->
     ids)."""
     passages = agent.retriever.search(list(queries), agent.cfg.topk)
-    return {q: agent.observation_ids(rollout.format_passages(p)) for q, p in zip(queries, passages)}
+    return {
+        q: agent.observation_ids(protocol.format_passages(p)) for q, p in zip(queries, passages)
+    }
 
 
 def steps_of(agent, ids, mask):
@@ -63,7 +69,7 @@ def steps_of(agent, ids, mask):
         if i == len(ids) or mask[i] != mask[start]:
             runs.append((mask[start], ids[start:i]))
             start = i
-    actions = [rollout.parse_action(agent.tok.decode(seg), "think", 1) for m, seg in runs if m]
+    actions = [protocol.parse_action(agent.tok.decode(seg), "think", 1) for m, seg in runs if m]
     observations = [seg for m, seg in runs[1:] if not m]
     return runs, actions, observations
 
@@ -81,7 +87,7 @@ def test_gold_trajectory_quotes_facts_and_masks_prompt_and_observations(setup):
     ]
     # exactly the ids the agent would append at RL time
     for q, obs in zip(row.gold_queries, observations):
-        assert obs == agent.observation_ids(rollout.format_passages(retriever.search([q], 2)[0]))
+        assert obs == agent.observation_ids(protocol.format_passages(retriever.search([q], 2)[0]))
     thoughts = [agent.tok.decode(seg) for m, seg in runs if m]
     assert thoughts[0].startswith("<think> " + row.question)
     assert "the answer is" in thoughts[-1] and warmstart.fact(row, 2).rstrip(".") in thoughts[-1]
@@ -150,7 +156,7 @@ def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, c
             out,
             world,
             cfg,
-            rollout.AgentConfig(**{**agent.cfg.__dict__, "topk": 3}),
+            protocol.AgentConfig(**{**agent.cfg.__dict__, "topk": 3}),
             0,
             rollout,
             evaluate,
