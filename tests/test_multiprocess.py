@@ -304,14 +304,10 @@ def metrics_written(run: Path) -> bool:
 def test_a_live_lock_refuses_two_processes(env):
     # another process holds the run directory's lock: rank 0 refuses, and rank 1, waiting for it at
     # a barrier, is ended by the launcher (no hang)
-    import fcntl
+    from test_train import held_lock
 
     run = env / "out" / "runs" / "mp_locked"
-    run.mkdir(parents=True)
-    with open(run / "run.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        lock.write(f"{os.getpid()} testhost\n")
-        lock.flush()
+    with held_lock(run):
         out = launch_train(env, "--algo", "grpo", "--steps", "1", "--run_name", "mp_locked")
     assert out.returncode != 0 and f"in use by process {os.getpid()} testhost" in out.stderr
     assert not (run / "metrics.jsonl").exists()

@@ -3,6 +3,7 @@ the real loop (every algo, the embedded default's warm start, a GGUF model, mixe
 resume after SIGKILL and SIGTERM, checkpoints, run locks, and the checks that stop a run before
 anything loads."""
 
+import contextlib
 import math
 
 import pytest
@@ -481,16 +482,22 @@ def test_rerun_refuses_to_overwrite_a_run(env):
     assert len(metrics(env, "rerun")) == 1 and metrics(env, "rerun") != before
 
 
-def test_a_live_lock_refuses_a_second_writer(env):
+@contextlib.contextmanager
+def held_lock(run):
+    """This test's process holds run/run.lock (created), as a running train.py would."""
     import fcntl
 
-    run = env / "out" / "runs" / "locked"
     run.mkdir(parents=True)
-    # this test's process holds the run, as a running train.py would
     with open(run / "run.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         lock.write(f"{os.getpid()} testhost\n")
         lock.flush()
+        yield
+
+
+def test_a_live_lock_refuses_a_second_writer(env):
+    run = env / "out" / "runs" / "locked"
+    with held_lock(run):
         out = train(
             env, "--algo", "grpo", "--steps", "1", "--eval_every", "0", "--run_name", "locked"
         )
