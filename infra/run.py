@@ -542,16 +542,32 @@ def stopped_message(run_dir: str, stopped: signal.Signals, step: int, steps: int
 
 
 def end(accelerator, engine, stopped: signal.Signals | None):
-    """Close the engine and end every process together; a run stopped by a signal then exits with
-    the shell's code for it."""
-    # torch's gloo workers free a finished collective's tensors under the GIL, and tearing the
-    # process group down joins them holding it: a rank that reaches the teardown straight after a
-    # collective (rank 1, while rank 0 writes the final model) can hang there for ever. A barrier
-    # first waits without the GIL, so every earlier collective is freed before the teardown. It
-    # comes before the engine's close: vLLM's shutdown (external_launcher) destroys the group.
+    """Close the engine and end every process together (end_processes); a run stopped by a signal
+    exits with the shell's code for it."""
+    # every rank done with its collectives (rank 0 with the final model) before any rank closes
+    # anything; the engine's close comes next, as vLLM's shutdown (external_launcher) still uses
+    # torch.distributed
     accelerator.wait_for_everyone()
-    # before end_training tears down torch.distributed, which vLLM's shutdown still uses
     engine.close()
-    accelerator.end_training()
-    if stopped:
-        raise SystemExit(128 + stopped)  # the shell's code for a process ended by that signal
+    end_processes(accelerator, 128 + stopped if stopped else 0)
+
+
+def end_processes(accelerator, code: int):
+    """Finish the trackers and exit with `code`; one process returns when `code` is 0.
+
+    Several processes leave with os._exit, never tearing torch.distributed down: gloo's teardown
+    joins its worker threads holding the GIL, while a worker may still wait for the GIL to free a
+    finished collective's tensors, and both wait for ever (a barrier just before makes it rare, not
+    impossible: two processes hung there in CI). The interpreter's own exit would run the same
+    join. stdout and stderr are flushed first; the OS frees the sockets, the run lock and the
+    memory."""
+    if accelerator.num_processes == 1:
+        accelerator.end_training()
+        if code:
+            raise SystemExit(code)  # 128 + a signal: the shell's code for a process it ended
+        return
+    for tracker in accelerator.trackers:
+        tracker.finish()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -8,6 +8,7 @@ On CPU, `accelerate launch --cpu --num_processes 2` starts ONE process (accelera
 simple launcher for --cpu unless mpirun is configured); torchrun's launcher (--multi_gpu) with
 ACCELERATE_USE_CPU=1 starts two, on gloo."""
 
+import faulthandler
 import importlib.util
 import json
 import os
@@ -26,6 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # as a script (accelerate launch), for train, rollout, ...
 
+WATCHDOG = 500  # seconds: a probe or parity run (this file as a script) past it dumps its stacks
 TIMING = ("time", "seconds")  # metrics that measure the machine, not the run
 
 
@@ -489,7 +491,7 @@ def parity(out: Path):
     from transformers import get_constant_schedule
 
     import train
-    from infra import warmstart
+    from infra import run, warmstart
     from tree import Sample
 
     accelerator = Accelerator()
@@ -528,11 +530,14 @@ def parity(out: Path):
         saved[agg].update(norms=norms, losses=losses)
     if accelerator.is_main_process:
         torch.save(saved, out / f"parity{accelerator.num_processes}.pt")
-    accelerator.wait_for_everyone()  # as train.py does before the teardown (a gloo deadlock)
-    accelerator.end_training()
+    accelerator.wait_for_everyone()
+    run.end_processes(accelerator, 0)  # as train.py ends
 
 
 if __name__ == "__main__":
+    # a hang shows where every thread of each rank waits (on stderr, which the tests print) and
+    # fails the test before its subprocess timeout
+    faulthandler.dump_traceback_later(WATCHDOG, exit=True)
     if sys.argv[1] == "probe":
         probe(Path(sys.argv[2]), sys.argv[3:])
     else:
