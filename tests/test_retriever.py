@@ -2,7 +2,6 @@
 generated world, index save/load, the Search-R1 HTTP server (round trip and error paths) and the
 client's timeout / retry / concurrency-cap / partial-failure policy."""
 
-import importlib.util
 import json
 import os
 import re
@@ -160,31 +159,37 @@ def test_bm25_index_loads_back_searching_the_same_and_refuses_another_corpus(
         BM25Retriever(other, str(tmp_path / "idx"))
 
 
-def test_bm25_keeps_numba_out_for_vllm(corpus, tmp_path):
-    # infra/search.py's numba workaround: bm25s is imported with numba hidden, so BM25 runs its
-    # numpy backend and nothing numba loads is in the process when vLLM starts on CPU. A fresh
-    # interpreter, with numba importable: the real one where it is installed (the vLLM virtualenv),
-    # else a stand-in.
-    fake = tmp_path / "fake" / "numba"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("njit = lambda f: f\n")
+def test_bm25_runs_numpy_with_numba_and_jax_installed_and_leaves_both_importable(corpus, tmp_path):
+    # infra/search.py's bm25s workaround: bm25s is imported with numba and jax hidden, so BM25 runs
+    # its numpy backend, nothing numba loads is in the process when vLLM starts on CPU, and jax
+    # never touches a GPU. A fresh interpreter with both importable: the real ones where
+    # installed, else stand-ins that fail loudly if bm25s uses them.
+    stand_ins = tmp_path / "stand_ins"
+    for path, source in {
+        "numba/__init__.py": "njit = lambda f: f\n",
+        "jax/__init__.py": "from jax import lax\n",
+        "jax/lax.py": "def top_k(x, k):\n    raise AssertionError('bm25s used jax')\n",
+    }.items():
+        (stand_ins / path).parent.mkdir(parents=True, exist_ok=True)
+        (stand_ins / path).write_text(source)
     script = (
-        "import importlib.util, sys\n"
+        "import sys\n"
         "from infra import search\n"
         f"r = search.BM25Retriever(search.load_corpus({corpus.path!r}))\n"
         "assert r.bm25.backend == 'numpy', r.bm25.backend\n"
-        "assert 'numba' not in sys.modules and 'llvmlite' not in sys.modules, 'numba loaded'\n"
+        "assert not {'numba', 'llvmlite', 'jax'} & set(sys.modules), 'numba or jax loaded'\n"
         "assert r.search(['who'], 1)[0]\n"
-        "import numba\n"  # hidden only during bm25s' import: later imports work
+        "assert not {'numba', 'llvmlite', 'jax'} & set(sys.modules), 'loaded by a search'\n"
+        "import numba, jax\n"  # hidden only during bm25s' import: later imports work
         "print('ok')\n"
     )
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+        # the stand-ins after the real path entries: a real numba or jax wins
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [ROOT, os.environ.get("PYTHONPATH"), str(stand_ins)])
+        ),
     }
-    if importlib.util.find_spec("numba") is None:
-        # the stand-in, after the real path entries
-        env["PYTHONPATH"] += os.pathsep + str(fake.parent)
     out = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )
