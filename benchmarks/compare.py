@@ -7,6 +7,8 @@ budget sweep side by side over seeds, each arm a train.py run from the same warm
     python benchmarks/compare.py --quick        # one seed, two arms, 2 steps, a tiny warm start
     python benchmarks/compare.py --setting hard # the same in a harder world (SETTINGS), in
                                                 # out/compare-hard
+    python benchmarks/compare.py --setting hard --merge A/results.json B/results.json
+                                                # one report over both files' seeds
 
 Per seed S, in OUT/seedS/: the embedded world (of --setting: SETTINGS); the warm start (`train.py
 warmstart --seed S`, once); its greedy test EM (`eval.py`, once: step 0 of every arm); then one
@@ -284,6 +286,9 @@ class Args:
     """Smoke run: the first seed, QUICK_ARMS, QUICK's tiny settings."""
     setting: Literal[*SETTINGS] = "default"
     """The world, agent and warm start flags of every seed and arm (SETTINGS)."""
+    merge: list[str] = field(default_factory=list)
+    """Instead: one report over the seeds of several results.json files of this --setting, made in
+    separate sittings or on separate machines (the same arms and shared flags, other seeds)."""
 
 
 QUICK = dict(
@@ -871,8 +876,97 @@ def calibration_table(rows: dict[str, list[dict]], steps: int) -> list[str]:
 # -------------------------------------------------------------------------------------------------
 
 
+def merge(paths: list[str], setting: str) -> tuple[dict, list[int], str, dict, dict, str]:
+    """Several results.json files as one run, seeds in order: their setting, shared flags and
+    arms must agree and no seed may repeat. Returns what main() writes, and where it came from."""
+    parts = [json.load(open(p)) for p in paths]
+    first, seeds = parts[0], [s for p in parts for s in p["seeds"]]
+    keys = ("setting", "world flags", "warm start flags", "train_flags")
+    problems = [
+        f"{path}: {k} {p.get(k)!r}, not {first.get(k)!r} as in {paths[0]}"
+        for path, p in zip(paths, parts)
+        for k in keys
+        if p.get(k) != first.get(k)
+    ] + [
+        f"{path}: arms {sorted(p['runs'])}, not {sorted(first['runs'])} as in {paths[0]}"
+        for path, p in zip(paths, parts)
+        if sorted(p["runs"]) != sorted(first["runs"])
+    ]
+    if first.get("setting", "default") != setting:
+        problems.append(
+            f"the files hold setting {first.get('setting', 'default')!r}: pass --setting"
+        )
+    if len(set(seeds)) < len(seeds):
+        problems.append(f"a seed is in two files (seeds {seeds})")
+    if problems:
+        raise SystemExit(
+            "--merge: the files do not make one run (nothing was written):\n  "
+            + "\n  ".join(problems)
+        )
+    order = sorted(range(len(seeds)), key=seeds.__getitem__)
+
+    def steps(d: dict) -> dict:  # JSON made the steps strings
+        return {int(k): v for k, v in d.items()}
+
+    runs, walls = {}, {}
+    for n in first["runs"]:
+        summaries = [s for p in parts for s in p["runs"][n]]
+        runs[n] = [
+            {**s, "evals": steps(s["evals"]), "tokens": steps(s["tokens"])}
+            for s in map(summaries.__getitem__, order)
+        ]
+        walls[n] = [[w for p in parts for w in p["walls"][n]][i] for i in order]
+    named = {k: first[k] for k in keys[:3] if k in first}
+    source = "; ".join(
+        f"seeds {', '.join(map(str, p['seeds']))} from {path} (commit "
+        f"{p.get('commit', 'not recorded')})"
+        for path, p in zip(paths, parts)
+    )
+    return named, sorted(seeds), first["train_flags"], runs, walls, source
+
+
+def write_report(
+    out: str, named: dict, seeds: list[int], train_flags: str, runs: dict, walls: dict, how: str
+) -> str:
+    """Every table, the figure and results.json in `out`; the tables' text."""
+    text = "\n".join(
+        em_tables(runs)
+        + difference_table(runs)
+        + claims_table(runs)
+        + cost_table(runs, walls)
+        + [
+            "".join(f"{k} {v!r}; " for k, v in named.items())
+            + f"Seeds {', '.join(map(str, seeds))}; {len(runs)} arms; shared train.py "
+            f"flags {train_flags!r}; {how}"
+        ]
+    )
+    os.makedirs(out, exist_ok=True)
+    outputs = [os.path.join(out, f) for f in ("results.md", "curves.png", "results.json")]
+    figure(runs, outputs[1])
+    with open(outputs[2], "w") as f:
+        json.dump(
+            {
+                **named,
+                "seeds": seeds,
+                "train_flags": train_flags,
+                "commit": commit(),
+                "runs": runs,
+                "walls": walls,
+            },
+            f,
+            indent=1,
+        )
+    with open(outputs[0], "w") as f:
+        f.write(text + "\n")
+    return text + "\n\noutputs: " + ", ".join(outputs)
+
+
 def main(a: Args):
     a, chosen, shared = configure(a)
+    if a.merge:
+        *merged, source = merge(a.merge, a.setting)
+        print("\n" + write_report(a.out, *merged, f"merged by --merge: {source}."))
+        return
     cfg, _, _, agent, retriever_cfg, _ = parse_train(shared)
     home = {s: os.path.join(a.out, f"seed{s}") for s in a.seeds}
     world_flags = SETTINGS[a.setting]["world"]  # a world of other flags: another directory
@@ -964,55 +1058,34 @@ def main(a: Args):
     if a.calibrate:
         rows = {chosen[n]: load(runs[n, a.seeds[0]])["rows"] for n in chosen}
         text = "\n".join(calibration_table(rows, a.calibrate_steps))
-        outputs = [os.path.join(a.out, f"calibration-{a.calibrate_steps}-steps.md")]
-    else:
-        summaries = {
-            n: [
-                summarize(load(runs[n, s])["rows"], load(evals[s])["rows"][0], cfg.prompts_per_step)
-                for s in a.seeds
-            ]
-            for n in chosen
-        }
-        walls = {n: [load(runs[n, s])["wall_s"] for s in a.seeds] for n in chosen}
-        spent = {
-            kind: sum(load(t)["wall_s"] for t in tasks) / 60
-            for kind, tasks in (
-                ("warm starts", warm_tasks),
-                ("step-0 evaluations", evals.values()),
-                ("arms", runs.values()),
-            )
-        }
-        text = "\n".join(
-            em_tables(summaries)
-            + difference_table(summaries)
-            + claims_table(summaries)
-            + cost_table(summaries, walls)
-            + [
-                "".join(f"{k} {v!r}; " for k, v in named.items())
-                + f"Seeds {', '.join(map(str, a.seeds))}; {len(chosen)} arms; shared train.py "
-                f"flags {a.train_flags!r}; commit {commit()}. Wall time of the stored tasks as "
-                f"they ran (--jobs {a.jobs}, --threads {a.threads}): "
-                + ", ".join(f"{k} {v:.1f} min" for k, v in spent.items())
-                + f"; {sum(spent.values()) / 60:.2f} h in all."
-            ]
+        path = os.path.join(a.out, f"calibration-{a.calibrate_steps}-steps.md")
+        with open(path, "w") as f:
+            f.write(text + "\n")
+        print("\n" + text + "\n\noutputs: " + path)
+        return
+    summaries = {
+        n: [
+            summarize(load(runs[n, s])["rows"], load(evals[s])["rows"][0], cfg.prompts_per_step)
+            for s in a.seeds
+        ]
+        for n in chosen
+    }
+    walls = {n: [load(runs[n, s])["wall_s"] for s in a.seeds] for n in chosen}
+    spent = {
+        kind: sum(load(t)["wall_s"] for t in tasks) / 60
+        for kind, tasks in (
+            ("warm starts", warm_tasks),
+            ("step-0 evaluations", evals.values()),
+            ("arms", runs.values()),
         )
-        outputs = [os.path.join(a.out, f) for f in ("results.md", "curves.png", "results.json")]
-        figure(summaries, outputs[1])
-        with open(outputs[2], "w") as f:
-            json.dump(
-                {
-                    **named,
-                    "seeds": a.seeds,
-                    "train_flags": a.train_flags,
-                    "runs": summaries,
-                    "walls": walls,
-                },
-                f,
-                indent=1,
-            )
-    with open(outputs[0], "w") as f:
-        f.write(text + "\n")
-    print("\n" + text + "\n\noutputs: " + ", ".join(outputs))
+    }
+    how = (
+        f"commit {commit()}. Wall time of the stored tasks as they ran (--jobs {a.jobs}, "
+        f"--threads {a.threads}): "
+        + ", ".join(f"{k} {v:.1f} min" for k, v in spent.items())
+        + f"; {sum(spent.values()) / 60:.2f} h in all."
+    )
+    print("\n" + write_report(a.out, named, a.seeds, a.train_flags, summaries, walls, how))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """benchmarks/compare.py: its statistics by hand, its arms, its result keys, step 0 measured once
-by eval.py, and the --quick smoke run (end to end, resumed, refused under other settings)."""
+by eval.py, seeds of separate sittings merged, and the --quick smoke run (end to end, resumed,
+refused under other settings)."""
 
 import json
 import math
@@ -92,6 +93,46 @@ def test_a_result_key_names_the_code_it_ran():
 
 def metrics_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_merge_joins_the_seeds_of_separate_sittings_in_order_and_refuses_what_does_not_fit(
+    tmp_path,
+):
+    # the committed hard run's results.json (seeds 0 and 1) and a copy of it posing as seeds 5, 6
+    stored = ROOT / "docs" / "comparison_hard.json"
+    original = json.loads(stored.read_text())
+    later, shifted = tmp_path / "later.json", json.loads(stored.read_text())
+    for summaries in shifted["runs"].values():  # told apart: step 15's EM + 1
+        for s in summaries:
+            s["evals"]["15"]["eval/em"] += 1
+    later.write_text(json.dumps({**shifted, "seeds": [5, 6]}))
+    named, seeds, flags, runs, walls, source = compare.merge([str(later), str(stored)], "hard")
+    assert seeds == [0, 1, 5, 6] and flags == original["train_flags"]
+    assert named["world flags"] == "--max_hops 6 --distractor_fraction 0.6"
+    for arm, summaries in runs.items():  # seed order, whatever the files' order; steps ints again
+        first = original["runs"][arm][0]
+        em = [s["evals"]["15"]["eval/em"] for s in original["runs"][arm]]
+        assert [s["evals"][15]["eval/em"] for s in summaries] == em + [x + 1 for x in em]
+        assert summaries[0]["tokens"] == {int(k): v for k, v in first["tokens"].items()}
+        assert walls[arm] == 2 * original["walls"][arm]
+    assert "seeds 5, 6 from" in source and "(commit not recorded)" in source
+    # the report over the four seeds; merged again on its own, the same numbers
+    text = compare.write_report(str(tmp_path / "all"), named, seeds, flags, runs, walls, "x.")
+    assert "mean ± std over 4 seed(s)" in text
+    again = compare.merge([str(tmp_path / "all" / "results.json")], "hard")
+    assert again[:5] == (named, seeds, flags, runs, walls)
+    # refused, with every reason: a seed twice, other shared flags, the wrong --setting
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**original, "seeds": [1, 2], "train_flags": "--lr 1"}))
+    with pytest.raises(SystemExit) as refused:
+        compare.merge([str(stored), str(other)], "default")
+    for reason in (
+        "a seed is in two files (seeds [0, 1, 1, 2])",
+        "train_flags '--lr 1', not",
+        "the files hold setting 'hard': pass --setting",
+        "nothing was written",
+    ):
+        assert reason in str(refused.value)
 
 
 def test_step_zero_from_eval_py_is_what_train_py_measures(env):
