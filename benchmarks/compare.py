@@ -918,7 +918,7 @@ def merge(paths: list[str], setting: str) -> tuple[dict, list[int], str, dict, d
         walls[n] = [[w for p in parts for w in p["walls"][n]][i] for i in order]
     named = {k: first[k] for k in keys[:3] if k in first}
     source = "; ".join(
-        f"seeds {', '.join(map(str, p['seeds']))} from {path} (commit "
+        f"seed{'s' * (len(p['seeds']) > 1)} {', '.join(map(str, p['seeds']))} from {path} (commit "
         f"{p.get('commit', 'not recorded')})"
         for path, p in zip(paths, parts)
     )
