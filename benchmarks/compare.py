@@ -29,7 +29,8 @@ by default: on shared cores a second one made the tiny model 5-15x slower (READM
 
 Outputs in OUT: results.md (every table, also printed), results.json (every seed's numbers),
 curves.png (test EM against step and against cumulative generated tokens, one line per arm, the
-seeds' min-max as a band); --calibrate writes calibration-STEPS-steps.md.
+seeds' min-max as a band); --calibrate writes calibration-STEPS-steps.md. --merge writes the three
+from several sittings' results.json files (their seeds in one report; each summary as stored).
 """
 
 import ast

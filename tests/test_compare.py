@@ -99,7 +99,7 @@ def test_merge_joins_the_seeds_of_separate_sittings_in_order_and_refuses_what_do
     tmp_path,
 ):
     # the committed hard run's results.json and a copy of it posing as seeds 100 higher
-    stored = ROOT / "docs" / "comparison_hard.json"
+    stored = ROOT / "docs" / "comparison_hard_seeds0-1.json"
     original = json.loads(stored.read_text())
     later, shifted = tmp_path / "later.json", json.loads(stored.read_text())
     for summaries in shifted["runs"].values():  # told apart: step 15's EM + 1
