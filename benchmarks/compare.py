@@ -916,7 +916,8 @@ def merge(paths: list[str], setting: str) -> tuple[dict, list[int], str, dict, d
             {**s, "evals": steps(s["evals"]), "tokens": steps(s["tokens"])}
             for s in map(summaries.__getitem__, order)
         ]
-        walls[n] = [[w for p in parts for w in p["walls"][n]][i] for i in order]
+        wall = [w for p in parts for w in p["walls"][n]]
+        walls[n] = [wall[i] for i in order]
     named = {k: first[k] for k in keys[:3] if k in first}
     source = "; ".join(
         f"seed{'s' * (len(p['seeds']) > 1)} {', '.join(map(str, p['seeds']))} from {path} (commit "
