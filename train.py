@@ -49,7 +49,7 @@ import retriever
 import rollout
 from advantages import CreditConfig
 from eval import evaluate
-from infra import data, engines, flags, health, protocol, run, warmstart
+from infra import data, engines, flags, health, protocol, run, shard, warmstart
 from infra.logprobs import TokenLogp
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
@@ -126,6 +126,12 @@ class Args:
     """How per-token losses are averaged."""
     grad_clip: float = 1.0
     """Gradient-norm clip."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (same gradients, ~1/3 more compute; what a 3 B policy needs to fit an 80 GB GPU)."""
+    ref_dtype: Literal["compute", "float32"] = "compute"
+    """The frozen reference's weights: the mixed-precision dtype (bf16 under --mixed_precision
+    bf16: half the memory; float32 without mixed precision), or float32 always."""
 
     eval_every: int = 15
     """Evaluate on test questions every this many steps (and at the end, and at the start:
@@ -168,7 +174,7 @@ LOG_RATIO_BOUND = 20.0  # log-ratio-bound: |log ratio| <= 20 before any exp (ver
 def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, entropy: bool = False):
     """Per-token log pi(token_t | tokens_<t), aligned with `ids` (entry 0 is 0); with `entropy`,
     also the policy's entropy at t (no gradient), else None. Chunk by chunk (infra/logprobs.py)."""
-    logits = model(input_ids=ids, attention_mask=attn).logits  # (B, T, V)
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits  # (B, T, V)
     B, T, V = logits.shape
     targets = ids.roll(-1, 1)  # (B, T): the next token; each row's last is a dummy, dropped below
     logp, ent = TokenLogp.apply(logits.reshape(B * T, V), targets.reshape(B * T), entropy)  # (BT,)
@@ -307,23 +313,25 @@ def update(minis, accelerator, model, optimizer, scheduler, args: Args):
                 torch.tensor(float(total), device=accelerator.device), "sum"
             ).item()
             loss_sum = 0.0
-            for b in mb:
-                logp, entropy = token_logprobs(model, b["ids"], b["attn"], entropy=True)
-                loss, s = ppo_loss(
-                    logp,
-                    b["old_logp"],
-                    b["ref_logp"],
-                    b["rollout_logp"],
-                    b["adv"],
-                    b["mask"],
-                    args,
-                    max(total, 1.0) / accelerator.num_processes,
-                )
+            for i, b in enumerate(mb):
+                # gradients reduced over ranks once, at the mini-batch's last micro-batch
+                with shard.accumulate(accelerator, model, sync=i == len(mb) - 1):
+                    logp, entropy = token_logprobs(model, b["ids"], b["attn"], entropy=True)
+                    loss, s = ppo_loss(
+                        logp,
+                        b["old_logp"],
+                        b["ref_logp"],
+                        b["rollout_logp"],
+                        b["adv"],
+                        b["mask"],
+                        args,
+                        max(total, 1.0) / accelerator.num_processes,
+                    )
+                    accelerator.backward(loss)
                 s["entropy"] = entropy[b["mask"].bool()].detach()
-                accelerator.backward(loss)
                 loss_sum += loss.item()
                 stats.append(s)
-            norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
+            norm = shard.full(accelerator.clip_grad_norm_(model.parameters(), args.grad_clip))
             # the mini-batch's loss: the mean of the ranks' (float64: one process's sum, unrounded)
             loss_sum = accelerator.reduce(
                 torch.tensor(loss_sum, dtype=torch.float64, device=accelerator.device), "mean"
@@ -415,18 +423,25 @@ def main(
             )
         accelerator.wait_for_everyone()
         seconds["warm start"] = time.perf_counter() - t0
-    model, tok = engines.load_policy(model_path, args.gguf_file or None)
-    ref_model, _ = engines.load_policy(model_path, args.gguf_file or None)  # frozen: the KL anchor
-    ref_model.requires_grad_(False).eval().to(accelerator.device)
+    load = lambda dtype=torch.float32: engines.load_policy(
+        model_path, args.gguf_file or None, dtype
+    )
+    model, tok = load()
+    if args.gradient_checkpointing:  # activations recomputed in the backward pass
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision)
+    ref_model, _ = load(compute if compute and args.ref_dtype == "compute" else torch.float32)
+    ref_model.requires_grad_(False).eval().to(accelerator.device)  # frozen: the KL anchor
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scheduler = get_constant_schedule_with_warmup(optimizer, args.warmup_steps)
+    # one process, DDP or FSDP2 (accelerate launch's config): infra/shard.py reads what it made
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     # every rank rolls out with its own engine (vLLM: one per GPU, in the launcher's process group)
     # and its own sampling stream: seed + RANK_SEED x rank (rank 0: the run's seed, as one process)
     with run.quiet(not main_proc):
         engine = engines.make_engine(
             args.engine,
-            accelerator.unwrap_model(model),
+            shard.rollout_model(accelerator, model, lambda: load()[0]),
             tok,
             model_path,
             dtype=args.vllm_dtype,
@@ -451,7 +466,13 @@ def main(
 
     # ---- resume: the checkpoint's state, and the metrics logged up to it
     start, history, skipped = run.resume(
-        accelerator, run_dir, args.resume, rng, agent.counters, engine, model
+        accelerator,
+        run_dir,
+        args.resume,
+        rng,
+        agent.counters,
+        engine,
+        (model, optimizer, scheduler),
     )
     if start == 0 and args.eval_every and args.eval_start:
         t0 = time.perf_counter()
@@ -497,7 +518,7 @@ def main(
         skipped += n_skipped
         t3 = time.perf_counter()
         # 6. weight sync: each rank's engine samples from the new weights from the next step on
-        engine.load_weights(accelerator.unwrap_model(model))
+        engine.load_weights(shard.gather(accelerator, model))
         # 7. the step's metrics, over every rank's trees, samples and tokens (in rank order)
         on_cpu = [{k: v.cpu() for k, v in s.items()} for s in stats]
         every = gather_object([(prompts, sample_metrics(trajectories, samples), on_cpu)])
@@ -530,7 +551,15 @@ def main(
             seconds["eval"] = seconds.get("eval", 0.0) + time.perf_counter() - t0
         stop = step + 1 < args.steps and run.stop_asked(accelerator, asked)  # on every rank alike
         if stop or args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
-            run.checkpoint(accelerator, run_dir, step + 1, skipped, rng, agent.counters)
+            run.checkpoint(
+                accelerator,
+                run_dir,
+                step + 1,
+                skipped,
+                rng,
+                agent.counters,
+                (model, optimizer, scheduler),
+            )
         if stop:
             stopped = asked.get("signal", signal.SIGTERM)  # SIGTERM: it reached another rank only
             bar.n = step + 1  # the steps done (tqdm counts them lazily, at each redraw)
@@ -538,10 +567,14 @@ def main(
             break
     if main_proc and stopped:
         print(run.stopped_message(run_dir, stopped, step + 1, args.steps))
-    elif main_proc:
-        accelerator.unwrap_model(model).save_pretrained(os.path.join(run_dir, "final"))
-        tok.save_pretrained(os.path.join(run_dir, "final"))
-        print(run.summary(history, seconds, time.perf_counter() - t_start, run_dir))
+    elif not stopped:  # every rank gathers (under FSDP2 a collective), rank 0 writes
+        weights = shard.gather(accelerator, model)
+        if main_proc:
+            accelerator.unwrap_model(model).save_pretrained(
+                os.path.join(run_dir, "final"), state_dict=weights
+            )
+            tok.save_pretrained(os.path.join(run_dir, "final"))
+            print(run.summary(history, seconds, time.perf_counter() - t_start, run_dir))
     run.end(accelerator, engine, stopped)  # the engine closed, every process ended together
 
 

@@ -154,7 +154,7 @@ if __name__ == "__main__":
                 f"(enforce_eager={args.enforce_eager})"
             )
             start = time.perf_counter()
-            vllm_engine.load_weights(model)
+            vllm_engine.load_weights(model.state_dict())
             print(
                 f"vllm: load_weights {1e3 * (time.perf_counter() - start):.1f} ms for "
                 f"{n_params / 1e6:.2f}M params"

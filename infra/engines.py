@@ -79,7 +79,7 @@ class Engine(Protocol):
     # one per prompt
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]: ...
     # sample from an unwrapped HF LM's current weights
-    def load_weights(self, model: torch.nn.Module) -> None: ...
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None: ...
     # release what it holds (vLLM: engine core, distributed state); no generate after
     def close(self) -> None: ...
 
@@ -154,8 +154,13 @@ class HFEngine:
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         )
 
-    def load_weights(self, model: torch.nn.Module) -> None:
-        self.model = model  # it samples from the model object itself: nothing to copy
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy a full state dict (infra/shard.py's `gather`) into the model it samples from;
+        nothing to copy when that is the trainer's own model, whose tensors `weights` are."""
+        own = self.model.state_dict()
+        if all(own[k].data_ptr() == v.data_ptr() for k, v in weights.items()):
+            return
+        self.model.load_state_dict(weights)
 
     def close(self) -> None:
         """Nothing to release: the model belongs to the trainer."""
@@ -356,18 +361,17 @@ class VLLMEngine:
             completions.append(Completion(ids, logprobs, reason))
         return completions
 
-    def load_weights(self, model: torch.nn.Module) -> None:
-        """Copy an unwrapped HF causal LM's state dict into the running engine (the workers'
-        `reload_weights`), then drop the stale prefix cache."""
-        state = model.state_dict()
-        wrapped = [n for n in state if n.startswith(("module.", "_orig_mod."))]
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy an HF causal LM's full state dict (infra/shard.py's `gather`) into the running
+        engine (the workers' `reload_weights`), then drop the stale prefix cache."""
+        wrapped = [n for n in weights if n.startswith(("module.", "_orig_mod."))]
         if wrapped:
             raise ValueError(
-                f"load_weights got a wrapped model (parameter {wrapped[0]!r}); pass the unwrapped "
-                "HF model, e.g. accelerator.unwrap_model(model), with full (not sharded) weights"
+                f"load_weights got a wrapped model's weights (parameter {wrapped[0]!r}); pass the "
+                "unwrapped HF model's full (not sharded) state dict: infra/shard.py's gather"
             )
         # references, no copies
-        weights = [(name, tensor.detach()) for name, tensor in state.items()]
+        weights = [(name, tensor.detach()) for name, tensor in weights.items()]
         try:  # vLLM renames and fuses q/k/v and gate/up itself
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         except (TypeError, NotImplementedError) as e:
@@ -453,7 +457,7 @@ def make_engine(
     )
     print(f"engine: vllm ({reason}), {dtype} ({whose})", flush=True)
     engine = VLLMEngine(model_path, dtype=dtype, **vllm_kwargs)
-    engine.load_weights(model)
+    engine.load_weights(model.state_dict())
     return engine
 
 
@@ -510,6 +514,11 @@ def model_problem(name_or_dir: str, gguf_file: str = "") -> str:
 def load_policy(name_or_dir: str, gguf_file: str | None = None, dtype: torch.dtype = torch.float32):
     """(model, tokenizer) from a hub name, a local directory, or a GGUF file in it (transformers
     dequantizes it)."""
+    # cuDNN's attention builds an execution plan for every new (batch, length) shape the first time
+    # it sees it (~10 ms on an H100); torch 2.11 tries it first for bf16 with a padding mask on
+    # Hopper, and an agent's batches keep changing shape: bf16 steps ran 8x slower than float32
+    # (which never takes cuDNN). Flash / memory-efficient attention need no plan. Process-wide.
+    torch.backends.cuda.enable_cudnn_sdp(False)
     kw = {"gguf_file": gguf_file} if gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(name_or_dir, **kw)
     model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=dtype, **kw)

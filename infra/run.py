@@ -24,7 +24,7 @@ import torch
 from accelerate.commands.config import default_config_file
 from matplotlib.figure import Figure
 
-from infra import engines, flags, warmstart
+from infra import engines, flags, shard, warmstart
 
 TRACKERS = {
     n: getattr(accelerate.utils, f"is_{n}_available")
@@ -278,9 +278,10 @@ def read_metrics(path: str) -> list[dict]:
     return rows
 
 
-def save_checkpoint(accelerator, run_dir: str, step: int, state: dict, main_proc: bool):
+def save_checkpoint(accelerator, run_dir: str, step: int, state: dict, main_proc: bool, parts):
     """Save checkpoint-STEP (accelerate state + trainer_state.json, which records every file's
-    size), point `latest` at it, then delete the checkpoints before the previous one. `latest` moves
+    size; `parts`: the model, optimizer and scheduler, shard.save_state's), point `latest` at it,
+    then delete the checkpoints before the previous one. `latest` moves
     only once the new checkpoint is complete (os.replace is atomic), so a run killed or out of disk
     space while saving resumes from the previous checkpoint, never a torn one; and the previous one
     stays, for `load_checkpoint` to fall back to."""
@@ -289,7 +290,7 @@ def save_checkpoint(accelerator, run_dir: str, step: int, state: dict, main_proc
     previous = latest.read_text().strip() if latest.exists() else ""
     accelerator.wait_for_everyone()
     try:
-        accelerator.save_state(path)
+        shard.save_state(accelerator, *parts, path)
         accelerator.wait_for_everyone()  # every rank's files are written
         if main_proc:
             files = {
@@ -337,8 +338,8 @@ def checkpoint_problem(path: str) -> str:
     return ""
 
 
-def load_checkpoint(accelerator, run_dir: str) -> dict | None:
-    """Restore the accelerate state (model, optimizer, scheduler, RNGs) of the checkpoint `latest`
+def load_checkpoint(accelerator, run_dir: str, parts) -> dict | None:
+    """Restore the state (`parts`: model, optimizer, scheduler; the RNGs) of the checkpoint `latest`
     names and return its trainer_state.json; None when the run has no checkpoint yet. An unreadable
     checkpoint is named with its problem, and the one before it is loaded instead (`latest` then
     names that one); with none left, the run stops, saying what to do."""
@@ -362,7 +363,7 @@ def load_checkpoint(accelerator, run_dir: str) -> dict | None:
         problem = checkpoint_problem(ckpt_dir)
         if not problem:
             try:
-                accelerator.load_state(ckpt_dir)
+                shard.load_state(accelerator, *parts, ckpt_dir)
             except Exception as e:  # any loader's (safetensors, torch, pickle): named, next one
                 problem = (
                     f"loading it failed ({type(e).__name__}: {e}); its files have the sizes "
@@ -469,15 +470,16 @@ def start(accelerator, run_dir: str, args, configs, warm):
     return lock
 
 
-def resume(accelerator, run_dir: str, asked: bool, rng, counters, engine, model):
-    """With --resume (`asked`) and a checkpoint: restore it (load_checkpoint), this rank's sampling
+def resume(accelerator, run_dir: str, asked: bool, rng, counters, engine, parts):
+    """With --resume (`asked`) and a checkpoint: restore it (load_checkpoint: `parts`, the model,
+    optimizer and scheduler), this rank's sampling
     stream (`rng`, the agent's `counters`) and the engine's weights. Returns the step to start
     from, the metrics logged up to it and the skipped updates so far; (0, [], 0) otherwise.
     metrics.jsonl is rewritten to those rows: what an interrupted run logged after its
     checkpoint is dropped."""
     rank, ranks = accelerator.process_index, accelerator.num_processes
     start, history, skipped = 0, [], 0
-    state = load_checkpoint(accelerator, run_dir) if asked else None
+    state = load_checkpoint(accelerator, run_dir, parts) if asked else None
     if state:
         start, skipped = state["step"], state["skipped"]
         saved = 1 + len(state.get("ranks", []))  # rank 0's stream, then the others'
@@ -490,7 +492,7 @@ def resume(accelerator, run_dir: str, asked: bool, rng, counters, engine, model)
         mine = state if rank == 0 else state["ranks"][rank - 1]
         rng.setstate((mine["rng"][0], tuple(mine["rng"][1]), mine["rng"][2]))
         counters.update(mine["counters"])
-        engine.load_weights(accelerator.unwrap_model(model))
+        engine.load_weights(shard.gather(accelerator, parts[0]))
         history = [
             row
             for row in read_metrics(os.path.join(run_dir, "metrics.jsonl"))
@@ -515,7 +517,7 @@ def stop_asked(accelerator, asked: dict) -> bool:
     )
 
 
-def checkpoint(accelerator, run_dir: str, step: int, skipped: int, rng, counters):
+def checkpoint(accelerator, run_dir: str, step: int, skipped: int, rng, counters, parts):
     """save_checkpoint with the trainer state: the step, the skipped updates and each rank's
     sampling stream (`rng`, the agent's `counters`): rank 0's as one process saves it, then the
     others'."""
@@ -526,7 +528,7 @@ def checkpoint(accelerator, run_dir: str, step: int, skipped: int, rng, counters
         **streams[0],
         **({"ranks": streams[1:]} if accelerator.num_processes > 1 else {}),
     }
-    save_checkpoint(accelerator, run_dir, step, state, accelerator.is_main_process)
+    save_checkpoint(accelerator, run_dir, step, state, accelerator.is_main_process, parts)
 
 
 def stopped_message(run_dir: str, stopped: signal.Signals, step: int, steps: int) -> str:

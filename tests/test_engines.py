@@ -297,7 +297,7 @@ def test_vllm_matches_hf_and_follows_weight_updates(model_dir, hf, monkeypatch):
     with torch.no_grad():
         for p in trained.parameters():
             p -= 1.0 * p.grad
-    engine.load_weights(trained)
+    engine.load_weights(trained.state_dict())
     # the same tokens: the engine's log-probs moved to the trained model's
     for prompt, c in zip(prompts, before):
         new = engine_scores(engine, prompt, c.token_ids)
@@ -316,7 +316,7 @@ def test_vllm_matches_hf_and_follows_weight_updates(model_dir, hf, monkeypatch):
         )
 
     # and back: a second update restores the original samples exactly
-    engine.load_weights(model)
+    engine.load_weights(model.state_dict())
     assert [c.token_ids for c in engine.generate(prompts, sampling)] == [
         c.token_ids for c in before
     ]

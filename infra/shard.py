@@ -1,0 +1,137 @@
+"""The policy's weights over processes: the one place that knows whether they are sharded (FSDP2:
+parameters are DTensors, each rank holding a shard) or whole (one process, or DDP's replicas).
+
+Sharding itself is Accelerate's (`accelerate launch` with an FSDP2 config, benchmarks/fsdp2.yaml:
+torch's `fully_shard` per decoder layer); this module only reads and writes what it made:
+- `gather`: the full state dict, once a step, for the engine's weight sync and for `final/`;
+- `accumulate`: gradients reduced once per mini-batch, not per micro-batch (DDP's `no_sync`,
+  FSDP2's `set_requires_gradient_sync`);
+- `save_state` / `load_state`: a checkpoint of the sharded policy and its optimizer (every rank
+  writes its own shards: torch.distributed.checkpoint), the scheduler and the RNG states; a whole
+  policy goes through `accelerator.save_state` as before.
+
+Under FSDP2 every rank still rolls out its own share of a step, as under DDP: a sharded forward
+needs every rank in lockstep (each layer's all-gather), while the agents' generate loops stop at
+different times on different ranks. So each rank's HF engine samples from a full copy of the
+policy (`rollout_model`), refreshed from the gathered state dict after each update; a vLLM engine
+loads the same dict. The copy costs the policy's size once more per rank (4 B a parameter in
+float32); `benchmarks/gpu_memory.py` counts it.
+"""
+
+import contextlib
+import os
+import pickle
+import random
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+
+def sharded(model: torch.nn.Module) -> bool:
+    """Whether `model` (prepared or not) holds FSDP2 shards rather than whole parameters."""
+    return isinstance(model, FSDPModule) or any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def gather(accelerator, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The policy's full state dict, HF names, on every rank. Whole weights: the unwrapped model's
+    own tensors (references, no copy). Sharded: every rank all-gathers every parameter, so the
+    peak rises by one full copy of the weights in their dtype (12 GiB for 3 B parameters in
+    float32) until the caller drops the dict; call it once a step, on every rank alike."""
+    unwrapped = accelerator.unwrap_model(model)
+    if not sharded(unwrapped):
+        return unwrapped.state_dict()
+    return get_model_state_dict(unwrapped, options=StateDictOptions(full_state_dict=True))
+
+
+def full(x):
+    """A DTensor (FSDP2's gradient norm, a parameter) as the whole tensor; anything else as it
+    is."""
+    return x.full_tensor() if isinstance(x, DTensor) else x
+
+
+def rollout_model(accelerator, model: torch.nn.Module, load) -> torch.nn.Module:
+    """The module the HF engine samples from: the trainer's own (unwrapped) policy when its
+    weights are whole; under FSDP2 a full copy (`load()`: a fresh policy from the run's model
+    path) on this rank's device, which `HFEngine.load_weights` refreshes after each update."""
+    unwrapped = accelerator.unwrap_model(model)
+    if not sharded(unwrapped):
+        return unwrapped
+    copy = load().requires_grad_(False).to(accelerator.device)
+    copy.load_state_dict(gather(accelerator, model))
+    return copy
+
+
+@contextlib.contextmanager
+def accumulate(accelerator, model: torch.nn.Module, sync: bool):
+    """Backward passes inside accumulate their gradients on this rank; with `sync` (the mini-batch's
+    last micro-batch) the accumulated gradient is reduced over ranks once. One process: nothing to
+    do."""
+    if sync or accelerator.num_processes == 1:
+        yield
+    elif sharded(model):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        with accelerator.no_sync(model):
+            yield
+
+
+def _optimizer(optimizer):
+    return getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper, or torch's own
+
+
+def save_state(accelerator, model, optimizer, scheduler, path: str):
+    """Write a checkpoint into `path`. Sharded: every rank writes its shards of the policy and of
+    AdamW's state (torch.distributed.checkpoint: `.metadata` and one `__R_0.distcp` a rank) and its
+    `rank{R}.pkl` (the scheduler, the torch / CUDA / numpy / Python RNG states). Whole:
+    `accelerator.save_state`. (Accelerate wraps no FSDP2 model: `model` is the sharded module.)"""
+    if not sharded(model):
+        accelerator.save_state(path)
+        return
+    weights, adam = get_state_dict(model, _optimizer(optimizer))
+    dcp.save({"model": weights, "optimizer": adam}, checkpoint_id=path)
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    local = {
+        "scheduler": scheduler.state_dict(),
+        "rng": (torch.get_rng_state(), cuda, np.random.get_state(), random.getstate()),
+    }
+    with open(os.path.join(path, f"rank{accelerator.process_index}.pkl"), "wb") as f:
+        pickle.dump(local, f)
+
+
+def load_state(accelerator, model, optimizer, scheduler, path: str):
+    """Restore what `save_state` wrote into `path` (raises, as the loaders do, when a file is
+    unreadable)."""
+    if not sharded(model):
+        accelerator.load_state(path)
+        return
+    weights, adam = get_state_dict(model, _optimizer(optimizer))
+    state = {"model": weights, "optimizer": adam}
+    dcp.load(state, checkpoint_id=path)  # in place, into this rank's shards
+    set_state_dict(
+        model,
+        _optimizer(optimizer),
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+    )
+    with open(os.path.join(path, f"rank{accelerator.process_index}.pkl"), "rb") as f:
+        local = pickle.load(f)
+    scheduler.load_state_dict(local["scheduler"])
+    cpu, cuda, numpy_state, python_state = local["rng"]
+    torch.set_rng_state(cpu)
+    if cuda:
+        torch.cuda.set_rng_state_all(cuda)
+    np.random.set_state(numpy_state)
+    random.setstate(python_state)
