@@ -452,7 +452,10 @@ def main(
     agent = rollout.Agent(engine, search, tok, agent_cfg, rank_seed)
     eval_agent = rollout.Agent(engine, search, tok, protocol.for_eval(agent_cfg), rank_seed)
     # are the engine's log-probs pi_old (tis-old-policy)? Only the HF engine's in a float32 run
-    old_from_engine = engine.exact_logprobs and accelerator.mixed_precision == "no"
+    # that samples from the trainer's own model (under FSDP2 it samples from a copy: TIS checks it)
+    old_from_engine = (
+        engine.exact_logprobs and accelerator.mixed_precision == "no" and not shard.sharded(model)
+    )
     source = "the HF engine's log-probs" if old_from_engine else "the trainer's forward"
     accelerator.print(
         f"pi_old: {source} ({type(engine).__name__}, mixed precision "

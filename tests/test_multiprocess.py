@@ -51,7 +51,8 @@ def launch_command(script, *args, processes=2) -> list[str]:
     ]
 
 
-CPU = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+# CPU processes on gloo, with any GPU hidden (a visible one makes the launcher's ranks pick CUDA)
+CPU = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
 def launch_train(env, *args) -> subprocess.CompletedProcess:
@@ -361,22 +362,15 @@ def test_two_processes_take_one_process_update_on_the_same_samples(tmp_path):
     # micro-batches (rank 1 gets a zero-weight padding micro-batch in the first), 2 epochs, SGD:
     # the weights after the 4 updates, the losses and the gradient norms are one process's, for
     # token-mean and seq-mean-token-mean
-    out = subprocess.run(
-        [sys.executable, __file__, "parity", tmp_path],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=CPU,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    out = subprocess.run(
-        launch_command(Path(__file__), "parity", tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=CPU,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    for processes in (1, 2):
+        out = subprocess.run(
+            parity_command(tmp_path, processes),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=CPU,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
     import torch
 
     one, two = (torch.load(tmp_path / f"parity{n}.pt") for n in (1, 2))
@@ -481,9 +475,18 @@ def probe(records: Path, argv: list[str]):
     )
 
 
-def parity(out: Path):
+def parity_command(out: Path, processes: int, *extra: str) -> list[str]:
+    """This file's parity run (`extra`: "fsdp" to shard the policy) in one process or under the
+    launcher."""
+    if processes == 1:
+        return [sys.executable, __file__, "parity", str(out), *extra]
+    return launch_command(Path(__file__), "parity", out, *extra, processes=processes)
+
+
+def parity(out: Path, fsdp: bool):
     """micro_batches + update on 7 fixed samples split 5 / 2 over two ranks (all 7 on one), from
-    one tiny model, for both loss aggregations; rank 0 saves the weights, losses and norms."""
+    one tiny model, for both loss aggregations; rank 0 saves the weights, losses and norms. With
+    `fsdp`, the policy is sharded as test_fsdp.py shards it."""
     import copy
 
     import torch
@@ -491,9 +494,13 @@ def parity(out: Path):
     from transformers import get_constant_schedule
 
     import train
-    from infra import run, warmstart
+    from infra import run, shard, warmstart
     from tree import Sample
 
+    if fsdp:
+        from test_fsdp import shard_in_prepare
+
+        shard_in_prepare()
     accelerator = Accelerator()
     tok = warmstart.world_tokenizer()
     start = warmstart.tiny_llama(tok, hidden=32, layers=1, heads=2)
@@ -525,11 +532,12 @@ def parity(out: Path):
         # padding and 6
         want = [2, 2] if accelerator.num_processes == 1 else [2, 1]
         assert skipped == 0 and [len(m) for m in minis] == want, [len(m) for m in minis]
-        weights = accelerator.unwrap_model(model).state_dict()
+        saved["dtensor"] = shard.sharded(model)
+        weights = shard.gather(accelerator, model)
         saved[agg] = {"weights": {k: v.detach().clone() for k, v in weights.items()}}
         saved[agg].update(norms=norms, losses=losses)
     if accelerator.is_main_process:
-        torch.save(saved, out / f"parity{accelerator.num_processes}.pt")
+        torch.save(saved, out / f"parity{accelerator.num_processes}{'_fsdp' * fsdp}.pt")
     accelerator.wait_for_everyone()
     run.end_processes(accelerator, 0)  # as train.py ends
 
@@ -541,4 +549,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "probe":
         probe(Path(sys.argv[2]), sys.argv[3:])
     else:
-        parity(Path(sys.argv[2]))
+        parity(Path(sys.argv[2]), sys.argv[3:] == ["fsdp"])

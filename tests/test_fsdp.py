@@ -1,0 +1,229 @@
+"""train.py under FSDP2 in two CPU processes (gloo): the policy's parameters are DTensor shards, and
+the functions train.py uses for them (infra/shard.py: the gather for the engine's weight sync and
+for final/, the sharded checkpoint, the once-per-mini-batch gradient reduction) run for real.
+
+On a GPU, Accelerate's FSDP2 plugin shards the policy in `accelerator.prepare` (torch's
+`fully_shard` on every decoder layer, then on the whole model). On CPU, accelerate 1.15 silently
+turns an FSDP plugin into DDP, so this file's probe (run as a script under the launcher) makes
+`Accelerator.prepare` do what the plugin does: `fully_shard` per decoder layer and on the root, the
+optimizer pointed at the new parameters. Everything else is train.py's own code."""
+
+import faulthandler
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # as a script (accelerate launch), for train, rollout, ...
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_multiprocess import CPU, WATCHDOG, launch_command, strip  # noqa: E402
+
+STEPS = "--eval_every 2 --eval_n 8 --prompts_per_step 4 --checkpoint_every 1".split()
+
+
+def launch(env, records: Path, *args) -> subprocess.CompletedProcess:
+    """train.py with the tests' fast flags and `args`, in two CPU processes, its policy sharded."""
+    from test_train import train_command
+
+    flags = train_command(env, *STEPS, *args)[2:]  # without "python train.py"
+    records.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
+        launch_command(Path(__file__), "train", records, *flags),
+        cwd=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=CPU,
+    )
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def straight(env, tmp_path_factory):
+    """Two steps in one go: (run directory, both ranks' records, the launcher's output)."""
+    records = tmp_path_factory.mktemp("fsdp_straight")
+    out = launch(env, records, "--algo", "tree_grpo", "--steps", "2", "--run_name", "fsdp_a")
+    assert out.returncode == 0, out.stderr[-4000:]
+    ranks = [pickle.loads((records / f"rank{r}.pkl").read_bytes()) for r in (0, 1)]
+    return env / "out" / "runs" / "fsdp_a", ranks, out
+
+
+def test_fsdp2_shards_the_policy_trains_and_syncs_every_rank_engine(straight):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    run, ranks, out = straight
+    for rank in ranks:
+        # every parameter a DTensor shard (rank r holds rows r x n/2 ...), none whole
+        assert rank["dtensor"] and rank["shard_rows"] < rank["full_rows"], rank
+    assert "pi_old: the trainer's forward" in out.stdout  # the engine samples from a copy
+    rows = [r for r in metrics(run) if "train/loss" in r]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["train/skipped_steps"] == 0 for r in rows)
+    # the engine's copy on each rank, after the last sync, holds the weights final/ holds: the
+    # gathered state dict (one gather a step serves both)
+    final = load_file(run / "final" / "model.safetensors")
+    for rank in ranks:
+        for name, tensor in final.items():
+            assert torch.equal(rank["engine"][name], tensor), name
+    assert rank["engine"]["model.embed_tokens.weight"].shape[0] == rank["full_rows"]
+    # and final/ is an ordinary model directory that trained (weights moved from the start)
+    model = AutoModelForCausalLM.from_pretrained(run / "final")
+    start = AutoModelForCausalLM.from_pretrained(run.parents[2] / "tiny")
+    moved = max(
+        (a - b).abs().max().item()
+        for a, b in zip(model.state_dict().values(), start.state_dict().values())
+    )
+    assert moved > 0
+    # TIS compares the engine's log-probs with the sharded trainer's: the same weights, so the
+    # ratio is 1 to float rounding on every step (a stale engine would show here)
+    assert all(r["train/tis_ratio_max_dev"] < 1e-4 for r in rows), rows
+
+
+def test_fsdp2_sharded_checkpoint_resumes_exactly(env, straight, tmp_path):
+    # one step and its sharded checkpoint (every rank's shards of the policy and of AdamW's state),
+    # then --resume to step 2: the same metrics and the same final weights as two steps in one go
+    from safetensors.torch import load_file
+
+    run, _, _ = straight
+    out = launch(env, tmp_path / "one", "--algo", "tree_grpo", "--steps", "1", "--run_name", "b")
+    assert out.returncode == 0, out.stderr[-4000:]
+    resumed = env / "out" / "runs" / "b"
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp", "rank0.pkl", "rank1.pkl"} <= set(
+        os.listdir(resumed / "checkpoint-1")
+    )
+    out = launch(
+        env, tmp_path / "two", "--algo", "tree_grpo", "--steps", "2", "--run_name", "b", "--resume"
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "resumed from" in out.stdout
+    # (the one-step run evaluated at its end, step 1: the straight run did not)
+    rows = [r for r in metrics(resumed) if not ("eval/em" in r and r["step"] == 1)]
+    assert strip(rows) == strip(metrics(run))
+    a, b = (load_file(r / "final" / "model.safetensors") for r in (run, resumed))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_fsdp2_update_equals_one_process_on_the_same_samples(env, tmp_path):
+    # test_multiprocess's parity run (7 samples split 5 / 2, both loss aggregations, 2 epochs x 2
+    # mini-batches) with the policy sharded: the same weights as one process, to float rounding
+    # (the reduce-scatter sums in another order)
+    from test_multiprocess import parity_command
+
+    for processes, extra in ((1, []), (2, ["fsdp"])):
+        out = subprocess.run(
+            parity_command(tmp_path, processes, *extra),
+            cwd=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=CPU,
+        )
+        assert out.returncode == 0, out.stderr[-4000:]
+    one = torch.load(tmp_path / "parity1.pt")
+    two = torch.load(tmp_path / "parity2_fsdp.pt")
+    assert two["dtensor"]
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        moved = 0.0
+        for k, w in one[agg]["weights"].items():
+            torch.testing.assert_close(two[agg]["weights"][k], w, atol=1e-5, rtol=1e-4)
+            moved = max(moved, (w - one["start"][k]).abs().max().item())
+        assert moved > 5e-3  # the updates moved the weights (500 times the tolerance)
+        assert two[agg]["norms"] == pytest.approx(one[agg]["norms"], rel=1e-5)
+
+
+# ---- the probe: this file as a script under the launcher ----------------------------------------
+
+
+def shard_in_prepare():
+    """Make `Accelerator.prepare` shard a policy as Accelerate's FSDP2 plugin does on a GPU:
+    `fully_shard` on each decoder layer, then on the model; an optimizer handed over with it is
+    pointed at the sharded parameters (same order). Other objects go through as before."""
+    from accelerate import Accelerator
+    from torch.distributed.fsdp import fully_shard
+    from transformers import PreTrainedModel
+
+    prepare = Accelerator.prepare
+
+    def sharding_prepare(self, *objects):
+        moved = {}
+        for obj in objects:
+            if isinstance(obj, PreTrainedModel):
+                before = list(obj.parameters())
+                for layer in obj.model.layers:
+                    fully_shard(layer)
+                fully_shard(obj)
+                moved.update(zip(map(id, before), obj.parameters()))
+        for obj in objects:
+            if isinstance(obj, torch.optim.Optimizer):
+                for group in obj.param_groups:
+                    group["params"] = [moved.get(id(p), p) for p in group["params"]]
+        rest = [o for o in objects if not isinstance(o, PreTrainedModel)]
+        prepared = iter(prepare(self, *rest) if len(rest) > 1 else [prepare(self, *rest)])
+        out = tuple(o if isinstance(o, PreTrainedModel) else next(prepared) for o in objects)
+        return out if len(out) > 1 else out[0]
+
+    Accelerator.prepare = sharding_prepare
+
+
+def train_probe(records: Path, argv: list[str]):
+    """train.py with `argv`, its policy sharded; each rank records whether its parameters are
+    DTensors (and its shard's rows against the full ones) and, at the end, its engine's weights."""
+    from torch.distributed.tensor import DTensor
+
+    import train
+    from advantages import CreditConfig
+    from infra import flags, protocol, run
+    from infra.warmstart import WarmConfig
+    from retriever import RetrieverConfig
+    from rollout import RolloutConfig
+
+    shard_in_prepare()
+    rank = int(os.environ.get("RANK", "0"))
+    mine = {}
+    prepare, end = train.Accelerator.prepare, run.end
+
+    def recording_prepare(self, *objects):
+        out = prepare(self, *objects)
+        model = out[0]
+        params = list(model.parameters())
+        embed = model.model.embed_tokens.weight
+        mine.update(
+            dtensor=all(isinstance(p, DTensor) for p in params),
+            shard_rows=embed.to_local().shape[0],
+            full_rows=embed.shape[0],
+        )
+        return out
+
+    def recording_end(accelerator, engine, stopped):
+        weights = engine.model.state_dict()
+        mine["engine"] = {k: v.detach().clone() for k, v in weights.items()}
+        (records / f"rank{rank}.pkl").write_bytes(pickle.dumps(mine))
+        end(accelerator, engine, stopped)
+
+    train.Accelerator.prepare, run.end = recording_prepare, recording_end
+    sys.argv = [str(ROOT / "train.py"), *argv]
+    train.main(
+        *flags.parse(
+            train.Args,
+            RolloutConfig,
+            CreditConfig,
+            protocol.AgentConfig,
+            RetrieverConfig,
+            WarmConfig,
+        )
+    )
+
+
+if __name__ == "__main__":
+    faulthandler.dump_traceback_later(WATCHDOG, exit=True)  # a hang dumps every rank's stacks
+    train_probe(Path(sys.argv[2]), sys.argv[3:])
