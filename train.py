@@ -428,7 +428,7 @@ def main(
     )
     model, tok = load()
     if args.gradient_checkpointing:  # activations recomputed in the backward pass
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable({"use_reentrant": False})
     compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision)
     ref_model, _ = load(compute if compute and args.ref_dtype == "compute" else torch.float32)
     ref_model.requires_grad_(False).eval().to(accelerator.device)  # frozen: the KL anchor

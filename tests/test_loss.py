@@ -240,3 +240,49 @@ def test_hf_engine_logprobs_are_the_trainers_pi_old(env):
     assert m.sum() > 50
     # measured: 4.8e-7 over 280 tokens
     assert (logp[m] - b["rollout_logp"][m]).abs().max().item() < 1e-4
+
+
+def checkpointing_gradients(device: str, dtype: torch.dtype) -> tuple[dict, dict]:
+    """The policy's gradients after token_logprobs + ppo_loss + backward on two padded rows of a
+    3-layer tiny Llama (train mode, autocast `dtype` on `device`), without and with activation
+    checkpointing (`--gradient_checkpointing`: what train.py enables)."""
+    from infra import warmstart
+    from train import token_logprobs
+
+    tok = warmstart.world_tokenizer()
+    torch.manual_seed(0)
+    model = warmstart.tiny_llama(tok, hidden=32, layers=3, heads=2).to(device)
+    ids = torch.randint(4, len(tok), (2, 12), device=device)  # (B, T)
+    attn = torch.ones_like(ids)
+    attn[1, 9:] = 0  # (B, T): the second row is padded
+    mask = attn.float()
+    mask[:, :4] = 0  # (B, T): the first 4 tokens are the prompt
+    adv = torch.randn(2, 12, device=device)  # (B, T)
+    grads, calls = [], []
+    # inside the checkpointed layer (whose own hooks transformers keeps outside the checkpoint); a
+    # pre-hook, as the recomputation stops once it has what the backward needs
+    model.model.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+    for checkpointing in (False, True):
+        if checkpointing:
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        model.train().zero_grad()
+        with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
+            logp, _ = token_logprobs(model, ids, attn)
+            old = logp.detach() - 0.1  # (B, T): ratio e^0.1, inside the clip
+            loss, _ = ppo_loss(logp, old, old, old, adv, mask, Args(), mask.sum().item())
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    # the layer's MLP ran once without checkpointing, then twice with it: forward, then in backward
+    assert len(calls) == 1 + 2, len(calls)
+    return grads[0], grads[1]
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    # --gradient_checkpointing keeps no activations in the forward and recomputes each layer's in
+    # the backward: the same operations on the same inputs, so the same gradients to the bit on CPU
+    # (GPU kernels may pick other algorithms for the recomputation: tests/test_gpu.py allows float
+    # rounding there)
+    off, on = checkpointing_gradients("cpu", torch.float32)
+    assert off.keys() == on.keys() and any(g.abs().max() > 0 for g in off.values())
+    for name in off:
+        torch.testing.assert_close(on[name], off[name], rtol=0, atol=0)
