@@ -13,8 +13,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_loss import checkpointing_gradients  # noqa: E402
-from test_train import metrics, train_command  # noqa: E402
+from test_loss import checkpointing_gradients
+from test_train import metrics, train_command
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,8 @@ def test_bf16_step_one_has_ratio_one_and_the_stated_kl(env, ref_dtype):
     out = launch(
         env,
         config,
-        *f"--algo tree_grpo --steps 1 --eval_every 0 --ref_dtype {ref_dtype} --run_name {run}".split(),
+        *f"--algo tree_grpo --steps 1 --eval_every 0 --ref_dtype {ref_dtype}".split(),
+        *["--run_name", run],
     )
     assert out.returncode == 0, out.stderr[-3000:]
     (row,) = metrics(env, run)
