@@ -86,6 +86,9 @@ class Args:
     vllm_gpu_memory_utilization: float = 0.3
     """Share of each rank's GPU memory its vLLM engine may take (the rank's training replica shares
     that GPU)."""
+    vllm_sleep: bool = False
+    """vLLM's sleep mode (CUDA only): its weights go to CPU memory and its KV cache is dropped
+    while the trainer updates, and come back for the weight sync: the update gets that memory."""
     vllm_dtype: Literal["", "float32", "bfloat16", "float16"] = ""
     """vLLM's dtype; empty = the policy's, so TIS corrects kernel differences, not rounding to a
     narrower type."""
@@ -446,6 +449,7 @@ def main(
             model_path,
             dtype=args.vllm_dtype,
             gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            sleep=args.vllm_sleep,
             **({"distributed_executor_backend": "external_launcher"} if ranks > 1 else {}),
         )
     rank_seed = args.seed + run.RANK_SEED * rank
@@ -503,6 +507,7 @@ def main(
         algo = rollout.ALGOS[rollout_cfg.algo]  # the paper: its strategy and credit function
         with torch.no_grad():  # 1. grow the trees (rollout.py)
             prompts = algo.grow(agent, batch, rng, **algo.grow_knobs(rollout_cfg))
+        engine.sleep()  # --vllm_sleep: vLLM's memory goes to the update until the weight sync
         # ---- EDIT HERE: the credit, one function per paper (advantages.py) ---------------------
         # 2. credit
         knobs = algo.credit_knobs(rollout_cfg, credit_cfg)

