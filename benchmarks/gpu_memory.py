@@ -226,30 +226,38 @@ def measure(a: Args) -> dict:
     vocab = config(a.shape).vocab_size
     samples = token_rows(a, vocab)
     targs = train.Args(micro_batch_size=a.micro_batch, ppo_mini_batches=1, lr=1e-6)
-    resident = None
+    resident, oom = None, None
     t0 = time.perf_counter()
-    for step in flags.progress((1, 2), desc="update steps"):
-        if step == 2:
-            resident = torch.cuda.memory_allocated(device) if cuda else None
-            torch.cuda.reset_peak_memory_stats(device) if cuda else None
-        minis = train.micro_batches(
-            samples, [len(samples)], accelerator, model, ref_model, targs, 0, False
-        )
-        _, _, losses, skipped = train.update(minis, accelerator, model, optimizer, scheduler, targs)
-        del minis
-        if skipped or not all(math.isfinite(x) for x in losses):
-            raise SystemExit(f"step {step}: the update was skipped (losses {losses}): no figures")
+    try:
+        for step in flags.progress((1, 2), desc="update steps"):
+            if step == 2:
+                resident = torch.cuda.memory_allocated(device) if cuda else None
+                torch.cuda.reset_peak_memory_stats(device) if cuda else None
+            minis = train.micro_batches(
+                samples, [len(samples)], accelerator, model, ref_model, targs, 0, False
+            )
+            _, _, losses, skipped = train.update(
+                minis, accelerator, model, optimizer, scheduler, targs
+            )
+            del minis
+            if skipped or not all(math.isfinite(x) for x in losses):
+                raise SystemExit(f"step {step}: the update was skipped (losses {losses})")
+    except torch.cuda.OutOfMemoryError as e:  # a result: the peak it reached is a lower bound
+        oom = torch.cuda.max_memory_allocated(device)
+        print(f"step {step}: out of memory at {oom / GIB:.1f} GiB: {str(e).splitlines()[0]}")
+        resident = None
     seconds = (time.perf_counter() - t0) / 2
     if dist.is_initialized():
         dist.destroy_process_group()
-    peak = torch.cuda.max_memory_allocated(device) if cuda else None
+    peak = torch.cuda.max_memory_allocated(device) if cuda and oom is None else None
     rss = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024
     state = [
         t for s in optimizer.optimizer.state.values() for t in s.values() if torch.is_tensor(t)
     ]
     counted = {
         "parameters": nbytes(model.parameters(), device),
-        "gradients": grads[-1],
+        # at the optimizer step; before any (out of memory): the parameters' size, an upper bound
+        "gradients": grads[-1] if grads else nbytes(model.parameters(), device),
         "optimizer": nbytes(state, device),
         "reference": nbytes(ref_model.parameters(), device),
     }
@@ -274,9 +282,9 @@ def measure(a: Args) -> dict:
         "ref_dtype": str(ref_dtype).removeprefix("torch."),
         "counted_bytes": counted,
         "host_bytes": on_host,
-        "peak_gib": peak / GIB if cuda else None,
+        "peak_gib": peak / GIB if peak is not None else None,
         "resident_gib": resident / GIB if cuda else None,
-        "oom_at_gib": None,
+        "oom_at_gib": oom / GIB if oom is not None else None,
         "rss_rise_gib": rss / GIB,
         "seconds_build": built,
         "seconds_per_step": seconds,
@@ -298,7 +306,7 @@ def remainder_gib(row: dict) -> tuple[float, bool]:
 
 
 def print_measurement(m: dict):
-    cuda = m["peak_gib"] is not None
+    cuda = m["device_total_gib"] is not None
     mb = "on" if m["checkpointing"] else "off"
     print(
         f"device: {m['device']}"
@@ -319,7 +327,11 @@ def print_measurement(m: dict):
         print(f"| {key} | {c[key]:.4g} | {how} |")
     if m["host_bytes"]:
         print(f"| (on the CPU: FSDP2 offload) | {m['host_bytes'] / GIB:.4g} | not in the above |")
-    if cuda:
+    if m["oom_at_gib"] is not None:
+        rest, _ = remainder_gib(m)
+        print(f"| remainder | >= {rest:.4g} | out of memory: the peak reached less the above |")
+        print(f"| **out of memory at** | {m['oom_at_gib']:.4g} | of {m['device_total_gib']:.1f} |")
+    elif cuda:
         rest, _ = remainder_gib(m)
         print(f"| remainder | {rest:.4g} | activations, logits, temporaries: peak - the above |")
         print(f"| **peak** | {m['peak_gib']:.4g} | torch.cuda.max_memory_allocated, step 2 |")
