@@ -19,6 +19,7 @@
 #                the time that is left: it did not finish in 265 s on an H200 before
 # It ends by printing every figure in one block, and each part's exit code (124: out of time).
 set -u
+shopt -s nullglob  # a measurement that did not finish leaves no JSON for the plan
 cd "$(dirname "$0")/.."
 OUT_DIR="${OUT:-$(mktemp -d)}"
 PY="${PYTHON:-python3}"

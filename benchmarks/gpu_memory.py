@@ -352,83 +352,53 @@ class Recipe:
     """One way to run the job; the plan adds up its memory on each GPU."""
 
     name: str
-    gpus: int
-    ranks: int  # FSDP2 ranks the policy's float32 state is sharded over; 1 = a whole copy per GPU
-    fsdp: str  # "none" | "fsdp2" | "fsdp2+offload" (parameters, gradients, Adam on the CPU)
-    checkpointing: bool
-    ref_dtype: str  # "bfloat16" | "float32"; never sharded here
-    micro_batch: int
-    length: int
-    engine: str  # "vllm" (--engine_gib) | "vllm-small" (--small_engine_gib) | "hf"
     speed: str  # what it costs against the first recipe, and whether that was measured
+    gpus: int = 1
+    ranks: int = 1  # FSDP2 ranks the policy's float32 state is sharded over; 1 = whole per GPU
+    fsdp: str = "none"  # "none" | "fsdp2" | "fsdp2+offload" (parameters, grads, Adam on the CPU)
+    checkpointing: bool = True
+    ref_dtype: str = "bfloat16"  # or "float32"; never sharded here
+    micro_batch: int = 2
+    length: int = 4096
+    engine: str = "vllm"  # "vllm" (--engine_gib) | "vllm-small" (--small_engine_gib) | "hf"
     shape: str = "3B"
 
 
 RECIPES = [
     Recipe(
         "8 x 80 GB DDP (README), or 1 GPU as today",
-        8,
-        1,
-        "none",
-        False,
-        "bfloat16",
-        2,
-        4096,
-        "vllm",
         "the reference point; the HF engine instead of vLLM: rollout several times slower",
+        gpus=8,
+        checkpointing=False,
     ),
     Recipe(
         "8 x 80 GB, FSDP2 over 8 ranks",
-        8,
-        8,
-        "fsdp2",
-        True,
-        "bfloat16",
-        2,
-        4096,
-        "vllm",
         "checkpointing: a second forward in the update (about +1/3 of its compute; not measured "
         "here); FSDP2: per-layer all-gather and reduce-scatter, overlapped with compute",
+        gpus=8,
+        ranks=8,
+        fsdp="fsdp2",
     ),
     Recipe(
         "1 x 80 GB, checkpointing, micro-batch 1, HF engine",
-        1,
-        1,
-        "none",
-        True,
-        "bfloat16",
-        1,
-        4096,
-        "hf",
         "HF generate has no paged KV cache or continuous batching: rollout several times slower "
         "than vLLM (not measured at 3B); micro-batch 1: twice the passes, each less efficient",
+        micro_batch=1,
+        engine="hf",
     ),
     Recipe(
         "1 x 80 GB, checkpointing, micro-batch 1, small vLLM",
-        1,
-        1,
-        "none",
-        True,
-        "bfloat16",
-        1,
-        4096,
-        "vllm-small",
         "vLLM with a small KV cache decodes fewer sequences at once: rollout in waves (not "
         "measured)",
+        micro_batch=1,
+        engine="vllm-small",
     ),
     Recipe(
         "1 x 80 GB, FSDP2 CPU offload, checkpointing",
-        1,
-        1,
-        "fsdp2+offload",
-        True,
-        "bfloat16",
-        2,
-        4096,
-        "vllm",
         "every layer's weights cross PCIe in each forward and backward, gradients come back, "
         "AdamW steps on the CPU (16 B a parameter of host memory): update several times slower "
         "(not measured)",
+        fsdp="fsdp2+offload",
     ),
 ]
 
@@ -557,7 +527,8 @@ def main(a: Args):
     cuda = torch.cuda.is_available()
     a.shape = a.shape if a.shape != "auto" else ("3B" if cuda else "tiny")
     a.length = a.length or (4096 if cuda else 64)
-    a.mixed_precision = a.mixed_precision if a.mixed_precision != "auto" else "bf16" * cuda or "no"
+    if a.mixed_precision == "auto":
+        a.mixed_precision = "bf16" if cuda else "no"
     flags.check(
         a,
         RULES,

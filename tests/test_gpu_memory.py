@@ -105,7 +105,7 @@ def test_the_plan_adds_its_terms_by_hand():
     # 69.1 - 57.48 = 11.62 GiB of activations at 2 x 4,096 tokens
     counted = 20 * P3B / GIB
     rows = [row(True, 2, peak=69.1)]
-    fsdp8 = Recipe("8 GPUs", 8, 8, "fsdp2", True, "bfloat16", 2, 4096, "vllm", "")
+    fsdp8 = Recipe("8 GPUs", "", gpus=8, ranks=8, fsdp="fsdp2")
     p = gpu_memory.plan(fsdp8, rows, a)
     t = p["terms_gib"]
     assert t["state"] == 3_085_938_688 * 16 / 8 / 2**30  # 5.748 GiB (46.0 / 8)
@@ -118,7 +118,7 @@ def test_the_plan_adds_its_terms_by_hand():
     assert t["fsdp_buffers"] == ((ROOT_3B + 2 * LAYER_3B) * 2 + (ROOT_3B + LAYER_3B) * 2) / GIB
     assert p["total_gib"] == sum(t.values()) and p["fits"] == "yes"  # 49 + 3 <= 80
     # one GPU, micro-batch 1: the state whole (46.0 GiB) and half the tokens: x0.5
-    one = Recipe("1 GPU", 1, 1, "none", True, "float32", 1, 4096, "vllm", "")
+    one = Recipe("1 GPU", "", ref_dtype="float32", micro_batch=1)
     p = gpu_memory.plan(one, rows, a)
     assert p["terms_gib"]["state"] == 16 * P3B / GIB and p["terms_gib"]["fsdp_buffers"] == 0
     assert p["terms_gib"]["reference"] == 4 * P3B / GIB
@@ -128,13 +128,13 @@ def test_the_plan_adds_its_terms_by_hand():
     # a second figure at 1 x 4,096 (peak 65.1: 7.62 GiB): a line through both; at 3 x 4,096 it
     # goes on by the same 4.0 GiB a row: 11.62 + 4.0
     rows.append(row(True, 1, peak=65.1))
-    three = Recipe("1 GPU", 1, 1, "none", True, "float32", 3, 4096, "vllm", "")
+    three = Recipe("1 GPU", "", ref_dtype="float32", micro_batch=3)
     assert math.isclose(
         gpu_memory.plan(three, rows, a)["terms_gib"]["activations"], 69.1 - counted + 4.0
     )
     # a figure that ran out of memory is a lower bound: 77.0 - 57.48 = 19.52 GiB at least
     rows.append(row(False, 2, oom=77.0))
-    off = Recipe("1 GPU", 1, 1, "none", False, "float32", 2, 4096, "hf", "")
+    off = Recipe("1 GPU", "", checkpointing=False, ref_dtype="float32", engine="hf")
     p = gpu_memory.plan(off, rows, a)
     assert p["lower_bound"] and math.isclose(p["terms_gib"]["activations"], 77.0 - counted)
     # the HF engine: 16 rows x 4,096 tokens of float32 K and V, 36 layers x 2 KV heads x 128
@@ -147,7 +147,7 @@ def test_the_plan_adds_its_terms_by_hand():
 
 def test_a_figure_measured_under_fsdp2_holds_its_buffers():
     rows = [row(True, 2, peak=69.1), row(True, 2, peak=70.0, fsdp="fsdp2")]
-    fsdp8 = Recipe("8 GPUs", 8, 8, "fsdp2", True, "bfloat16", 2, 4096, "vllm", "")
+    fsdp8 = Recipe("8 GPUs", "", gpus=8, ranks=8, fsdp="fsdp2")
     p = gpu_memory.plan(fsdp8, rows, gpu_memory.Args())
     assert p["terms_gib"]["fsdp_buffers"] == 0
     assert math.isclose(p["terms_gib"]["activations"], 70.0 - 20 * P3B / GIB)
