@@ -317,28 +317,32 @@ def print_measurement(m: dict):
         f"FSDP2 {m['fsdp']}; build {m['seconds_build']:.1f} s, {m['seconds_per_step']:.1f} s a step"
     )
     c = {k: v / GIB for k, v in m["counted_bytes"].items()}
-    print("| term (second step) | GiB | how |\n|---|---|---|")
+    print("| term (second step) | GiB | bytes | how |\n|---|---|---|---|")
     for key, how in (
         ("parameters", "the policy's parameters (float32; a rank's shards), counted"),
         ("gradients", "the policy's gradients at the optimizer step, counted"),
         ("optimizer", "AdamW states (exp_avg, exp_avg_sq, step), counted"),
         ("reference", f"the frozen reference's parameters ({m['ref_dtype']}), counted"),
     ):
-        print(f"| {key} | {c[key]:.4g} | {how} |")
+        print(f"| {key} | {c[key]:.4g} | {m['counted_bytes'][key]:,} | {how} |")
     if m["host_bytes"]:
-        print(f"| (on the CPU: FSDP2 offload) | {m['host_bytes'] / GIB:.4g} | not in the above |")
+        print(f"| (on the CPU: FSDP2 offload) | {m['host_bytes'] / GIB:.4g} | | not in the above |")
     if m["oom_at_gib"] is not None:
         rest, _ = remainder_gib(m)
-        print(f"| remainder | >= {rest:.4g} | out of memory: the peak reached less the above |")
-        print(f"| **out of memory at** | {m['oom_at_gib']:.4g} | of {m['device_total_gib']:.1f} |")
+        print(f"| remainder | >= {rest:.4g} | | out of memory: the peak reached less the above |")
+        print(
+            f"| **out of memory at** | {m['oom_at_gib']:.4g} | | of {m['device_total_gib']:.1f} |"
+        )
     elif cuda:
         rest, _ = remainder_gib(m)
-        print(f"| remainder | {rest:.4g} | activations, logits, temporaries: peak - the above |")
-        print(f"| **peak** | {m['peak_gib']:.4g} | torch.cuda.max_memory_allocated, step 2 |")
-        print(f"| resident | {m['resident_gib']:.4g} | torch.cuda.memory_allocated between steps |")
+        print(f"| remainder | {rest:.4g} | | activations, logits, temporaries: peak - the above |")
+        print(f"| **peak** | {m['peak_gib']:.4g} | | torch.cuda.max_memory_allocated, step 2 |")
+        print(
+            f"| resident | {m['resident_gib']:.4g} | | torch.cuda.memory_allocated between steps |"
+        )
     else:
         print(
-            f"| process peak RSS rise | {m['rss_rise_gib']:.4g} | ru_maxrss since before the "
+            f"| process peak RSS rise | {m['rss_rise_gib']:.4g} | | ru_maxrss since before the "
             "models were built: CPU memory, NOT a GPU figure |"
         )
 
