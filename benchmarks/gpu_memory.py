@@ -1,0 +1,571 @@
+"""Peak GPU memory of one real update step at a Qwen2.5 shape, split into its terms, and a per-GPU
+memory plan for the README's recipes built from measured figures.
+
+    python benchmarks/gpu_memory.py                            # a GPU: 3B, micro-batch 2 x 4,096
+    python benchmarks/gpu_memory.py --gradient_checkpointing --ref_dtype float32 --json m.json
+    python benchmarks/gpu_memory.py --fsdp --gradient_checkpointing   # 1-rank FSDP2
+    python benchmarks/gpu_memory.py --shape tiny               # CPU: the same code path, tiny
+    python benchmarks/gpu_memory.py --plan_only --figures m.json      # the plan alone
+
+The step: a policy built from benchmarks/shapes/SHAPE/config.json (random init, float32 as
+engines.load_policy loads it), the frozen reference in --ref_dtype ("compute": the accelerator's
+mixed-precision dtype), AdamW, optional gradient checkpointing (as train.py enables it), optional
+1-rank FSDP2 (torch's fully_shard per decoder layer and on the root, with accelerate's bf16 policy;
+--offload: CPUOffloadPolicy), an Accelerator with --mixed_precision; then --micro_batches rows of
+--micro_batch x --length random token ids (the first quarter the prompt, the rest trained, random
+advantages, rollout log-probs near a random policy's) through train.micro_batches (pi_old by the
+trainer's forward, as under vLLM or mixed precision, and pi_ref) and train.update, twice. Reported:
+memory_allocated between the steps, the second step's max_memory_allocated (reset before it), and
+its terms: parameters, gradients (at the optimizer step), AdamW states and the reference, each
+counted from the tensors, and the remainder (activations, logits, temporaries, autocast's bf16
+copies of the weights). Without CUDA the peak is the process's peak RSS rise (ru_maxrss) since
+before the models were built, labelled so: only the counted terms mean the same there.
+
+The plan adds, per GPU and recipe: float32 weights + gradients + Adam states (16 B a parameter) /
+FSDP2 ranks (0 on the GPU under CPU offload), the reference (not sharded), the activation remainder
+at the recipe's micro-batch and length (scaled in tokens from measured figures: this run's, those
+of --figures, else the committed H100 table benchmarks/shapes/h100_measured.json; each row says
+which), the rollout engine, and FSDP2's gathered layers (estimated from the shape unless the
+figure was measured under FSDP2, where it is inside the remainder). Asserts nothing.
+"""
+
+import functools
+import json
+import math
+import resource
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from accelerate import Accelerator
+from transformers import AutoConfig, AutoModelForCausalLM, get_constant_schedule
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import train
+from infra import flags
+from tree import Sample
+
+GIB = 2**30
+SHAPES = Path(__file__).resolve().parent / "shapes"
+TABLE = SHAPES / "h100_measured.json"  # the committed figures, with their provenance
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class Args:
+    """What to measure, and the GPU the plan is for."""
+
+    shape: Literal["auto", "tiny", "0.5B", "1.5B", "3B", "7B"] = "auto"
+    """Model shape (benchmarks/shapes/); auto = 3B with CUDA, tiny without."""
+    micro_batch: int = 2
+    """Rows per forward/backward pass (train.py --micro_batch_size)."""
+    micro_batches: int = 2
+    """Micro-batches in the one mini-batch of each step (gradient accumulation)."""
+    length: int = 0
+    """Tokens per row; 0 = 4,096 with CUDA (the README's --max_traj_tokens), 64 without."""
+    mixed_precision: Literal["auto", "no", "bf16"] = "auto"
+    """The Accelerator's; auto = bf16 with CUDA, no without (CPU autocast is slow)."""
+    gradient_checkpointing: bool = False
+    """Activation checkpointing, as train.py --gradient_checkpointing enables it."""
+    ref_dtype: Literal["compute", "float32"] = "compute"
+    """The frozen reference's dtype: the mixed-precision dtype (compute) or float32."""
+    fsdp: bool = False
+    """Shard the policy with FSDP2 (fully_shard per decoder layer and on the root), one rank."""
+    offload: bool = False
+    """With --fsdp: FSDP2 CPU offload of parameters, gradients and AdamW states."""
+    seed: int = 0
+    """Seed of the random weights and token rows."""
+    plan_only: bool = False
+    """Measure nothing: print the plan from the committed table and --figures."""
+    figures: tuple[str, ...] = ()
+    """Earlier runs' --json files whose measurements join the plan's."""
+    json: str = ""
+    """Write every figure (measurement, plan) to this JSON file."""
+    gpu_gib: float = 80.0
+    """The plan's GPU memory per device (an H100 80GB shows 79.2 GiB to torch)."""
+    reserve_gib: float = 3.0
+    """Kept free by the plan for what memory_allocated does not count (CUDA context, NCCL,
+    allocator fragmentation); not measured here."""
+    engine_gib: float = 24.0
+    """vLLM's share per GPU (--vllm_gpu_memory_utilization 0.3 x 80 GiB)."""
+    small_engine_gib: float = 10.0
+    """vLLM squeezed beside a one-GPU update (utilization 0.125: 3B weights in bf16, 5.8 GiB, and
+    the rest for KV cache)."""
+    hf_sequences: int = 16
+    """Sequences the HF engine decodes at once (its float32 KV cache at the recipe's length)."""
+
+
+RULES = [
+    ("micro_batch micro_batches", "at least 1", lambda v: v >= 1),
+    ("length", "0 (auto) or at least 8", lambda v: v == 0 or v >= 8),
+    ("gpu_gib", "positive", lambda v: v > 0),
+    ("reserve_gib engine_gib small_engine_gib", "at least 0", lambda v: v >= 0),
+]
+
+
+@functools.cache
+def config(shape: str):
+    """The shape's transformers config (benchmarks/shapes/SHAPE/config.json)."""
+    return AutoConfig.from_pretrained(SHAPES / shape)
+
+
+@functools.cache
+def parameter_count(shape: str) -> int:
+    """Parameters of a shape, from its config (a model on the meta device: no memory, no init)."""
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config(shape), dtype=torch.float32)
+    return sum(p.numel() for p in model.parameters())
+
+
+@functools.cache
+def layer_sizes(shape: str) -> tuple[int, int]:
+    """(parameters of one decoder layer, parameters outside the layers) of a shape."""
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config(shape), dtype=torch.float32)
+    layer = sum(p.numel() for p in model.model.layers[0].parameters())
+    return layer, sum(p.numel() for p in model.parameters()) - layer * len(model.model.layers)
+
+
+# --------------------------------------------------------------------------------------------------
+# The measurement
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (FSDP2), else the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def nbytes(tensors, device: torch.device) -> int:
+    """Bytes of the tensors (their local shards) that sit on `device`'s kind (cuda / cpu)."""
+    return sum(
+        local(t).numel() * local(t).element_size()
+        for t in tensors
+        if local(t).device.type == device.type
+    )
+
+
+def build(shape: str, dtype: torch.dtype, device: torch.device):
+    """A randomly initialised model of the shape, made on `device` directly (a 3B float32 init on
+    the CPU takes minutes; on the GPU, seconds)."""
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config(shape), dtype=dtype)
+
+
+def shard(model, mixed_precision: str, offload: bool):
+    """FSDP2 over one rank: fully_shard each decoder layer, then the root (embeddings, final norm,
+    lm_head), with the mixed-precision policy accelerate's FSDP2 uses (bf16 parameters, gradient
+    reduction and outputs)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    if not dist.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(
+            backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
+        )
+    bf16 = torch.bfloat16
+    kw = {"mp_policy": MixedPrecisionPolicy(bf16, bf16, bf16)} if mixed_precision == "bf16" else {}
+    if offload:
+        kw["offload_policy"] = CPUOffloadPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def token_rows(a: Args, vocab: int) -> list[Sample]:
+    """micro_batch x micro_batches rows of `length` random ids: the first quarter the prompt, the
+    rest trained, with random advantages and rollout log-probs near a random policy's (-log V)."""
+    g = torch.Generator().manual_seed(a.seed)
+    rows = []
+    for _ in range(a.micro_batch * a.micro_batches):
+        ids = torch.randint(vocab, (a.length,), generator=g)  # (T,)
+        mask = (torch.arange(a.length) >= a.length // 4).int()  # (T,)
+        adv = torch.randn(a.length, generator=g) * mask  # (T,)
+        logp = (-math.log(vocab) + 0.1 * torch.randn(a.length, generator=g)) * mask  # (T,)
+        rows.append(Sample(ids.tolist(), mask.tolist(), adv.tolist(), logp.tolist(), "bench"))
+    return rows
+
+
+def measure(a: Args) -> dict:
+    """One configuration: build, two update steps, the second's peak and its counted terms."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    torch.manual_seed(a.seed)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    accelerator = Accelerator(mixed_precision=a.mixed_precision, cpu=not cuda)
+    compute = torch.bfloat16 if a.mixed_precision == "bf16" else torch.float32
+    ref_dtype = torch.float32 if a.ref_dtype == "float32" else compute
+    t0 = time.perf_counter()
+    model = build(a.shape, torch.float32, device)  # the policy: float32, as load_policy loads it
+    ref_model = build(a.shape, ref_dtype, device)
+    ref_model.load_state_dict(model.state_dict())  # the same weights (cast), as a run starts
+    ref_model.requires_grad_(False).eval()
+    if a.gradient_checkpointing:  # as train.py: before sharding and prepare
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if a.fsdp:
+        model = shard(model, a.mixed_precision, a.offload)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)  # over the sharded parameters
+    scheduler = get_constant_schedule(optimizer)
+    # the model is where it belongs already (FSDP2 offload keeps it on the CPU)
+    model, optimizer, scheduler = accelerator.prepare(
+        model, optimizer, scheduler, device_placement=[False, False, False]
+    )
+    built = time.perf_counter() - t0
+    grads = []  # bytes of gradients on the device at each optimizer step
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    hook = lambda *_: grads.append(nbytes([p.grad for p in params if p.grad is not None], device))
+    optimizer.optimizer.register_step_pre_hook(hook)
+    vocab = config(a.shape).vocab_size
+    samples = token_rows(a, vocab)
+    targs = train.Args(micro_batch_size=a.micro_batch, ppo_mini_batches=1, lr=1e-6)
+    resident, oom = None, None
+    t0 = time.perf_counter()
+    try:
+        for step in flags.progress((1, 2), desc="update steps"):
+            if step == 2:
+                resident = torch.cuda.memory_allocated(device) if cuda else None
+                torch.cuda.reset_peak_memory_stats(device) if cuda else None
+            minis = train.micro_batches(
+                samples, [len(samples)], accelerator, model, ref_model, targs, 0, False
+            )
+            _, _, losses, skipped = train.update(
+                minis, accelerator, model, optimizer, scheduler, targs
+            )
+            del minis
+            if skipped or not all(math.isfinite(x) for x in losses):
+                raise SystemExit(f"step {step}: the update was skipped (losses {losses})")
+    except torch.cuda.OutOfMemoryError as e:  # a result: the peak it reached is a lower bound
+        oom = torch.cuda.max_memory_allocated(device)
+        print(f"step {step}: out of memory at {oom / GIB:.1f} GiB: {str(e).splitlines()[0]}")
+        resident = None
+    seconds = (time.perf_counter() - t0) / 2
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    peak = torch.cuda.max_memory_allocated(device) if cuda and oom is None else None
+    rss = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024
+    state = [
+        t for s in optimizer.optimizer.state.values() for t in s.values() if torch.is_tensor(t)
+    ]
+    counted = {
+        "parameters": nbytes(model.parameters(), device),
+        # at the optimizer step; before any (out of memory): the parameters' size, an upper bound
+        "gradients": grads[-1] if grads else nbytes(model.parameters(), device),
+        "optimizer": nbytes(state, device),
+        "reference": nbytes(ref_model.parameters(), device),
+    }
+    on_host = sum(
+        nbytes(ts, torch.device("cpu")) for ts in (model.parameters(), state) if cuda
+    )  # FSDP2 offload: on the CPU
+    name = torch.cuda.get_device_name(device) if cuda else "CPU (no CUDA)"
+    total = torch.cuda.get_device_properties(device).total_memory if cuda else None
+    return {
+        "source": "measured",
+        "device": name,
+        "device_total_gib": total / GIB if total else None,
+        "torch": torch.__version__,
+        "shape": a.shape,
+        "parameter_count": parameter_count(a.shape),
+        "micro_batch": a.micro_batch,
+        "micro_batches": a.micro_batches,
+        "length": a.length,
+        "mixed_precision": a.mixed_precision,
+        "fsdp": ("fsdp2+offload" if a.offload else "fsdp2") if a.fsdp else "none",
+        "checkpointing": a.gradient_checkpointing,
+        "ref_dtype": str(ref_dtype).removeprefix("torch."),
+        "counted_bytes": counted,
+        "host_bytes": on_host,
+        "peak_gib": peak / GIB if peak is not None else None,
+        "resident_gib": resident / GIB if cuda else None,
+        "oom_at_gib": oom / GIB if oom is not None else None,
+        "rss_rise_gib": rss / GIB,
+        "seconds_build": built,
+        "seconds_per_step": seconds,
+    }
+
+
+def remainder_gib(row: dict) -> tuple[float, bool]:
+    """(activations + logits + temporaries at the peak, whether a lower bound: the row ran out of
+    memory): the peak less parameters, gradients, AdamW states and reference. A table row has no
+    counted terms: they are its shape's, float32 (4 + 4 + 8 B a parameter) and the reference's."""
+    if "counted_bytes" in row:
+        counted = sum(row["counted_bytes"].values()) / GIB
+    else:
+        n = parameter_count(row["shape"])
+        counted = n * (16 + DTYPES[row["ref_dtype"]].itemsize) / GIB
+    if row["peak_gib"] is not None:
+        return row["peak_gib"] - counted, False
+    return row["oom_at_gib"] - counted, True
+
+
+def print_measurement(m: dict):
+    cuda = m["device_total_gib"] is not None
+    mb = "on" if m["checkpointing"] else "off"
+    print(
+        f"device: {m['device']}"
+        + (f" ({m['device_total_gib']:.1f} GiB)" if cuda else "")
+        + f", torch {m['torch']}; shape {m['shape']} ({m['parameter_count']:,} parameters); "
+        f"{m['micro_batches']} micro-batches of {m['micro_batch']} x {m['length']:,} tokens; "
+        f"mixed precision {m['mixed_precision']}; checkpointing {mb}; reference {m['ref_dtype']}; "
+        f"FSDP2 {m['fsdp']}; build {m['seconds_build']:.1f} s, {m['seconds_per_step']:.1f} s a step"
+    )
+    c = {k: v / GIB for k, v in m["counted_bytes"].items()}
+    print("| term (second step) | GiB | bytes | how |\n|---|---|---|---|")
+    for key, how in (
+        ("parameters", "the policy's parameters (float32; a rank's shards), counted"),
+        ("gradients", "the policy's gradients at the optimizer step, counted"),
+        ("optimizer", "AdamW states (exp_avg, exp_avg_sq, step), counted"),
+        ("reference", f"the frozen reference's parameters ({m['ref_dtype']}), counted"),
+    ):
+        print(f"| {key} | {c[key]:.4g} | {m['counted_bytes'][key]:,} | {how} |")
+    if m["host_bytes"]:
+        print(f"| (on the CPU: FSDP2 offload) | {m['host_bytes'] / GIB:.4g} | | not in the above |")
+    if m["oom_at_gib"] is not None:
+        rest, _ = remainder_gib(m)
+        print(f"| remainder | >= {rest:.4g} | | out of memory: the peak reached less the above |")
+        print(
+            f"| **out of memory at** | {m['oom_at_gib']:.4g} | | of {m['device_total_gib']:.1f} |"
+        )
+    elif cuda:
+        rest, _ = remainder_gib(m)
+        print(f"| remainder | {rest:.4g} | | activations, logits, temporaries: peak - the above |")
+        print(f"| **peak** | {m['peak_gib']:.4g} | | torch.cuda.max_memory_allocated, step 2 |")
+        print(
+            f"| resident | {m['resident_gib']:.4g} | | torch.cuda.memory_allocated between steps |"
+        )
+    else:
+        print(
+            f"| process peak RSS rise | {m['rss_rise_gib']:.4g} | | ru_maxrss since before the "
+            "models were built: CPU memory, NOT a GPU figure |"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# The plan
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One way to run the job; the plan adds up its memory on each GPU."""
+
+    name: str
+    speed: str  # what it costs against the first recipe, and whether that was measured
+    gpus: int = 1
+    ranks: int = 1  # FSDP2 ranks the policy's float32 state is sharded over; 1 = whole per GPU
+    fsdp: str = "none"  # "none" | "fsdp2" | "fsdp2+offload" (parameters, grads, Adam on the CPU)
+    checkpointing: bool = True
+    ref_dtype: str = "bfloat16"  # or "float32"; never sharded here
+    micro_batch: int = 2
+    length: int = 4096
+    engine: str = "vllm"  # "vllm" (--engine_gib) | "vllm-small" (--small_engine_gib) | "hf"
+    shape: str = "3B"
+
+
+RECIPES = [
+    Recipe(
+        "8 x 80 GB DDP (README), or 1 GPU as today",
+        "the reference point; the HF engine instead of vLLM: rollout several times slower",
+        gpus=8,
+        checkpointing=False,
+    ),
+    Recipe(
+        "8 x 80 GB, FSDP2 over 8 ranks",
+        "checkpointing: a second forward in the update (about +1/3 of its compute; not measured "
+        "here); FSDP2: per-layer all-gather and reduce-scatter, overlapped with compute",
+        gpus=8,
+        ranks=8,
+        fsdp="fsdp2",
+    ),
+    Recipe(
+        "1 x 80 GB, checkpointing, micro-batch 1, HF engine",
+        "HF generate has no paged KV cache or continuous batching: rollout several times slower "
+        "than vLLM (not measured at 3B); micro-batch 1: twice the passes, each less efficient",
+        micro_batch=1,
+        engine="hf",
+    ),
+    Recipe(
+        "1 x 80 GB, checkpointing, micro-batch 1, small vLLM",
+        "vLLM with a small KV cache decodes fewer sequences at once: rollout in waves (not "
+        "measured)",
+        micro_batch=1,
+        engine="vllm-small",
+    ),
+    Recipe(
+        "1 x 80 GB, FSDP2 CPU offload, checkpointing",
+        "every layer's weights cross PCIe in each forward and backward, gradients come back, "
+        "AdamW steps on the CPU (16 B a parameter of host memory): update several times slower "
+        "(not measured)",
+        fsdp="fsdp2+offload",
+    ),
+]
+
+
+def activation(recipe: Recipe, rows: list[dict]) -> tuple[float, bool, str, bool]:
+    """(GiB, lower bound?, where from, FSDP2 buffers included?) of the recipe's activation
+    remainder: from the rows of its shape, checkpointing and bf16 autocast (those measured under its
+    FSDP2 setting first, else without FSDP2), measured rows before the table's. Rows at two or more
+    token counts (micro-batch x length) give a line fitted through them; one gives a proportion."""
+    tokens = recipe.micro_batch * recipe.length
+    for fsdp in dict.fromkeys((recipe.fsdp, "none")):
+        for origin in ("measured", "table"):
+            match = [
+                r
+                for r in rows
+                if r["source"] == origin
+                and (r["peak_gib"] is not None or r["oom_at_gib"] is not None)
+                and (r["shape"], r["checkpointing"], r["fsdp"], r["mixed_precision"])
+                == (recipe.shape, recipe.checkpointing, fsdp, "bf16")
+            ]
+            if not match:
+                continue
+            exact = [r for r in match if r["peak_gib"] is not None]
+            lower = not exact
+            by_tokens = {}  # tokens -> the largest remainder measured there
+            for r in exact or match:
+                t = r["micro_batch"] * r["length"]
+                by_tokens[t] = max(by_tokens.get(t, -math.inf), remainder_gib(r)[0])
+            where = f"{origin}, {'/'.join(f'{t:,}' for t in sorted(by_tokens))} tokens"
+            note = ""
+            if fsdp != recipe.fsdp:  # FSDP2's gathered layers are estimated apart (`plan`)
+                note = "; without FSDP2: its autocast copies of the weights overstate FSDP2's"
+            if len(by_tokens) == 1:
+                ((t, gib),) = by_tokens.items()
+                value, how = gib * tokens / t, f"x{tokens / t:g}"
+                if tokens < t:  # autocast's bf16 weight copies (2 B a parameter) do not shrink
+                    note += "; scaled down: understates what does not scale with tokens"
+            else:  # least squares: gib = c + s * tokens
+                xs, ys = list(by_tokens), list(by_tokens.values())
+                mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+                s = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+                s /= sum((x - mx) ** 2 for x in xs)
+                value, how = my + s * (tokens - mx), "line"
+            return value, lower, f"{where} ({how}){note}", fsdp != "none"
+    return math.nan, False, "no figure", False
+
+
+def plan(recipe: Recipe, rows: list[dict], a: Args) -> dict:
+    """The recipe's memory per GPU, term by term (GiB), and whether it fits a.gpu_gib less
+    a.reserve_gib."""
+    n = parameter_count(recipe.shape)
+    cfg = config(recipe.shape)
+    sharded = recipe.fsdp != "none"
+    act, lower, source, buffers_in_act = activation(recipe, rows)
+    if recipe.engine == "hf":  # float32 KV cache of hf_sequences rows at the recipe's length
+        head_dim = cfg.hidden_size // cfg.num_attention_heads
+        kv = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * 4
+        engine = a.hf_sequences * recipe.length * kv
+        engine += 4 * n if sharded else 0  # generate needs whole weights: a gathered copy
+        engine /= GIB
+    else:
+        engine = a.engine_gib if recipe.engine == "vllm" else a.small_engine_gib
+    buffers = 0.0
+    if sharded and not buffers_in_act:  # estimated: root + 2 layers in bf16, their bf16 grads
+        layer, root = layer_sizes(recipe.shape)
+        buffers = ((root + 2 * layer) * 2 + (root + layer) * 2) / GIB
+    terms = {
+        "state": 0.0 if recipe.fsdp == "fsdp2+offload" else 16 * n / recipe.ranks / GIB,
+        "reference": n * DTYPES[recipe.ref_dtype].itemsize / GIB,
+        "activations": act,
+        "engine": engine,
+        "fsdp_buffers": buffers,
+    }
+    total = sum(terms.values())
+    over = total + a.reserve_gib > a.gpu_gib
+    fits = "no" if over else ("unknown (a lower bound)" if lower else "yes")
+    return {
+        "recipe": asdict(recipe),
+        "parameters": n,
+        "terms_gib": terms,
+        "total_gib": total,
+        "lower_bound": lower,
+        "fits": "?" if math.isnan(total) else fits,
+        "activation_source": source,
+        "host_gib": 16 * n / GIB if recipe.fsdp == "fsdp2+offload" else 0.0,
+    }
+
+
+def print_plan(plans: list[dict], a: Args):
+    print(
+        f"\nPLAN, per GPU, GiB (a {a.gpu_gib:g} GiB GPU, {a.reserve_gib:g} kept free): state = "
+        "float32 weights + gradients + AdamW (16 B a parameter) / FSDP2 ranks; activations "
+        "scaled in tokens from the figure named below; vLLM's share as given (--engine_gib, "
+        "--small_engine_gib)"
+    )
+    print(
+        "| recipe | state | reference | activations | engine | FSDP2 buffers | total | fits |\n"
+        "|---|---|---|---|---|---|---|---|"
+    )
+    for p in plans:
+        t, ge = p["terms_gib"], "≥" if p["lower_bound"] else ""
+        print(
+            f"| {p['recipe']['name']} | {t['state']:.1f} | {t['reference']:.1f} | "
+            f"{ge}{t['activations']:.1f} | {t['engine']:.1f} | {t['fsdp_buffers']:.1f} | "
+            f"{ge}{p['total_gib']:.1f} | {p['fits']} |"
+        )
+    for i, p in enumerate(plans, 1):
+        r = p["recipe"]
+        host = f"; host memory {p['host_gib']:.0f} GiB" if p["host_gib"] else ""
+        ckpt = "on" if r["checkpointing"] else "off"
+        print(
+            f"{i}. {r['name']}: {r['shape']} ({p['parameters']:,} parameters), micro-batch "
+            f"{r['micro_batch']} x {r['length']:,}, checkpointing {ckpt}, reference "
+            f"{r['ref_dtype']}, engine {r['engine']}; activations from {p['activation_source']}"
+            f"{host}. Speed: {r['speed']}."
+        )
+
+
+def table_rows() -> tuple[str, list[dict]]:
+    with open(TABLE) as f:
+        table = json.load(f)
+    return table["provenance"], [{**r, "source": "table"} for r in table["rows"]]
+
+
+def main(a: Args):
+    cuda = torch.cuda.is_available()
+    a.shape = a.shape if a.shape != "auto" else ("3B" if cuda else "tiny")
+    a.length = a.length or (4096 if cuda else 64)
+    if a.mixed_precision == "auto":
+        a.mixed_precision = "bf16" if cuda else "no"
+    flags.check(
+        a,
+        RULES,
+        [
+            (a.offload and not a.fsdp, "--offload needs --fsdp"),
+            (a.offload and not cuda, "--offload needs CUDA (FSDP2 offloads from a GPU to the CPU)"),
+        ],
+    )
+    provenance, rows = table_rows()
+    for path in a.figures:
+        with open(path) as f:
+            earlier = json.load(f)["measurement"]
+        rows += [earlier] if earlier else []
+    measurement = None
+    if not a.plan_only:
+        measurement = measure(a)
+        print_measurement(measurement)
+        rows.append(measurement)
+    plans = [plan(r, rows, a) for r in RECIPES]
+    print_plan(plans, a)
+    gpu_rows = [r for r in rows if r["source"] == "measured" and r["peak_gib"] is not None]
+    print(
+        f"figures: 'measured' = on a GPU by this run or --figures: {len(gpu_rows)} (a CPU run has "
+        f"no GPU peak); 'table' = benchmarks/shapes/h100_measured.json: {provenance}. Not "
+        "counted: the HF engine's KV cache is its float32 size at --hf_sequences rows (from the "
+        "config); without FSDP2 it generates with the policy's own weights, under FSDP2 with a "
+        "gathered copy; the weight sync's gathered state dict comes after the update's peak."
+    )
+    if a.json:
+        out = {"args": asdict(a), "measurement": measurement, "rows": rows, "plan": plans}
+        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+        print(f"wrote {a.json}")
+
+
+if __name__ == "__main__":
+    main(*flags.parse(Args))
