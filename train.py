@@ -444,7 +444,9 @@ def main(
     with run.quiet(not main_proc):
         engine = engines.make_engine(
             args.engine,
-            shard.rollout_model(accelerator, model, lambda: load()[0]),
+            shard.rollout_model(
+                accelerator, model, lambda: load()[0], engines.choose(args.engine)[0]
+            ),
             tok,
             model_path,
             dtype=args.vllm_dtype,

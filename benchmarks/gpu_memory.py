@@ -209,7 +209,7 @@ def measure(a: Args) -> dict:
     ref_model.load_state_dict(model.state_dict())  # the same weights (cast), as a run starts
     ref_model.requires_grad_(False).eval()
     if a.gradient_checkpointing:  # as train.py: before sharding and prepare
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable({"use_reentrant": False})
     if a.fsdp:
         model = shard(model, a.mixed_precision, a.offload)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)  # over the sharded parameters

@@ -29,6 +29,8 @@ from transformers import (
     StoppingCriteriaList,
 )
 
+from infra import shard
+
 # --------------------------------------------------------------------------------------------------
 # the protocol
 
@@ -445,32 +447,13 @@ def make_engine(
     dtype: str = "",
     **vllm_kwargs,
 ) -> Engine:
-    """`kind`: "auto" (vLLM when it imports and CUDA is present, else HF), "hf" or "vllm"; prints
-    the choice once. `model` / `tokenizer`: the trainer's policy. A vLLM engine loads `model_path`,
-    then syncs to `model` at once. `dtype`: the vLLM engine's ("float32", ...; empty = `model`'s, so
-    that rounding does not spread pi_old / pi_rollout); `vllm_kwargs` go to `VLLMEngine`."""
-    if kind not in ("auto", "hf", "vllm"):
-        raise ValueError(f"engine kind must be 'auto', 'hf' or 'vllm', got {kind!r}")
-    try:
-        import vllm
-
-        vllm_status = f"vllm {vllm.__version__} importable"
-    except ImportError as e:
-        vllm, vllm_status = None, f"vllm not importable ({e})"
-    if kind == "vllm" and vllm is None:
-        raise ImportError(
-            f"engine 'vllm' requested but {vllm_status}; pip install vllm, or use engine 'hf'"
-        )
-    reason = "requested" + (f"; {vllm_status}" if kind == "vllm" else "")
-    if kind == "auto":  # vLLM where it can run fast; say why not otherwise
-        kind = "vllm" if vllm is not None and torch.cuda.is_available() else "hf"
-        reason = vllm_status + (
-            ""
-            if vllm is None
-            else " and CUDA available"
-            if kind == "vllm"
-            else " but no CUDA device; pass engine 'vllm' to run vLLM on CPU"
-        )
+    """`kind`: "auto" (vLLM when it imports and CUDA is present, else HF), "hf" or "vllm"
+    (`choose`); prints the choice once. `model` / `tokenizer`: the policy the HF engine samples
+    from. A vLLM engine loads `model_path`, then syncs to `model` at once (unless it is sharded:
+    then it starts from `model_path`'s weights, which are the policy's before its first update).
+    `dtype`: the vLLM engine's ("float32", ...; empty = `model`'s, so that rounding does not spread
+    pi_old / pi_rollout); `vllm_kwargs` go to `VLLMEngine`."""
+    kind, reason = choose(kind)
     if vllm_kwargs.get("sleep") and (kind == "hf" or not torch.cuda.is_available()):
         raise ValueError(
             f"--vllm_sleep (vLLM's sleep mode, which frees its GPU memory during the update) needs "
@@ -489,8 +472,36 @@ def make_engine(
     )
     print(f"engine: vllm ({reason}), {dtype} ({whose})", flush=True)
     engine = VLLMEngine(model_path, dtype=dtype, **vllm_kwargs)
-    engine.load_weights(model.state_dict())
+    if not shard.sharded(model):
+        engine.load_weights(model.state_dict())
     return engine
+
+
+def choose(kind: str) -> tuple[str, str]:
+    """The engine `kind` ("auto", "hf" or "vllm") resolves to, "hf" or "vllm", and why."""
+    if kind not in ("auto", "hf", "vllm"):
+        raise ValueError(f"engine kind must be 'auto', 'hf' or 'vllm', got {kind!r}")
+    try:
+        import vllm
+
+        vllm_status = f"vllm {vllm.__version__} importable"
+    except ImportError as e:
+        vllm, vllm_status = None, f"vllm not importable ({e})"
+    if kind == "vllm" and vllm is None:
+        raise ImportError(
+            f"engine 'vllm' requested but {vllm_status}; pip install vllm, or use engine 'hf'"
+        )
+    if kind != "auto":
+        return kind, "requested" + (f"; {vllm_status}" if kind == "vllm" else "")
+    # vLLM where it can run fast; say why not otherwise
+    kind = "vllm" if vllm is not None and torch.cuda.is_available() else "hf"
+    return kind, vllm_status + (
+        ""
+        if vllm is None
+        else " and CUDA available"
+        if kind == "vllm"
+        else " but no CUDA device; pass engine 'vllm' to run vLLM on CPU"
+    )
 
 
 # --------------------------------------------------------------------------------------------------

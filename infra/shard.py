@@ -58,16 +58,15 @@ def full(x):
     return x.full_tensor() if isinstance(x, DTensor) else x
 
 
-def rollout_model(accelerator, model: torch.nn.Module, load) -> torch.nn.Module:
-    """The module the HF engine samples from: the trainer's own (unwrapped) policy when its
-    weights are whole; under FSDP2 a full copy (`load()`: a fresh policy from the run's model
-    path) on this rank's device, which `HFEngine.load_weights` refreshes after each update."""
+def rollout_model(accelerator, model: torch.nn.Module, load, engine: str) -> torch.nn.Module:
+    """The module the rollout engine (`engine`: "hf" or "vllm") is given: the trainer's own
+    (unwrapped) policy, except for the HF engine under FSDP2, which samples from a full copy
+    (`load()`: a fresh policy from the run's model path, its weights those of the policy before
+    any update) on this rank's device, refreshed by `HFEngine.load_weights` after each update."""
     unwrapped = accelerator.unwrap_model(model)
-    if not sharded(unwrapped):
+    if engine == "vllm" or not sharded(unwrapped):
         return unwrapped
-    copy = load().requires_grad_(False).to(accelerator.device)
-    copy.load_state_dict(gather(accelerator, model))
-    return copy
+    return load().requires_grad_(False).to(accelerator.device)
 
 
 @contextlib.contextmanager
