@@ -9,6 +9,8 @@ budget sweep side by side over seeds, each arm a train.py run from the same warm
                                                 # out/compare-hard
     python benchmarks/compare.py --setting hard --merge A/results.json B/results.json
                                                 # one report over both files' seeds
+    python benchmarks/compare.py --report docs/comparison_hard.json
+                                                # its results.md again, byte for byte
 
 Per seed S, in OUT/seedS/: the embedded world (of --setting: SETTINGS); the warm start (`train.py
 warmstart --seed S`, once); its greedy test EM (`eval.py`, once: step 0 of every arm); then one
@@ -30,7 +32,14 @@ by default: on shared cores a second one made the tiny model 5-15x slower (READM
 Outputs in OUT: results.md (every table, also printed), results.json (every seed's numbers),
 curves.png (test EM against step and against cumulative generated tokens, one line per arm, the
 seeds' min-max as a band); --calibrate writes calibration-STEPS-steps.md. --merge writes the three
-from several sittings' results.json files (their seeds in one report; each summary as stored).
+from several sittings' results.json files (their seeds in one report; each summary as stored);
+--report writes results.md and curves.png from one. Each evaluation's per-question outcomes stay in
+the run directories (runs/ARM/eval_stepN.jsonl; step 0's in logs/step0.json).
+
+Statistics: every paired difference is tested by a two-sided paired t-test over the seeds, beside
+the minimum detectable effect at 80% power for its sd and seed count (noncentral t) and its p
+adjusted by Holm over the tests of one table (one measure at one step); "higher" / "lower" /
+"agrees" / "disagrees" only where the adjusted p is below 0.05.
 """
 
 import ast
