@@ -14,6 +14,7 @@ Deviations from the papers' code, each cited by its name:
   act without them.
 """
 
+import json
 import random
 import re
 from collections import Counter
@@ -178,9 +179,10 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None, processes=None):
     """Roll out every question k times (independent chains) and score the first sample: em and f1
     (the reward's; no answer scores 0), cover_em, format (passes check_format), turns, searches,
     judge (with `judge_fn`); and pass@k (any of the k samples has EM 1). Means over all questions,
-    per data_source ("by_source"), and EM per hop count where rows know it (em_hop{h}: the embedded
-    world). A sample whose retrieval failed (env_error) is the environment's fault: left out; a
-    question left with none counts in env_errors, not n; losing all raises.
+    per data_source ("by_source"), EM per hop count where rows know it (em_hop{h}: the embedded
+    world), and each question's id, answer and EM ("questions", for `write_outcomes`). A sample
+    whose retrieval failed (env_error) is the environment's fault: left out; a question left with
+    none counts in env_errors, not n; losing all raises.
 
     `processes` (train.py's Accelerator, every rank calling): each rank rolls out a contiguous
     share of `rows` with its own agent, the scores are gathered in row order, and every rank
@@ -240,7 +242,18 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None, processes=None):
         **means([metrics for _, _, metrics in scored], keys, sum(lost.values())),
         **{f"em_hop{h}": sum(ems) / len(ems) for h, ems in sorted(by_hops.items())},
         "by_source": {src: means(ms, keys, lost[src]) for src, ms in sorted(by_source.items())},
+        "questions": [  # per question, in row order; None: lost to retrieval errors
+            {"id": row.id, "prediction": r and r[0], "em": r and r[1]["em"]}
+            for row, r in zip(rows, results)
+        ],
     }
+
+
+def write_outcomes(path, report):
+    """The report's per-question outcomes (id, prediction, EM) as JSON lines, for paired analyses
+    across runs (the same id is the same question)."""
+    with open(path, "w") as f:
+        f.writelines(json.dumps(q) + "\n" for q in report["questions"])
 
 
 if __name__ == "__main__":

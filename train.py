@@ -48,7 +48,7 @@ from transformers import get_constant_schedule_with_warmup
 import retriever
 import rollout
 from advantages import CreditConfig
-from eval import evaluate
+from eval import evaluate, write_outcomes
 from infra import data, engines, flags, health, protocol, run, shard, warmstart
 from infra.logprobs import TokenLogp
 from infra.warmstart import WarmConfig
@@ -357,6 +357,8 @@ def run_eval(step: int, eval_agent: rollout.Agent, test_rows, accelerator) -> di
     """Evaluate on the test questions, each rank its share (eval.evaluate); rank 0 prints a line;
     every rank returns the eval/ metrics row."""
     m = evaluate(eval_agent, test_rows, processes=accelerator)
+    if accelerator.is_main_process:  # per question, for paired analyses: RUN_DIR/eval_stepN.jsonl
+        write_outcomes(os.path.join(accelerator.project_dir, f"eval_step{step}.jsonl"), m)
     hops = " ".join(f"{k[3:]} {v:.2f}" for k, v in m.items() if k.startswith("em_hop"))
     accelerator.print(
         f"step {step}: eval EM {m['em']:.3f} F1 {m['f1']:.3f} on {m['n']} questions"

@@ -9,6 +9,8 @@ budget sweep side by side over seeds, each arm a train.py run from the same warm
                                                 # out/compare-hard
     python benchmarks/compare.py --setting hard --merge A/results.json B/results.json
                                                 # one report over both files' seeds
+    python benchmarks/compare.py --report docs/comparison_hard.json
+                                                # its results.md again, byte for byte
 
 Per seed S, in OUT/seedS/: the embedded world (of --setting: SETTINGS); the warm start (`train.py
 warmstart --seed S`, once); its greedy test EM (`eval.py`, once: step 0 of every arm); then one
@@ -30,7 +32,14 @@ by default: on shared cores a second one made the tiny model 5-15x slower (READM
 Outputs in OUT: results.md (every table, also printed), results.json (every seed's numbers),
 curves.png (test EM against step and against cumulative generated tokens, one line per arm, the
 seeds' min-max as a band); --calibrate writes calibration-STEPS-steps.md. --merge writes the three
-from several sittings' results.json files (their seeds in one report; each summary as stored).
+from several sittings' results.json files (their seeds in one report; each summary as stored);
+--report writes results.md and curves.png from one. Each evaluation's per-question outcomes stay in
+the run directories (runs/ARM/eval_stepN.jsonl; step 0's in logs/step0.json).
+
+Statistics: every paired difference is tested by a two-sided paired t-test over the seeds, beside
+the minimum detectable effect at 80% power for its sd and seed count (noncentral t) and its p
+adjusted by Holm over the tests of one table (one measure at one step); "higher" / "lower" /
+"agrees" / "disagrees" only where the adjusted p is below 0.05.
 """
 
 import ast
@@ -50,7 +59,7 @@ from queue import Queue
 from typing import Literal
 
 from matplotlib.figure import Figure
-from scipy import stats
+from scipy import optimize, stats
 from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,6 +68,7 @@ import train  # noqa: E402  (the project's modules, from the repository root)
 from advantages import CreditConfig  # noqa: E402
 from infra import data  # noqa: E402
 from infra.flags import check, parse  # noqa: E402
+from infra.inspection import tree_grpo_budget  # noqa: E402
 from infra.warmstart import WarmConfig  # noqa: E402
 from retriever import RetrieverConfig  # noqa: E402
 from rollout import AgentConfig, RolloutConfig  # noqa: E402
@@ -107,8 +117,10 @@ GROUPS = [  # (title, [(an arm's flags, the arms it is compared with, paired by 
         ],
     ),
     (
-        "the five methods at GRPO G=4's budget",
-        [(G4, ())] + [(MATCHED[a], (G4,)) for a in ("tree_grpo", "branpo", "carl", "treeps")],
+        "the five methods at GRPO G=4's budget (Tree-GRPO at both of its matches: (2,1,1) in "
+        "generated tokens, (2,2,1) in its Table 3's budget M(1 + LN/2) = 4)",
+        [(G4, ()), (TREE, (G4,)), (tree(2, 2, 1), (G4,))]
+        + [(MATCHED[a], (G4,)) for a in ("branpo", "carl", "treeps")],
     ),
     (
         "Tree-GRPO's advantage (its Table 4): intra-tree, inter-tree, both",
@@ -150,7 +162,9 @@ CLAIMS = [  # (a paper's claim, its numbers; arm; reference; measure(); the sign
         +1,
     ),
     (
-        "Tree-GRPO Table 4: the intra-tree advantage alone collapses (1.2 vs GRPO 31.8)",
+        "Tree-GRPO Table 4: the intra-tree advantage alone collapses (1.2 vs GRPO 31.8), from a "
+        "base model over a full run; a warm-started 0.8M-parameter policy for 15 steps cannot "
+        "test that",
         TREE + " --tree_mode intra",
         G4,
         "multihop",
@@ -178,7 +192,13 @@ CLAIMS = [  # (a paper's claim, its numbers; arm; reference; measure(); the sign
         "em",
         +1,
     ),
-    ("CARL: far fewer update actions than GRPO", MATCHED["carl"], G4, "train/actions_trained", -1),
+    (
+        "CARL (its Eq. 15 and after): 60% fewer update actions than GRPO",
+        MATCHED["carl"],
+        G4,
+        "train/actions_trained",
+        -1,
+    ),
     (
         "BranPO Table 4: redundant step masking helps (multi-hop F1 54.6 vs 53.7)",
         MATCHED["branpo"],
@@ -290,6 +310,9 @@ class Args:
     merge: list[str] = field(default_factory=list)
     """Instead: one report over the seeds of several results.json files of this --setting, made in
     separate sittings or on separate machines (the same arms and shared flags, other seeds)."""
+    report: str = ""
+    """Instead: the tables and figure again from one results.json (a run's, a --merge's, a
+    committed one such as docs/comparison_hard.json), results.md byte for byte as first written."""
 
 
 QUICK = dict(
@@ -627,25 +650,90 @@ def mean_std(xs: list[float], fmt: str = ".3f") -> str:
     return f"{statistics.mean(xs):{fmt}} ± {statistics.stdev(xs):{fmt}}"
 
 
-def paired(a: list[float], b: list[float], fmt: str = "+.3f") -> tuple[str, float, float]:
-    """The seeds' paired difference a - b: "mean ± standard error, p" (paired t-test), its mean,
-    its standard error (nan for one seed)."""
-    d = [x - y for x, y in zip(a, b)]
-    if len(d) < 2:
-        return f"{d[0]:{fmt}} (1 seed: no test)", d[0], math.nan
-    mean, se = statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
-    p = stats.ttest_rel(a, b).pvalue if se > 0 else math.nan
-    return f"{mean:{fmt}} ± {se:{fmt.lstrip('+')}}, p {p:.3f}", mean, se
+ALPHA, POWER = 0.05, 0.8  # every test two-sided at ALPHA; the detectable effect at POWER
 
 
-def verdict(mean: float, se: float, sign: int = 0) -> str:
-    """ "inconclusive" where +-2 standard errors cover the difference (always for one seed); else
-    "higher" / "lower", or, against a claimed sign, "agrees" / "disagrees"."""
-    if math.isnan(se) or abs(mean) <= 2 * se:
-        return "inconclusive"
+@dataclass
+class Paired:
+    """The seeds' paired differences d = arm - reference of one measure (seed order)."""
+
+    d: list[float]
+
+    @property
+    def mean(self) -> float:
+        return statistics.mean(self.d)
+
+    @property
+    def sd(self) -> float:  # nan for one seed
+        return statistics.stdev(self.d) if len(self.d) > 1 else math.nan
+
+    @property
+    def se(self) -> float:
+        return self.sd / math.sqrt(len(self.d))
+
+    @property
+    def p(self) -> float:
+        """The paired t-test's two-sided p (t = mean / se, n - 1 degrees of freedom); nan for one
+        seed or no spread."""
+        if not self.se > 0:
+            return math.nan
+        return 2 * stats.t.sf(abs(self.mean / self.se), len(self.d) - 1)
+
+    @property
+    def mde(self) -> float:
+        """Minimum detectable effect: the true mean difference this test finds at ALPHA with
+        probability POWER, given the observed sd and seed count."""
+        return detectable(len(self.d)) * self.sd / math.sqrt(len(self.d))
+
+
+def paired(a: list[float], b: list[float]) -> Paired:
+    return Paired([x - y for x, y in zip(a, b)])
+
+
+def detectable(n: int) -> float:
+    """The true mean difference, in standard errors, that a two-sided paired t-test on n seeds
+    detects at ALPHA with probability POWER: the noncentrality delta where P(|T| > t_crit) = POWER
+    for T noncentral t (n - 1 degrees of freedom, delta). 3.761 for 5 seeds (the normal
+    approximation t_.975 + t_.80 = 2.776 + 0.941 = 3.717 is 1% short); nan for one seed."""
+    if n < 2:
+        return math.nan
+    df, crit = n - 1, stats.t.ppf(1 - ALPHA / 2, n - 1)
+    power = lambda nc: stats.nct.sf(crit, df, nc) + stats.nct.sf(crit, df, -nc)  # both tails
+    return optimize.brentq(lambda nc: power(nc) - POWER, 0.0, 1000.0)
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjustment of one family's p-values (nan: not a test, not counted): the
+    k-th smallest of m is multiplied by m - k + 1, capped at 1 and never below the one before."""
+    tests = sorted((p, i) for i, p in enumerate(ps) if not math.isnan(p))
+    out, floor = [math.nan] * len(ps), 0.0
+    for k, (p, i) in enumerate(tests):
+        floor = out[i] = max(floor, min(1.0, (len(tests) - k) * p))
+    return out
+
+
+def reading(x: Paired, holm_p: float, fmt: str = ".3f", sign: int = 0) -> str:
+    """One line: "higher" / "lower" (or, against a claimed sign, "agrees" / "disagrees") where the
+    Holm-adjusted p is below ALPHA; the same "before correction only" where only the raw p is; else
+    "inconclusive" with the smallest difference these seeds would detect."""
+    if math.isnan(x.p):
+        return "no test (one seed or no spread)"
+    word = ("higher", "lower")[x.mean < 0]
     if sign:
-        return "agrees" if mean * sign > 0 else "disagrees"
-    return "higher" if mean > 0 else "lower"
+        word = ("agrees", "disagrees")[x.mean * sign < 0]
+    if holm_p < ALPHA:
+        return word
+    if x.p < ALPHA:
+        return f"{word} before correction only"
+    return f"inconclusive: would detect ≥ {x.mde:{fmt}}"
+
+
+def cells(x: Paired, fmt: str = ".3f") -> list[str]:
+    """Mean ± standard error, sd, minimum detectable effect, raw p; one seed: the difference."""
+    if len(x.d) < 2:
+        return [f"{x.mean:+{fmt}} (1 seed)", "-", "-", "-"]
+    p = "-" if math.isnan(x.p) else f"{x.p:.3f}"
+    return [f"{x.mean:+{fmt}} ± {x.se:{fmt}}", f"{x.sd:{fmt}}", f"{x.mde:{fmt}}", p]
 
 
 def row(*cells) -> str:
@@ -683,6 +771,22 @@ def em_tables(runs: dict[str, list[dict]]) -> list[str]:
     return out
 
 
+def pairs(runs: dict[str, list[dict]]) -> list[tuple[str, str]]:
+    """Every (arm, reference) of GROUPS once, both run."""
+    every = dict.fromkeys(
+        (arm_name(f), arm_name(r)) for _, members in GROUPS for f, refs in members for r in refs
+    )
+    return [p for p in every if p[0] in runs and p[1] in runs]
+
+
+SIGNIFICANCE = (
+    f"sd: of the seeds' differences; MDE: the difference a two-sided paired t-test on these seeds "
+    f"detects at p < {ALPHA} with {POWER:.0%} power, for that sd; p: the paired t-test's; Holm p: "
+    f"adjusted over the table's tests (Holm's step-down); arm > ref: seeds where the arm is ahead. "
+    f'"higher" / "lower" where the Holm p is below {ALPHA}'
+)
+
+
 def difference_table(runs: dict[str, list[dict]]) -> list[str]:
     first = next(iter(runs.values()))[0]
     steps, end = sorted(first["evals"]), max(first["evals"])
@@ -695,40 +799,61 @@ def difference_table(runs: dict[str, list[dict]]) -> list[str]:
         (f"{top}-hop EM @ step {end}", lambda s: last(s)[f"eval/em_hop{top}"]),
     ]
     out = [
-        "### Paired differences, arm − reference on the same seeds: mean ± standard error, "
-        'paired t-test p; "inconclusive" where ±2 standard errors cover it',
+        "### Paired differences, arm − reference on the same seeds: one table per measure, each "
+        "its own family of tests",
         "",
-        row("arm", "reference", *(title for title, _ in picks)),
-        row(*["---"] * 6),
+        SIGNIFICANCE + ".",
+        "",
     ]
-    pairs = dict.fromkeys(
-        (arm_name(f), arm_name(r)) for _, members in GROUPS for f, refs in members for r in refs
-    )
-    for arm, ref in (p for p in pairs if p[0] in runs and p[1] in runs):
-        cells = []
-        for _, pick in picks:
-            text, mean, se = paired([pick(s) for s in runs[arm]], [pick(s) for s in runs[ref]])
-            cells.append(f"{text} {verdict(mean, se)}")
-        out.append(row(arm, ref, *cells))
-    return out + [""]
+    for title, pick in picks:
+        diffs = {
+            (arm, ref): paired([pick(s) for s in runs[arm]], [pick(s) for s in runs[ref]])
+            for arm, ref in pairs(runs)
+        }
+        adjusted = holm([x.p for x in diffs.values()])
+        out += [
+            f"**{title}**",
+            "",
+            row("arm", "reference", "Δ ± se", "sd", "MDE", "p", "Holm p", "arm > ref", "reading"),
+            row(*["---"] * 9),
+        ]
+        for ((arm, ref), x), h in zip(diffs.items(), adjusted):
+            ahead = f"{sum(v > 0 for v in x.d)}/{len(x.d)}"
+            h_text = "-" if math.isnan(h) else f"{h:.3f}"
+            out.append(row(arm, ref, *cells(x), h_text, ahead, reading(x, h)))
+        out.append("")
+    return out
 
 
 def claims_table(runs: dict[str, list[dict]]) -> list[str]:
-    out = [
-        "### The papers' claims beside ours (EM: at the last evaluation; costs: per step)",
-        "",
-        row("claim", "measure", "ours: arm − reference", "here"),
-        row(*["---"] * 4),
+    claims = [
+        (claim, arm_name(arm), arm_name(ref), m, sign)
+        for claim, arm, ref, m, sign in CLAIMS
+        if arm_name(arm) in runs and arm_name(ref) in runs
     ]
-    for claim, arm, ref, m, sign in CLAIMS:
-        arm, ref = arm_name(arm), arm_name(ref)
-        if arm in runs and ref in runs:
-            text, mean, se = paired(
-                [measure(s, m) for s in runs[arm]],
-                [measure(s, m) for s in runs[ref]],
-                "+.3f" if m in ("em", "multihop") else "+.2f",
+    diffs = [
+        paired([measure(s, m) for s in runs[arm]], [measure(s, m) for s in runs[ref]])
+        for _, arm, ref, m, _ in claims
+    ]
+    adjusted = holm([x.p for x in diffs])
+    out = [
+        "### The papers' claims beside ours (EM: at the last evaluation; costs: per step, their "
+        "ratio of means in brackets); Holm p over the table's claims; "
+        '"agrees" / "disagrees" where the Holm p is below ' + f"{ALPHA}",
+        "",
+        row("claim", "measure", "ours: arm − reference", "Δ ± se", "MDE", "p", "Holm p", "here"),
+        row(*["---"] * 8),
+    ]
+    for (claim, arm, ref, m, sign), x, h in zip(claims, diffs, adjusted):
+        fmt = ".3f" if m in ("em", "multihop") else ".2f"
+        delta, _, mde, p = cells(x, fmt)
+        if m not in ("em", "multihop"):
+            ratio = statistics.mean(measure(s, m) for s in runs[arm]) / statistics.mean(
+                measure(s, m) for s in runs[ref]
             )
-            out.append(row(claim, m, f"{arm} − {ref}: {text}", verdict(mean, se, sign)))
+            delta += f" ({ratio - 1:+.0%})"
+        h_text = "-" if math.isnan(h) else f"{h:.3f}"
+        out.append(row(claim, m, f"{arm} − {ref}", delta, mde, p, h_text, reading(x, h, fmt, sign)))
     return out + [""]
 
 
@@ -799,6 +924,75 @@ def cost_table(runs: dict[str, list[dict]], walls: dict[str, list[float]]) -> li
             f"prompt per step; achieved: "
             + "; ".join(f"{n} {d:+.0%}" + " (OUTSIDE ±15%)" * (abs(d) > 0.15) for n, d in matched),
         ]
+    return out + [""]
+
+
+def nominal(flags: str) -> float | None:
+    """Tree-GRPO's Table 3 budget in complete trajectories: G for GRPO, M (1 + LN/2) for a tree
+    (budget-formula in infra/inspection.py); None for the other methods."""
+    r, _ = algo_config(flags)
+    if r.algo == "grpo":
+        return r.grpo_G
+    return tree_grpo_budget(r.tree_M, r.tree_N, r.tree_L)[1] if r.algo == "tree_grpo" else None
+
+
+def matched_by(arm: str, ref: str) -> str:
+    """Which budget definition a pairing matches (arms as flags), in words."""
+    (r, _), (r_ref, _) = algo_config(arm), algo_config(ref)
+    if r == r_ref:
+        return "the same rollout"
+    b, b_ref = nominal(arm), nominal(ref)
+    words = "generated tokens (±15%, calibrated on the default)"
+    if b is not None and b == b_ref:
+        words = "Tree-GRPO Table 3: M(1 + LN/2) complete trajectories"
+    elif b is not None and b_ref is not None:
+        words += f"; M(1 + LN/2) = {b:g}, not {b_ref:g}"
+    if r.algo == "treeps":
+        trained = r.treeps_train or r.treeps_N
+        words += f"; not TreePS-RAG's own (trained paths = group size): {trained} vs {r_ref.grpo_G}"
+    return words
+
+
+BUDGET = [  # (column, metric, format): each as the arm's value and its ratio to the reference's
+    ("leaves / prompt", "tree/leaves_per_prompt", ".1f"),
+    ("generated tokens / prompt", "rollout/tokens_per_prompt", ".0f"),
+    ("trained tokens / step", "train/tokens_trained", ".0f"),
+    ("rollout s / step", "train/time_rollout", ".2f"),
+]
+
+
+def budget_table(runs: dict[str, list[dict]]) -> list[str]:
+    """The budget sweep's and the matched methods' pairings (GROUPS' first two groups): which
+    definition each matches, and what each costs against its reference."""
+    flags = arms()
+    chosen = dict.fromkeys(
+        (arm_name(f), arm_name(r)) for _, members in GROUPS[:2] for f, refs in members for r in refs
+    )
+    out = [
+        "### Budgets: each arm against its reference, means over steps and seeds (ratio in "
+        "brackets; seconds on shared cores are noisy)",
+        "",
+        row("arm", "reference", "matched by", "nominal budget", *(c[0] for c in BUDGET)),
+        row(*["---"] * (4 + len(BUDGET))),
+    ]
+    for arm, ref in (p for p in chosen if p[0] in runs and p[1] in runs):
+        b, b_ref = nominal(flags[arm]), nominal(flags[ref])
+        mean = {
+            n: {k: statistics.mean(s["means"][k] for s in runs[n]) for _, k, _ in BUDGET}
+            for n in (arm, ref)
+        }
+        out.append(
+            row(
+                arm,
+                ref,
+                matched_by(flags[arm], flags[ref]),
+                "-" if b is None or b_ref is None else f"{b:g} vs {b_ref:g}",
+                *(
+                    f"{mean[arm][k]:{fmt}} ({mean[arm][k] / mean[ref][k] - 1:+.0%})"
+                    for _, k, fmt in BUDGET
+                ),
+            )
+        )
     return out + [""]
 
 
@@ -877,9 +1071,10 @@ def calibration_table(rows: dict[str, list[dict]], steps: int) -> list[str]:
 # -------------------------------------------------------------------------------------------------
 
 
-def merge(paths: list[str], setting: str) -> tuple[dict, list[int], str, dict, dict, str]:
-    """Several results.json files as one run, seeds in order: their setting, shared flags and
-    arms must agree and no seed may repeat. Returns what main() writes, and where it came from."""
+def merge(paths: list[str], setting: str | None) -> tuple[dict, list[int], str, dict, dict, str]:
+    """Several results.json files as one run, seeds in order: their setting (`setting`'s; None:
+    any), shared flags and arms must agree and no seed may repeat. Returns what main() writes, and
+    where it came from."""
     parts = [json.load(open(p)) for p in paths]
     first, seeds = parts[0], [s for p in parts for s in p["seeds"]]
     keys = ("setting", "world flags", "warm start flags", "train_flags")
@@ -893,7 +1088,7 @@ def merge(paths: list[str], setting: str) -> tuple[dict, list[int], str, dict, d
         for path, p in zip(paths, parts)
         if sorted(p["runs"]) != sorted(first["runs"])
     ]
-    if first.get("setting", "default") != setting:
+    if setting is not None and first.get("setting", "default") != setting:
         problems.append(
             f"the files hold setting {first.get('setting', 'default')!r}: pass --setting"
         )
@@ -927,21 +1122,27 @@ def merge(paths: list[str], setting: str) -> tuple[dict, list[int], str, dict, d
     return named, sorted(seeds), first["train_flags"], runs, walls, source
 
 
-def write_report(
-    out: str, named: dict, seeds: list[int], train_flags: str, runs: dict, walls: dict, how: str
-) -> str:
-    """Every table, the figure and results.json in `out`; the tables' text."""
-    text = "\n".join(
+def render(named: dict, seeds: list[int], train_flags: str, runs: dict, walls: dict, how: str):
+    """Every table as results.md holds it: a function of results.json's contents alone."""
+    return "\n".join(
         em_tables(runs)
         + difference_table(runs)
         + claims_table(runs)
         + cost_table(runs, walls)
+        + budget_table(runs)
         + [
             "".join(f"{k} {v!r}; " for k, v in named.items())
             + f"Seeds {', '.join(map(str, seeds))}; {len(runs)} arms; shared train.py "
             f"flags {train_flags!r}; {how}"
         ]
     )
+
+
+def write_report(
+    out: str, named: dict, seeds: list[int], train_flags: str, runs: dict, walls: dict, how: str
+) -> str:
+    """Every table, the figure and results.json in `out`; the tables' text."""
+    text = render(named, seeds, train_flags, runs, walls, how)
     os.makedirs(out, exist_ok=True)
     outputs = [os.path.join(out, f) for f in ("results.md", "curves.png", "results.json")]
     figure(runs, outputs[1])
@@ -952,6 +1153,7 @@ def write_report(
                 "seeds": seeds,
                 "train_flags": train_flags,
                 "commit": commit(),
+                "how": how,
                 "runs": runs,
                 "walls": walls,
             },
@@ -963,8 +1165,25 @@ def write_report(
     return text + "\n\noutputs: " + ", ".join(outputs)
 
 
+def report_file(path: str, out: str) -> str:
+    """The tables and the figure again from one results.json (a run's or a --merge's), in `out`:
+    results.md byte for byte as the run wrote it (its provenance line is stored in the file)."""
+    (named, seeds, train_flags, runs, walls, _), stored = merge([path], None), json.load(open(path))
+    how = stored.get("how") or f"from {path} (commit {stored.get('commit', 'not recorded')})."
+    text = render(named, seeds, train_flags, runs, walls, how)
+    os.makedirs(out, exist_ok=True)
+    outputs = [os.path.join(out, f) for f in ("results.md", "curves.png")]
+    figure(runs, outputs[1])
+    with open(outputs[0], "w") as f:
+        f.write(text + "\n")
+    return text + "\n\noutputs: " + ", ".join(outputs)
+
+
 def main(a: Args):
     a, chosen, shared = configure(a)
+    if a.report:
+        print("\n" + report_file(a.report, a.out))
+        return
     if a.merge:
         *merged, source = merge(a.merge, a.setting)
         print("\n" + write_report(a.out, *merged, f"merged by --merge: {source}."))

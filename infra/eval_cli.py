@@ -15,7 +15,8 @@ from infra import data, engines, flags, protocol
 
 def table(report):
     """The per-dataset table as text."""
-    keys = [key for key in report if key != "by_source" and not key.startswith("em_hop")]
+    skip = ("by_source", "questions")  # not columns: per dataset below, per question in the JSON
+    keys = [key for key in report if key not in skip and not key.startswith("em_hop")]
     lines = [f"{'dataset':14}" + "".join(f"{key:>10}" for key in keys)]
     for name, m in [*report["by_source"].items(), ("all", report)]:
         lines.append(

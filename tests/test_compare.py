@@ -20,18 +20,94 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_paired_difference_by_hand():
     # d = a - b = [0.1, 0.2, 0.2]: mean 1/6; std = sqrt(((-1/15)^2 + 2 (1/30)^2) / 2) = 0.05774;
     # se = 0.05774 / sqrt(3) = 1/30; t = (1/6) / (1/30) = 5 on 2 degrees of freedom: p = 0.0377
-    text, mean, se = compare.paired([0.5, 0.6, 0.7], [0.4, 0.4, 0.5])
-    assert mean == pytest.approx(1 / 6) and se == pytest.approx(1 / 30)
-    assert text == "+0.167 ± 0.033, p 0.038"
-    assert compare.verdict(mean, se) == "higher" and compare.verdict(-mean, se) == "lower"
-    assert compare.verdict(mean, se, +1) == "agrees"
-    assert compare.verdict(mean, se, -1) == "disagrees"
-    # d = [0.1, -0.1, 0.03]: mean 0.01, std 0.1015, se 0.0586; 2 se = 0.117 covers 0.01
-    _, mean, se = compare.paired([0.6, 0.5, 0.53], [0.5, 0.6, 0.5])
-    assert mean == pytest.approx(0.01) and se == pytest.approx(0.0586, abs=1e-4)
-    assert compare.verdict(mean, se) == "inconclusive" == compare.verdict(mean, se, +1)
-    text, mean, se = compare.paired([0.7], [0.5])  # one seed: no test, never a verdict
-    assert "1 seed" in text and math.isnan(se) and compare.verdict(mean, se) == "inconclusive"
+    # (with 2 df, p = 1 - t / sqrt(2 + t^2) = 1 - 5 / sqrt(27) = 0.0377)
+    x = compare.paired([0.5, 0.6, 0.7], [0.4, 0.4, 0.5])
+    assert x.mean == pytest.approx(1 / 6) and x.se == pytest.approx(1 / 30)
+    assert x.p == pytest.approx(1 - 5 / math.sqrt(27))
+    assert compare.cells(x)[0] == "+0.167 ± 0.033" and compare.cells(x)[3] == "0.038"
+    # one test in its family: Holm leaves p as it is; below 0.05 either way
+    assert compare.reading(x, x.p) == "higher" and compare.reading(x, x.p, sign=-1) == "disagrees"
+    x = compare.paired([0.7], [0.5])  # one seed: no test, never a verdict
+    assert math.isnan(x.p) and compare.reading(x, math.nan) == "no test (one seed or no spread)"
+    assert compare.cells(x)[0] == "+0.200 (1 seed)"
+
+
+def test_detectable_effect_and_holm_on_a_hand_made_table():
+    # Three comparisons on 5 seeds, d = arm - reference per seed. With 4 degrees of freedom the
+    # t-test's two-sided p has a closed form: x = t / sqrt(4 + t^2), p = 1 - 1.5 x + 0.5 x^3.
+    # A: d = [0, .02, .04, .06, .08]: mean .04; deviations -.04 -.02 0 .02 .04, squares .004,
+    #    var .004 / 4 = .001, sd .031623, se = sd / sqrt(5) = .014142; t = 2.8284 (2 sqrt 2),
+    #    x = sqrt(8 / 12) = .81650, p = 1 - 1.22474 + .27217 = .04743
+    # B: d = [.01, -.01, .03, -.03, .05]: mean .01; deviations 0 -.02 .02 -.04 .04, squares .004:
+    #    sd .031623, se .014142; t = .70711, x = 1/3, p = 1 - .5 + .5 / 27 = .51852
+    # C: d = [.05, .03, .04, .06, .07]: mean .05; deviations 0 -.02 -.01 .01 .02, squares .001,
+    #    var .00025, sd .015811, se .0070711; t = 7.0711 (5 sqrt 2), x = sqrt(50 / 54) = .96225,
+    #    p = 1 - 1.44338 + .44549 = .00211
+    table = {
+        "A": [0.0, 0.02, 0.04, 0.06, 0.08],
+        "B": [0.01, -0.01, 0.03, -0.03, 0.05],
+        "C": [0.05, 0.03, 0.04, 0.06, 0.07],
+    }
+    zero = [0.0] * 5
+    x = {k: compare.paired(d, zero) for k, d in table.items()}
+    for k, sd, p in (("A", 0.031623, 0.04743), ("B", 0.031623, 0.51852), ("C", 0.015811, 0.00211)):
+        assert x[k].sd == pytest.approx(sd, abs=1e-6) and x[k].p == pytest.approx(p, abs=1e-5)
+    # The minimum detectable effect at 80% power, alpha .05, 5 seeds: 3.761 standard errors (the
+    # noncentral t's root; the normal-style approximation t_.975 + t_.80 = 2.776 + .941 = 3.717 is
+    # 1% under it). A and B: 3.761 x .014142 = .0532; C: 3.761 x .0070711 = .0266.
+    assert compare.detectable(5) == pytest.approx(3.761, abs=1e-3)
+    assert 2.776 + 0.941 < compare.detectable(5) < 1.02 * (2.776 + 0.941)
+    assert x["A"].mde == pytest.approx(0.0532, abs=1e-4) == x["B"].mde
+    assert x["C"].mde == pytest.approx(0.0266, abs=1e-4)
+    # The hard setting's paired sd at step 15, 0.038 on 5 seeds: 3.761 x .038 / sqrt(5) = .0639
+    assert compare.detectable(5) * 0.038 / math.sqrt(5) == pytest.approx(0.0639, abs=1e-4)
+    # Holm over the three, smallest p first: C 3 x .00211 = .00633; A 2 x .04743 = .09486;
+    # B 1 x .51852 = .51852 (never below the one before it). A nan (no test) is not counted.
+    adjusted = compare.holm([x["A"].p, x["B"].p, math.nan, x["C"].p])
+    assert adjusted[0] == pytest.approx(0.09486, abs=1e-4) and math.isnan(adjusted[2])
+    assert adjusted[1] == pytest.approx(0.51852, abs=1e-4)
+    assert adjusted[3] == pytest.approx(0.00633, abs=1e-4)
+    assert compare.holm([0.04, 0.01, 0.03]) == pytest.approx([0.06, 0.03, 0.06])  # 3x, 2x: .06
+    assert compare.holm([0.5, 0.9]) == [1.0, 1.0]  # 2 x .5 = 1; .9 is raised to the 1 before it
+    # readings: C survives Holm; A only before it; B cannot be told from 0, or from .0532
+    assert compare.reading(x["C"], adjusted[3]) == "higher"
+    assert compare.reading(x["A"], adjusted[0]) == "higher before correction only"
+    assert compare.reading(x["B"], adjusted[1]) == "inconclusive: would detect ≥ 0.053"
+    assert compare.reading(x["A"], adjusted[0], sign=-1) == "disagrees before correction only"
+
+
+def test_report_regenerates_the_hard_settings_tables_byte_for_byte(tmp_path):
+    # docs/comparison_hard.md is a preface, a line "---", then results.md as --report writes it
+    # from docs/comparison_hard.json alone
+    text = compare.report_file(str(ROOT / "docs" / "comparison_hard.json"), str(tmp_path))
+    written = (tmp_path / "results.md").read_text()
+    assert text.startswith(written.rstrip("\n"))
+    preface, tables = (ROOT / "docs" / "comparison_hard.md").read_text().split("\n---\n\n", 1)
+    assert tables == written
+    # the README's hard-setting figures come from these tables: Holm p over the 17 step-15 tests
+    assert "| Tree-GRPO (1,2,1) | GRPO G=2 | +0.044 ± 0.015 | 0.034 | 0.058 | 0.044 | 0.752 |" in (
+        written
+    )
+
+
+def test_report_reproduces_a_run_of_the_default_setting_as_written(tmp_path):
+    # the default's results.json names no setting (as a run of the default writes it): a report
+    # from it alone gives the run's results.md to the byte; the hard file stands in for its data
+    d = json.loads((ROOT / "docs" / "comparison_hard.json").read_text())
+    named, seeds, flags, runs, walls, _ = compare.merge(
+        [str(ROOT / "docs" / "comparison_hard.json")], "hard"
+    )
+    how = "commit x. Wall time of the stored tasks as they ran: arms 1.0 min; 0.02 h in all."
+    compare.write_report(str(tmp_path / "run"), {}, seeds, flags, runs, walls, how)
+    stored = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert (
+        "setting" not in stored
+        and stored["how"] == how
+        and stored["runs"].keys() == d["runs"].keys()
+    )
+    compare.report_file(str(tmp_path / "run" / "results.json"), str(tmp_path / "again"))
+    run_md = (tmp_path / "run" / "results.md").read_text()
+    assert (tmp_path / "again" / "results.md").read_text() == run_md and run_md.endswith(how + "\n")
 
 
 def test_every_arm_runs_once_under_its_own_name():
@@ -197,6 +273,12 @@ def test_step_zero_from_eval_py_is_what_train_py_measures(env):
         assert out.returncode == 0, out.stderr[-3000:]
         rows = metrics_rows(env / "out" / "runs" / f"step0{flag}" / "metrics.jsonl")
         assert [r["step"] for r in rows if "eval/em" in r] == evaluated
+        for r in (r for r in rows if "eval/em" in r):  # each evaluation's questions, one a line
+            outcomes = metrics_rows(
+                env / "out" / "runs" / f"step0{flag}" / f"eval_step{r['step']}.jsonl"
+            )
+            assert [set(q) for q in outcomes] == [{"id", "prediction", "em"}] * 6
+            assert sum(q["em"] for q in outcomes) / 6 == pytest.approx(r["eval/em"])
         (step,) = [r for r in rows if "train/loss" in r]
         assert 0 < step["train/actions_trained"] <= step["train/tokens_trained"]  # >= 1 token each
     (step0,) = [
@@ -208,6 +290,10 @@ def test_step_zero_from_eval_py_is_what_train_py_measures(env):
         "step": 0,
         **{f"eval/{k}": v for k, v in report.items() if isinstance(v, (int, float))},
     }
+    # eval.py's report holds the same questions, answers and EM as train.py's step-0 file
+    assert report["questions"] == metrics_rows(
+        env / "out" / "runs" / "step0--eval_start" / "eval_step0.jsonl"
+    )
 
 
 def test_quick_runs_end_to_end_then_resumes_then_refuses_other_settings(tmp_path):
