@@ -375,6 +375,10 @@ def test_two_processes_take_one_process_update_on_the_same_samples(tmp_path):
 
     one, two = (torch.load(tmp_path / f"parity{n}.pt") for n in (1, 2))
     for agg in ("token-mean", "seq-mean-token-mean"):
+        # gradients reduced once per mini-batch, at its last micro-batch: 2 epochs x 2 mini-batches
+        # x 1 bucket (the tiny model's gradients fit DDP's first), not once per micro-batch (rank
+        # 0's mini-batches hold 2 and 1: 6 all-reduces)
+        assert two[agg]["reduced"] == [0] * 4, two[agg]["reduced"]
         assert two[agg]["losses"] == pytest.approx(one[agg]["losses"], rel=1e-4)
         assert two[agg]["norms"] == pytest.approx(one[agg]["norms"], rel=1e-4)
         moved = 0.0
@@ -491,6 +495,7 @@ def parity(out: Path, fsdp: bool):
 
     import torch
     from accelerate import Accelerator
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from transformers import get_constant_schedule
 
     import train
@@ -524,6 +529,14 @@ def parity(out: Path, fsdp: bool):
         model, ref = copy.deepcopy(start), copy.deepcopy(start).requires_grad_(False)
         optimizer = torch.optim.SGD(model.parameters(), lr=5.0)
         model, optimizer = accelerator.prepare(model, optimizer)
+        reduced = []  # DDP's gradient all-reduces (one per bucket and synchronised backward)
+        if accelerator.num_processes > 1 and not fsdp:
+
+            def counting(state, bucket, reduced=reduced):
+                reduced.append(bucket.index())
+                return allreduce_hook(state, bucket)
+
+            model.register_comm_hook(None, counting)
         minis = train.micro_batches(mine, counts, accelerator, model, ref, args, 0, False)
         _, norms, losses, skipped = train.update(
             minis, accelerator, model, optimizer, get_constant_schedule(optimizer), args
@@ -535,7 +548,7 @@ def parity(out: Path, fsdp: bool):
         saved["dtensor"] = shard.sharded(model)
         weights = shard.gather(accelerator, model)
         saved[agg] = {"weights": {k: v.detach().clone() for k, v in weights.items()}}
-        saved[agg].update(norms=norms, losses=losses)
+        saved[agg].update(norms=norms, losses=losses, reduced=reduced)
     if accelerator.is_main_process:
         torch.save(saved, out / f"parity{accelerator.num_processes}{'_fsdp' * fsdp}.pt")
     accelerator.wait_for_everyone()
