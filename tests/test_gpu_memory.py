@@ -64,7 +64,8 @@ def test_counted_terms_are_the_tiny_configs_bytes(tmp_path):
         "reference": 4 * 119_360,
     }
     # without CUDA: no GPU peak; the RSS rise is labelled as what it is
-    assert m["peak_gib"] is None and m["resident_gib"] is None and m["rss_rise_gib"] > 0
+    # (ru_maxrss is the process's peak so far: the rise is 0 when the imports peaked higher)
+    assert m["peak_gib"] is None and m["resident_gib"] is None and m["rss_rise_gib"] >= 0
     assert "NOT a GPU figure" in stdout and "PLAN, per GPU" in stdout
     assert len(figures["plan"]) == len(gpu_memory.RECIPES)
 
