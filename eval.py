@@ -2,7 +2,7 @@
 report, pass@k, optional LLM judge), with the metrics beyond rollout.py's EM/F1 reward: cover EM,
 answer extraction, the format check.
 
-    python eval.py --model out/runs/tree_grpo-seed0/final --n 400  # flags, table: infra/eval_cli.py
+    python eval.py --model out/runs/tree_grpo-seed0/final --n 400  # scripts/eval_cli.py: flags
 
 Deviations from the papers' code, each cited by its name:
 - cover-em-tokens: cover EM matches whole tokens: gold "art" is in "modern art" but not in "party"
@@ -23,7 +23,7 @@ from accelerate.utils import gather_object
 
 from infra import engines
 from infra.squad import normalize_answer, normalized_golds
-from rollout import chain, path, user_turn_ids
+from rollout import RolloutConfig, chain, path, user_turn_ids
 
 # --------------------------------------------------------------------------------------------------
 # The response: final answer and format, and cover EM (beyond the reward's EM and F1)
@@ -188,7 +188,7 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None, processes=None):
     (--eval_temperature 0) gives each question the same answer whoever rolls it out."""
     ranks, rank = (processes.num_processes, processes.process_index) if processes else (1, 0)
     share = rows[len(rows) * rank // ranks : len(rows) * (rank + 1) // ranks]
-    prompts = chain(agent, share, random.Random(seed), G=k)
+    prompts = chain(agent, share, random.Random(seed), RolloutConfig(grpo_G=k))
     results = []  # per question of the share: (its first sample's answer, its metrics) or None
     for row, trees in zip(share, prompts):
         samples = [t.leaves()[0] for t in trees if t.leaves()[0].scored]
@@ -243,10 +243,7 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None, processes=None):
     }
 
 
-if __name__ == "__main__":
-    # the command line (infra/eval_cli.py), given the agent, the retriever and the scoring
-    import retriever
-    import rollout
-    from infra import eval_cli
+if __name__ == "__main__":  # the command line (scripts/eval_cli.py), given this file's scoring
+    from scripts import eval_cli
 
-    eval_cli.main(rollout, retriever, evaluate, judge)
+    eval_cli.main(evaluate, judge)

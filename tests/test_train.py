@@ -12,20 +12,20 @@ from advantages import CreditConfig
 from infra.run import summary
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
-from rollout import ALGOS, AgentConfig, RolloutConfig
+from rollout import AgentConfig, RolloutConfig
 from train import Args
 
 
-def test_algo_flags_become_the_papers_options_in_the_registry():
-    r = RolloutConfig(tree_replace=True, carl_N0=8, treeps_D=4, treeps_train=3)
-    # the official code's random.choices
-    assert ALGOS["tree_grpo"].grow_knobs(r)["with_replacement"] is True
-    # C.1 / Eq. 13: --no_carl_train_phase1 leaves the N0 = 8 first chains untrained
-    carl = ALGOS["carl"].credit_knobs
-    assert carl(r, CreditConfig(carl_train_phase1=False))["phase1_chains"] == 8
-    assert carl(r, CreditConfig())["phase1_chains"] == 0
-    # D = 4, 3 paths
-    assert ALGOS["treeps"].grow_knobs(r) == {"N": 8, "D": 4, "N_retain": 2, "N_train": 3}
+def test_algo_flags_reach_the_configs_the_papers_functions_read():
+    # each strategy reads its knobs from the RolloutConfig, each credit function from the
+    # CreditConfig it is given: the flags set them in one place, and nothing else does
+    from infra.flags import parse
+
+    flags = "--tree_replace --carl_N0 8 --treeps_D 4 --no_carl_train_phase1 --clip_low 0.1"
+    configs = (Args, RolloutConfig, CreditConfig, AgentConfig, RetrieverConfig, WarmConfig)
+    a, r, c, *_ = parse(*configs, args=flags.split())
+    assert r.tree_replace and r.carl_N0 == 8 and r.treeps_D == 4 and not c.carl_train_phase1
+    assert a.clip_low == 0.1 and r == RolloutConfig(tree_replace=True, carl_N0=8, treeps_D=4)
 
 
 def test_the_summary_says_whether_rl_helped_beyond_noise():
@@ -879,15 +879,20 @@ def test_model_paths_are_checked_before_anything_loads(env, tmp_path):
     )
     assert out.returncode != 0 and no_tokenizer in out.stderr, out.stderr[-3000:]
     assert not (env / "out" / "runs" / "only_config").exists()
-    for script in (["eval.py", "--judge_model", str(only)], ["rollout.py", "--dump", "x.json"]):
+    commands = [
+        [str(ROOT / "eval.py"), "--model", str(none), "--judge_model", str(only)],
+        ["-m", "scripts.dump", "--model", str(none), "--dump", "x.json"],  # the rollout dump
+    ]
+    for command in commands:
         out = subprocess.run(
-            [sys.executable, str(ROOT / script[0]), "--model", str(none), *script[1:]],
+            [sys.executable, *command],
             cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
             capture_output=True,
             text=True,
             timeout=300,
         )
         assert out.returncode != 0, out.stderr[-3000:]
         assert f"no model at {none}: no such directory" in out.stderr, out.stderr[-3000:]
-        assert script[0] == "rollout.py" or no_tokenizer in out.stderr  # eval.py: both at once
+        assert command[0] == "-m" or no_tokenizer in out.stderr  # eval.py: both at once
         assert not (tmp_path / "out").exists()  # nothing was written or loaded, not even the world
