@@ -352,14 +352,20 @@ def reject_sampling(agent, rows: list, order: list[int], accelerator, book: Book
     judged = [(row, r) for row, r in zip(picked, rewards) if r]
     kept, report = data.reject_sampling_filter([row for row, _ in judged], [r for _, r in judged])
     kept = set(map(id, kept)) | {id(row) for row, r in zip(picked, rewards) if not r}
-    metrics = {
+    kept_rows = [row for row in picked if id(row) in kept]
+    book.first_row = {
         "rollout/filter_questions": len(picked),
+        "rollout/filter_kept": len(kept_rows),
         "rollout/filter_dropped_all_zero": report.dropped_all_zero,
         "rollout/filter_dropped_all_one": report.dropped_all_one,
     }
-    accelerator.print(f"data filter (Cut the Bill §3): {metrics}")
-    book.first_row = metrics
-    kept_rows = [row for row in picked if id(row) in kept]
+    accelerator.print(f"data filter (Cut the Bill §3): {book.first_row}")
+    if not kept_rows:
+        raise SystemExit(
+            f"the data filter dropped all {len(picked)} questions (every rollout group all 0 or "
+            "all 1): nothing is left to train on; train without --filter_rollouts, or start from "
+            "a policy that solves some of them"
+        )
     return kept_rows, list(range(len(kept_rows)))
 
 

@@ -12,7 +12,7 @@ from typing import Literal
 
 import retriever
 import rollout
-from infra import data, engines, flags, loaders, protocol
+from infra import data, engines, flags, health, loaders, protocol
 
 
 def table(report):
@@ -96,9 +96,13 @@ def main(evaluate, judge):
         judge_fn = partial(
             judge, engines.make_engine(a.engine, judge_model, judge_tok, a.judge_model), judge_tok
         )
-    agent = rollout.Agent(engine, search, tok, protocol.for_eval(agent_cfg), a.seed)
+    refiner = retriever.refiner(retriever_cfg, a.engine)  # Cut the Bill §6; None: off
+    agent = rollout.Agent(engine, search, tok, protocol.for_eval(agent_cfg), a.seed, refiner)
     report = evaluate(agent, rows, k=a.k, judge_fn=judge_fn)
     print(table(report))
+    refine = health.refine_metrics(refiner.stats) if refiner else {}  # summaries: length, time
+    if refine:
+        print("refine agent: " + ", ".join(f"{k} {v:.2f}" for k, v in refine.items()))
     out = a.out or os.path.join(a.model if os.path.isdir(a.model) else ".", f"eval_{a.split}.json")
     with open(out, "w") as f:
         json.dump(
@@ -107,6 +111,7 @@ def main(evaluate, judge):
                 "agent": asdict(agent_cfg),
                 "retriever": asdict(retriever_cfg),
                 "report": report,
+                **({"refine": refine} if refine else {}),
             },
             f,
             indent=1,

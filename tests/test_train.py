@@ -104,6 +104,41 @@ def test_every_algo_trains_two_steps_evaluates_and_saves(env, algo):
     assert (env / "out" / "runs" / f"smoke_{algo}" / "final" / "config.json").exists()
 
 
+def test_cut_the_bills_refine_agent_and_data_filter_run_end_to_end(env, tmp_path):
+    # both off by default; here the tiny policy is its own frozen refine agent (§6), and the filter
+    # (§3) rolls each of the run's 4 questions out twice first. With --format_penalty the random
+    # policy's broken steps get -0.5: an all -0.5 group is kept (constant-groups-kept), so some
+    # questions stay to train on
+    flags = ["--refine_model", str(env / "tiny"), "--refine_max_tokens", "6"]
+    out = train(
+        env,
+        *("--algo", "grpo", "--steps", "2", "--run_name", "cut_the_bill", "--eval_every", "2"),
+        *(*flags, "--filter_rollouts", "2", "--format_penalty"),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "data filter (Cut the Bill §3)" in out.stdout
+    rows = metrics(env, "cut_the_bill")
+    first = rows[0]  # the filter's row, at step 0
+    assert first["step"] == 0 and first["rollout/filter_questions"] == 4
+    dropped = first["rollout/filter_dropped_all_zero"] + first["rollout/filter_dropped_all_one"]
+    assert first["rollout/filter_kept"] + dropped == 4 and first["rollout/filter_kept"] > 0
+    train_rows = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in train_rows] == [1, 2]
+    for r in train_rows:  # the refine agent's summaries: their length and time, every step
+        searched = r["rollout/tool_calls_per_prompt"] > 0
+        assert 0 < r["rollout/refine_summary_tokens"] <= 6 or not searched
+        assert r["rollout/refine_seconds"] > 0 or not searched
+    # eval.py takes the same flag (the filter is training's only)
+    report = tmp_path / "eval.json"
+    world = ["--data", str(env / "out" / "world"), "--corpus", str(env / "out" / "world")]
+    world[-1] += "/corpus.jsonl"
+    cmd = [sys.executable, str(ROOT / "eval.py"), "--model", str(env / "tiny"), *world, *flags]
+    cmd += ["--n", "2", "--max_step_tokens", "12", "--max_turns", "2", "--out", str(report)]
+    out = subprocess.run(cmd, cwd=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(report.read_text())["report"]["n"] == 2
+
+
 def test_embedded_default_warm_starts_then_trains(env, tmp_path):
     # no --model: the world, a (tiny) warm start cached under out/warmstart, then RL from it, as the
     # main job does
