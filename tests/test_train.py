@@ -822,15 +822,16 @@ def test_load_checkpoint_falls_back_then_stops_saying_what_to_do(tmp_path, capsy
 def test_the_console_says_little_and_the_run_directory_holds_the_config(env, straight_run):
     # before: ~90 lines of configuration JSON before the first progress bar; a bar written to a file
     # kept every redraw (one per step and per postfix update: 9 here); a user's accelerate
-    # configuration went unmentioned when train.py ran without `accelerate launch`
+    # configuration went unmentioned when train.py ran without `accelerate launch`. The update's
+    # flags (PPOConfig, which Args extends) come first
     out, wall, hf_home = straight_run
     run = env / "out" / "runs" / "straight4"
     config = json.loads((run / "config.json").read_text())
     assert config["steps"] == 4 and config["lr"] == 5e-5 and config["kl_coef"] == 0.001  # all of it
     assert (
-        f"config: {run}/config.json; not the defaults: --model {env / 'tiny'} --out_dir "
-        f"{env / 'out'} --run_name straight4 --steps 4 --prompts_per_step 2 "
-        f"--micro_batch_size 4 --eval_every 0 --eval_n 2 --checkpoint_every 0 --algo grpo"
+        f"config: {run}/config.json; not the defaults: --micro_batch_size 4 --model "
+        f"{env / 'tiny'} --out_dir {env / 'out'} --run_name straight4 --steps 4 "
+        f"--prompts_per_step 2 --eval_every 0 --eval_n 2 --checkpoint_every 0 --algo grpo"
         in out.stdout
     ), out.stdout
     assert '"kl_coef"' not in out.stdout and len(out.stdout.splitlines()) <= 8, out.stdout
