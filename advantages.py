@@ -13,12 +13,12 @@ Deviations from the papers, each cited by its name:
   of the loss (None), as §4.4 says ("masked and excluded from gradient computation"), so they count
   in neither the token mean nor the KL term.
 - branch-norm: BranPO's Algorithm 1 normalizes branch rewards per (prompt, trajectory), its Eq. 12
-  per prompt. We follow Eq. 12; `branch_norm="prefix"` gives Algorithm 1.
+  per prompt. We follow Eq. 12; `branpo_norm="prefix"` gives Algorithm 1.
 - carl-defined-children: CARL's V(s) averages over the children with a defined value: a child whose
   every leaf was discarded (retrieval failure) is left out rather than counted as 0.
 - carl-phase1: CARL App. C.1 leaves the N0 first-phase chains (sampled before any fork) untrained;
   Eq. 13 (every action with a sibling) and Eq. 15's lower bound N + 1 count them. We follow
-  Eqs. 13/15; `phase1_chains=N0` gives App. C.1.
+  Eqs. 13/15; `carl_train_phase1=False` gives App. C.1.
 - first-untruncated: a step trained once (CARL's forked action, BranPO's prefix) is trained in the
   first trajectory through it that is not `truncated` (tree.to_samples drops those); the papers,
   which truncate nothing, just say "once".
@@ -27,11 +27,11 @@ Deviations from the papers, each cited by its name:
   tree.
 - empty-prefix-stats: BranPO's Eq. 11 normalizes r_base over the N prefixes of the prompt, an empty
   one (k = 0, the whole trajectory resampled) included, and so do we; its official code leaves empty
-  prefixes out of those statistics (their base mask is empty): `skip_empty_base=True`.
+  prefixes out of those statistics (their base mask is empty): `branpo_skip_empty_base`.
 - preference-mask: BranPO's official code replaces Eq. 14 by a preference mask: the losing
   continuation of a pair (the original of a redundancy pair; the lower reward of a contrastive one)
   takes min(A_branch, 0) on every suffix step, all kept in the loss; we follow Eq. 14
-  (rsm-excluded): `clip_losers=True`. With both switches BranPO's advantages are its official
+  (rsm-excluded): `branpo_clip_losers`. With both switches BranPO's advantages are its official
   code's, apart from group-of-one and first-untruncated.
 """
 
@@ -44,6 +44,26 @@ import torch
 from tree import Node, Trajectory, Tree, leaves, path, scored_leaves, truncated, walk
 
 
+@dataclass
+class CreditConfig:
+    """Every paper's credit options, one name each (--algo, the rollout knobs: RolloutConfig)."""
+
+    tree_mode: Literal["both", "intra", "inter"] = "both"
+    """Tree-GRPO advantage: intra + inter (paper), or one of them (Table 4 ablation)."""
+    branpo_norm: Literal["prompt", "prefix"] = "prompt"
+    """BranPO: branch advantage normalized per prompt (Eq. 12) or per prefix (Algorithm 1)."""
+    branpo_skip_empty_base: bool = False
+    """BranPO: leave empty prefixes (k = 0) out of Eq. 11's statistics, as its official code."""
+    branpo_clip_losers: bool = False
+    """BranPO: its official code's preference mask (a pair's loser: min(A_branch, 0)), no Eq. 14."""
+    carl_update_all: bool = False
+    """CARL: also train single-child actions (Eq. 16 ablation)."""
+    carl_train_phase1: bool = True
+    """CARL: train the forked actions of the N0 first chains (Eqs. 13, 15); False: App. C.1."""
+    treeps_process: bool = True
+    """TreePS-RAG: process advantage (False = GRPO over its trajectories, Table 2 ablation)."""
+
+
 def group_normalize(rewards: list[float]) -> list[float]:
     """(r_i - mean) / (std + 1e-6) with the unbiased std, as verl and Tree-GRPO's code; a group of
     one gets 0 (group-of-one)."""
@@ -54,8 +74,7 @@ def group_normalize(rewards: list[float]) -> list[float]:
 
 
 def _reset(trees: list[Tree]) -> list[Node]:
-    """Clear value/advantage written by an earlier method; return the scored leaves of all trees, in
-    order."""
+    """Clear an earlier method's value/advantage; return all trees' scored leaves, in order."""
     for t in trees:
         for n in walk(t.root):
             n.value = n.advantage = None
@@ -77,7 +96,7 @@ def _mark_node_advantages(trajectories: list[Trajectory]) -> list[Trajectory]:
     """Write node.advantage where every trajectory that trains the node uses the same advantage."""
     seen: dict[Node, set[float]] = {}
     for traj in trajectories:
-        for step, a in zip(traj.steps, traj.advantages):
+        for step, a in zip(path(traj.leaf), traj.advantages):
             if a is not None:
                 seen.setdefault(step, set()).add(a)
     for step, values in seen.items():
@@ -89,10 +108,10 @@ def _mark_node_advantages(trajectories: list[Trajectory]) -> list[Trajectory]:
 # --------------------------------------------------------------------------------------------------
 
 
-def grpo(trees: list[Tree]) -> list[Trajectory]:
+def grpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     """GRPO ("Cut the Bill" §5.3, Shao et al. 2024 Eq. 3): A_i = (r_i - mean(r)) / (std(r) + 1e-6)
     over the G trajectories of the prompt, broadcast to every step of trajectory i. Each tree must
-    be a chain."""
+    be a chain. GRPO has no option in `cfg`."""
     scored = _reset(trees)
     for t in trees:
         if branching := [n.id for n in walk(t.root) if len(n.children) > 1]:
@@ -104,21 +123,20 @@ def grpo(trees: list[Tree]) -> list[Trajectory]:
     return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(scored, A)])
 
 
-def tree_grpo(trees: list[Tree], mode: str = "both") -> list[Trajectory]:
+def tree_grpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     """Tree-GRPO §4.2.4: A_tree(H_i) = A_intra(H_i) + A_inter(H_i), R(H_i) normalized over the
     leaves of H_i's own tree T_i (intra) and over the leaves of all M trees of the prompt (inter).
     Each root-to-leaf trajectory H_i is trained with its own A_tree(H_i): a prefix shared by k
-    leaves is trained k times, as in the paper's objective. `mode` = "intra" or "inter" is the
-    Table 4 ablation (inter alone is GRPO over the tree leaves)."""
-    if mode not in ("both", "intra", "inter"):
-        raise ValueError(f"tree_grpo mode must be 'both', 'intra' or 'inter', got {mode!r}")
+    leaves is trained k times, as in the paper's objective. `cfg.tree_mode` = "intra" or "inter" is
+    the Table 4 ablation (inter alone is GRPO over the tree leaves)."""
     scored = _reset(trees)
     inter = group_normalize([leaf.reward for leaf in scored])  # G_inter: the leaves of all M trees
     # G_intra(T_i)
     intra = [
         a for t in trees for a in group_normalize([leaf.reward for leaf in scored_leaves(t.root)])
     ]
-    A = {"both": [a + b for a, b in zip(intra, inter)], "intra": intra, "inter": inter}[mode]
+    both = [a + b for a, b in zip(intra, inter)]
+    A = {"both": both, "intra": intra, "inter": inter}[cfg.tree_mode]
     return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(scored, A)])
 
 
@@ -159,12 +177,7 @@ def _losers(end: Node, C: list[Node]) -> list[Node]:
     return redundant or [leaf for leaf in C if leaf.reward < best]
 
 
-def branpo(
-    trees: list[Tree],
-    branch_norm: str = "prompt",
-    skip_empty_base: bool = False,
-    clip_losers: bool = False,
-) -> list[Trajectory]:
+def branpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     """BranPO §4.3 (Eqs. 8-12) with Redundant Step Masking §4.4 (Eq. 14). Each original trajectory n
     was grown into a prefix B_n (root .. the `prefix_end` node, Eq. 8) and continuations C_n, the
     leaves under it (Eq. 9):
@@ -174,29 +187,28 @@ def branpo(
         A_branch(n,i) = (r_branch(n,i) - mean) / std over all continuations of the prompt (Eq. 12)
     A_base multiplies the prefix steps, trained once (first-untruncated); A_branch each
     continuation's own steps but the `redundant` ones (Eq. 14, rsm-excluded).
-    `branch_norm="prefix"`: Algorithm 1 (branch-norm). With one continuation for every prefix, every
-    step gets the GRPO advantage (Theorem B.1). The official code's two differences:
-    `skip_empty_base` (empty-prefix-stats), `clip_losers` (preference-mask)."""
-    if branch_norm not in ("prompt", "prefix"):
-        raise ValueError(
-            "branpo branch_norm must be 'prompt' (Eq. 12) or 'prefix' (Algorithm 1), got "
-            f"{branch_norm!r}"
-        )
+    `cfg.branpo_norm="prefix"`: Algorithm 1 (branch-norm). With one continuation for every prefix,
+    every step gets the GRPO advantage (Theorem B.1). The official code's two differences:
+    `branpo_skip_empty_base` (empty-prefix-stats), `branpo_clip_losers` (preference-mask)."""
     _reset(trees)
     # (B_n's last node, C_n); an original trajectory whose continuations were all discarded
     # (env_error) is dropped
     groups = [(end, C) for end in _prefix_ends(trees) if (C := scored_leaves(end))]
     for end, C in groups:
         end.value = sum(leaf.reward for leaf in C) / len(C)  # r_base, Eq. 10
-    based = [end for end, _ in groups if end.depth or not skip_empty_base]  # empty-prefix-stats
+    based = [
+        end for end, _ in groups if end.depth or not cfg.branpo_skip_empty_base
+    ]  # empty-prefix-stats
     A_base = dict(zip(based, group_normalize([end.value for end in based])))  # Eq. 11, N prefixes
     continuations = [leaf for _, C in groups for leaf in C]
     # Eq. 12 or Algorithm 1
-    branch_groups = [continuations] if branch_norm == "prompt" else [C for _, C in groups]
+    branch_groups = [continuations] if cfg.branpo_norm == "prompt" else [C for _, C in groups]
     A_branch = {
         leaf: a for G in branch_groups for leaf, a in zip(G, group_normalize([x.reward for x in G]))
     }
-    losers = {leaf for end, C in groups for leaf in _losers(end, C)} if clip_losers else set()
+    losers = (
+        {leaf for end, C in groups for leaf in _losers(end, C)} if cfg.branpo_clip_losers else set()
+    )
     owner, trajectories = _first_trained(continuations), []
     for end, C in groups:
         for leaf in C:
@@ -210,13 +222,14 @@ def branpo(
     return _mark_node_advantages(trajectories)
 
 
-def carl(trees: list[Tree], update_all: bool = False, phase1_chains: int = 0) -> list[Trajectory]:
+def carl(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     """CARL §5: V(leaf) = R (Eq. 9), V(s) = mean of its children's V (Eq. 10, not of its descendant
     leaves), A(s -> s') = V(s') - V(s) (Eq. 11), not group-normalized. Only actions whose parent
     state has more than one child are trained, each once (Eq. 13; first-untruncated).
-    `update_all=True` is the §6.3 ablation (Eq. 16): a single-child action inherits the advantage of
-    the edge into its parent (0 below the root). `phase1_chains=N0` leaves the N0 first-phase chains
-    (the root's first N0 children, then first children down) untrained (App. C.1, carl-phase1)."""
+    `cfg.carl_update_all` is the §6.3 ablation (Eq. 16): a single-child action inherits the
+    advantage of the edge into its parent (0 below the root). `cfg.carl_train_phase1=False` leaves
+    the steps of the N0 first-phase chains (marked `phase1` by rollout.carl) untrained (App. C.1,
+    carl-phase1)."""
     scored = _reset(trees)
     nodes = [n for t in trees for n in walk(t.root)]
     for n in reversed(nodes):  # bottom-up (App. C.2): every child before its parent
@@ -232,19 +245,16 @@ def carl(trees: list[Tree], update_all: bool = False, phase1_chains: int = 0) ->
             edge[c] = c.value - s.value  # Eq. 11
             if len(valued) > 1:
                 trained[c] = edge[c]  # Eq. 13
-            elif update_all:
+            elif cfg.carl_update_all:
                 trained[c] = edge[c] = edge.get(s, 0.0)  # Eq. 16: the edge above; 0 below the root
-    # App. C.1
-    phase1 = {
-        step for t in trees for c in t.root.children[:phase1_chains] for step in path(leaves(c)[0])
-    }
+    untrained = {n for n in nodes if n.phase1 and not cfg.carl_train_phase1}  # App. C.1
     owner = _first_trained(scored)
     return _mark_node_advantages(
         [
             Trajectory(
                 leaf,
                 [
-                    trained.get(s) if owner[s] is leaf and s not in phase1 else None
+                    trained.get(s) if owner[s] is leaf and s not in untrained else None
                     for s in path(leaf)
                 ],
             )
@@ -253,17 +263,17 @@ def carl(trees: list[Tree], update_all: bool = False, phase1_chains: int = 0) ->
     )
 
 
-def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
+def treeps(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     """TreePS-RAG §2.3 (Algorithm 1, lines 28-30): V(n) = mean reward over the descendant leaves
     L(n), and
         A(n) = (2 V(n) - V(root) - V(parent(n))) / sqrt(|L(n)|)
     i.e. global advantage V(n) - V(root) plus local advantage V(n) - V(parent), damped by
     sqrt(|L(n)|) because a node with many leaves appears in that many trajectories. Only the N
     trajectories drawn for training (§2.3, treeps-sampled) are trained, each with A(n) on every step
-    n. `process=False`: the Table 2 ablation, GRPO over them."""
+    n. `cfg.treeps_process=False`: the Table 2 ablation, GRPO over them."""
     scored = _reset(trees)
     chosen = [leaf for leaf in scored if leaf.sampled] or scored  # Y = {y_1 .. y_N}
-    if not process:
+    if not cfg.treeps_process:
         A = group_normalize([leaf.reward for leaf in chosen])
         return _mark_node_advantages(
             [Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(chosen, A)]
@@ -280,32 +290,9 @@ def treeps(trees: list[Tree], process: bool = True) -> list[Trajectory]:
     )
 
 
-@dataclass
-class CreditConfig:
-    """Every paper's credit options, one name each (--algo and the rollout knobs:
-    rollout.RolloutConfig)."""
+if (
+    __name__ == "__main__"
+):  # python advantages.py --demo | --algo ALGO --trees FILE | --budget M,N,L
+    from scripts import credit  # the command line, given this file's credit functions
 
-    tree_mode: Literal["both", "intra", "inter"] = "both"
-    """Tree-GRPO advantage: intra + inter (paper), or one of them (Table 4 ablation)."""
-    branpo_norm: Literal["prompt", "prefix"] = "prompt"
-    """BranPO: branch advantage normalized per prompt (Eq. 12) or per prefix (Algorithm 1)."""
-    branpo_skip_empty_base: bool = False
-    """BranPO: leave empty prefixes (k = 0) out of Eq. 11's statistics, as its official code."""
-    branpo_clip_losers: bool = False
-    """BranPO: its official code's preference mask (a pair's loser: min(A_branch, 0)), no Eq. 14."""
-    carl_update_all: bool = False
-    """CARL: also train single-child actions (Eq. 16 ablation)."""
-    carl_train_phase1: bool = True
-    """CARL: train the N0 first-phase chains' forked actions (Eqs. 13, 15); False: not trained (App.
-    C.1)."""
-    treeps_process: bool = True
-    """TreePS-RAG: process advantage (False = GRPO over its trajectories, Table 2 ablation)."""
-
-
-# python advantages.py --demo | --algo ALGO --trees FILE | --budget M,N,L
-if __name__ == "__main__":  # run as a script only: the registry (name -> credit) is rollout.py's,
-    import rollout  # which imports this file again, as `advantages`: the CLI uses that one module
-    import tree
-    from infra import inspection
-
-    inspection.credit_cli(rollout.advantages, rollout, tree)
+    credit.main(CreditConfig, [grpo, tree_grpo, branpo, carl, treeps])

@@ -2,7 +2,7 @@
 report, pass@k, optional LLM judge), with the metrics beyond rollout.py's EM/F1 reward: cover EM,
 answer extraction, the format check.
 
-    python eval.py --model out/runs/tree_grpo-seed0/final --n 400  # flags, table: infra/eval_cli.py
+    python eval.py --model out/runs/tree_grpo-seed0/final --n 400  # scripts/eval_cli.py: flags
 
 Deviations from the papers' code, each cited by its name:
 - cover-em-tokens: cover EM matches whole tokens: gold "art" is in "modern art" but not in "party"
@@ -14,7 +14,6 @@ Deviations from the papers' code, each cited by its name:
   act without them.
 """
 
-import json
 import random
 import re
 from collections import Counter
@@ -24,7 +23,7 @@ from accelerate.utils import gather_object
 
 from infra import engines
 from infra.squad import normalize_answer, normalized_golds
-from rollout import chain, path, user_turn_ids
+from rollout import RolloutConfig, chain, path, user_turn_ids
 
 # --------------------------------------------------------------------------------------------------
 # The response: final answer and format, and cover EM (beyond the reward's EM and F1)
@@ -180,9 +179,9 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None, processes=None):
     (the reward's; no answer scores 0), cover_em, format (passes check_format), turns, searches,
     judge (with `judge_fn`); and pass@k (any of the k samples has EM 1). Means over all questions,
     per data_source ("by_source"), EM per hop count where rows know it (em_hop{h}: the embedded
-    world), and each question's id, answer and EM ("questions", for `write_outcomes`). A sample
-    whose retrieval failed (env_error) is the environment's fault: left out; a question left with
-    none counts in env_errors, not n; losing all raises.
+    world), and each question's id, answer and EM ("questions": train.py writes them to
+    RUN_DIR/eval_stepN.jsonl). A sample whose retrieval failed (env_error) is the environment's
+    fault: left out; a question left with none counts in env_errors, not n; losing all raises.
 
     `processes` (train.py's Accelerator, every rank calling): each rank rolls out a contiguous
     share of `rows` with its own agent, the scores are gathered in row order, and every rank
@@ -190,7 +189,7 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None, processes=None):
     (--eval_temperature 0) gives each question the same answer whoever rolls it out."""
     ranks, rank = (processes.num_processes, processes.process_index) if processes else (1, 0)
     share = rows[len(rows) * rank // ranks : len(rows) * (rank + 1) // ranks]
-    prompts = chain(agent, share, random.Random(seed), G=k)
+    prompts = chain(agent, share, random.Random(seed), RolloutConfig(grpo_G=k))
     results = []  # per question of the share: (its first sample's answer, its metrics) or None
     for row, trees in zip(share, prompts):
         samples = [t.leaves()[0] for t in trees if t.leaves()[0].scored]
@@ -249,17 +248,7 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None, processes=None):
     }
 
 
-def write_outcomes(path, report):
-    """The report's per-question outcomes (id, prediction, EM) as JSON lines, for paired analyses
-    across runs (the same id is the same question)."""
-    with open(path, "w") as f:
-        f.writelines(json.dumps(q) + "\n" for q in report["questions"])
+if __name__ == "__main__":  # the command line (scripts/eval_cli.py), given this file's scoring
+    from scripts import eval_cli
 
-
-if __name__ == "__main__":
-    # the command line (infra/eval_cli.py), given the agent, the retriever and the scoring
-    import retriever
-    import rollout
-    from infra import eval_cli
-
-    eval_cli.main(rollout, retriever, evaluate, judge)
+    eval_cli.main(evaluate, judge)

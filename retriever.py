@@ -6,18 +6,21 @@ timeout, retries with backoff, a concurrency cap), else an in-process index over
 (infra/search.py: BM25 through bm25s, or a Hugging Face encoder with FAISS; --retriever chooses),
 and checks it with one query. Queries the server could not answer raise `RetrievalError`, which the
 agent counts ("Cut the Bill" §5.4.2: environment errors are discarded). `Refiner`, the optional
-refine agent (Cut the Bill §6), summarises each query's passages with a frozen model.
+refine agent (Cut the Bill §6, --refine_model), summarises each query's passages with a frozen
+model.
 
     python retriever.py serve --corpus FILE --port 8000  # Search-R1's POST /retrieve
                                                          # (infra/server.py)
 """
 
 import sys
+import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
 from infra import server
-from infra.engines import Sampling
+from infra.engines import Sampling, load_policy, make_engine, model_problem
 from infra.search import load_corpus, make_retriever
 from infra.server import RemoteRetriever, RetrievalError
 
@@ -49,6 +52,11 @@ class RetrieverConfig:
     """Prepended to queries before encoding (E5 convention)."""
     passage_prefix: str = "passage: "
     """Prepended to passages before encoding (E5 convention)."""
+    refine_model: str = ""
+    """Cut the Bill §6's refine agent: a frozen model (directory or hub name) that summarises each
+    query's passages, its summary the agent's only observation; empty = off."""
+    refine_max_tokens: int = 128
+    """Most tokens of a refine agent's summary."""
 
 
 def health_check(retriever, where):
@@ -66,6 +74,12 @@ def health_check(retriever, where):
 RULES = [  # flags.check: (flags, what is allowed, test)
     ("retriever_timeout_s", "> 0", lambda v: v > 0),
     ("retriever_retries", "an integer >= 0", lambda v: v >= 0),
+    ("refine_max_tokens", "an integer >= 1", lambda v: v >= 1),
+    (
+        "refine_model",
+        "empty or a model directory or hub name",
+        lambda v: not v or not model_problem(v),
+    ),
 ]
 
 
@@ -94,13 +108,15 @@ class Refiner:
         "sentences. Keep names exactly as written.\nQuery: {query}\nPassages:\n{passages}\nSummary:"
     )
 
-    def __init__(self, engine, tokenizer, max_tokens: int = 128):
+    def __init__(self, engine, tokenizer, max_tokens: int):
         self.engine, self.tok = engine, tokenizer
         self.sampling = Sampling(temperature=0.0, top_p=1.0, max_tokens=max_tokens, stop=[], seed=0)
+        self.stats = Counter()  # summaries, summary_tokens, seconds: the refine metrics' sums
 
     def summarize(self, queries: list[str], bodies: list[str | None]) -> list[str | None]:
         """One summary per query of its passages, given as the agent's observation body (None where
         retrieval failed, which stays None); one batched engine call."""
+        t0 = time.perf_counter()
         todo = [i for i, body in enumerate(bodies) if body is not None]
         prompts = [
             self.tok.encode(self.PROMPT.format(query=queries[i], passages=bodies[i])) for i in todo
@@ -108,7 +124,18 @@ class Refiner:
         summaries: list[str | None] = [None] * len(queries)
         for i, out in zip(todo, self.engine.generate(prompts, self.sampling) if prompts else []):
             summaries[i] = self.tok.decode(out.token_ids, skip_special_tokens=True).strip()
+            self.stats["summary_tokens"] += len(out.token_ids)
+        self.stats.update(summaries=len(todo), seconds=time.perf_counter() - t0)
         return summaries
+
+
+def refiner(cfg: RetrieverConfig, engine: str) -> Refiner | None:
+    """The refine agent of --refine_model on an `engine` of that kind (train.py's --engine), or
+    None when --refine_model is empty."""
+    if not cfg.refine_model:
+        return None
+    model, tok = load_policy(cfg.refine_model)
+    return Refiner(make_engine(engine, model, tok, cfg.refine_model), tok, cfg.refine_max_tokens)
 
 
 if __name__ == "__main__":

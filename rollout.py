@@ -7,7 +7,7 @@ The agent speaks Search-R1's protocol (<think>, <search> query </search>, <infor
 call and ONE batched retriever call; `Agent.run` steps until every branch has ended. A strategy
 (chain for GRPO, tree_grpo, branpo, carl, treeps) picks the nodes to continue from; a chain is the
 degenerate tree. ALGOS, the algorithm registry, pairs each with its credit function in
-advantages.py.
+advantages.py; each reads its knobs from the RolloutConfig (or CreditConfig) it is given.
 
 Abnormal outcomes ("Cut the Bill" §5.4), each a flag on the node and a counter: too_many_calls,
 parse_error, repeated_query (5.4.1) and max_turns (5.4.3) stop with reward 0; env_error (retrieval
@@ -54,8 +54,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -66,29 +64,27 @@ from scipy.cluster.hierarchy import cut_tree, linkage
 from scipy.spatial.distance import squareform
 
 import advantages
-from infra import health, protocol
+from infra import protocol
 from infra.engines import Sampling
 from infra.protocol import (
     RETRY,
     AgentConfig,
+    encode,
     format_passages,
     instruction_template,
     parse_action,
+    query_key,
     user_turn_ids,
 )
 from infra.squad import exact_match, token_f1  # the outcome reward's EM and F1 (squad-reward)
 from retriever import RetrievalError
-from tree import FLAGS, Node, Tree, context_ids, path, scored_leaves, walk
+from tree import Node, Tree, context_ids, path, scored_leaves, walk
 
 CORRECT_F1 = 0.8  # BranPO App. A.1: "an F1 score of 0.8 is used as a threshold" for correctness
 
 
 # --------------------------------------------------------------------------------------------------
 # The agent
-
-
-def _key(query: str) -> str:
-    return re.sub(r"\s+", " ", query.strip().lower())
 
 
 class Agent:
@@ -107,26 +103,18 @@ class Agent:
             seed=seed,
         )
         self.counters = Counter()  # abnormal/<flag>, rollout/steps, rollout/waves, ...
-        self.obs_open = self.encode("\n\n<information>")
-        self.obs_close = self.encode("</information>\n\n")
-
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False)
+        self.obs_open = encode(tokenizer, "\n\n<information>")
+        self.obs_close = encode(tokenizer, "</information>\n\n")
 
     def prompt_ids(self, question: str) -> list[int]:
         """The instruction (Search-R1's by default) as one user turn."""
-        return user_turn_ids(
-            self.tok, self.template.format(think=self.cfg.think_tag, question=question.strip())
-        )
+        text = self.template.format(think=self.cfg.think_tag, question=question.strip())
+        return user_turn_ids(self.tok, text)
 
     def new_tree(self, example, tree_id: str) -> Tree:
         """An empty tree for one prompt: the root holds the prompt's ids; `stats` counts from 0."""
-        return Tree(
-            Node(tree_id, tokens=self.prompt_ids(example.question)),
-            question=example.question,
-            golden_answers=list(example.golden_answers),
-            stats=Counter(),
-        )
+        root = Node(tree_id, tokens=self.prompt_ids(example.question))
+        return Tree(root, example.question, list(example.golden_answers), Counter())
 
     def step(self, frontier: list[tuple[Tree, Node]]) -> list[tuple[Tree, Node]]:
         """Sample one child for every (tree, node) entry (repeat an entry for several children) and
@@ -159,21 +147,19 @@ class Agent:
             elif flag == "parse_error" and cfg.retry_invalid and child.depth <= cfg.max_turns:
                 child.flags.append(flag)  # flagged, not ended: the retry message is its observation
                 self.counters["abnormal/" + flag] += 1
-                child.obs_tokens, child.obs_text = self.encode(RETRY), RETRY
+                child.obs_tokens, child.obs_text = encode(self.tok, RETRY), RETRY
             elif flag:
                 self._end(child, flag, -0.5 if cfg.format_penalty else 0.0)
             elif action == "answer":
                 child.answer = content
-                child.em, child.f1 = (
-                    exact_match(content, tree.golden_answers),
-                    token_f1(content, tree.golden_answers),
-                )
+                child.em = exact_match(content, tree.golden_answers)
+                child.f1 = token_f1(content, tree.golden_answers)
                 # format-penalty
                 penalty = cfg.format_penalty and not any(s.action == "search" for s in path(child))
                 child.reward = -0.5 if penalty else child.f1 if cfg.reward == "f1" else child.em
             else:
                 child.query = content
-                if _key(content) in {_key(s.query) for s in path(node) if s.query}:
+                if query_key(content) in {query_key(s.query) for s in path(node) if s.query}:
                     self._end(child, "repeated_query", 0.0)
                 elif child.depth > cfg.max_turns:
                     self._end(child, "max_turns", 0.0)
@@ -197,12 +183,10 @@ class Agent:
         try:
             results = self.retriever.search(queries, self.cfg.topk)
         except RetrievalError as e:
-            # carries the passages of the queries that did succeed, None for the others
             self.counters["rollout/retrieval_failed_queries"] += len(e.failed)
-            results = e.partial
+            results = e.partial  # the passages of the queries that succeeded, None for the others
         bodies = [None if r is None else format_passages(r) for r in results]
-        # Cut the Bill §6: only the frozen model's summary reaches the agent
-        if self.refiner is not None:
+        if self.refiner is not None:  # Cut the Bill §6: the agent reads the summary only
             bodies = self.refiner.summarize(queries, bodies)
         retrieval_time = time.perf_counter() - t0
         for (tree, child, _), passages, body in zip(searching, results, bodies):
@@ -221,7 +205,7 @@ class Agent:
     def observation_ids(self, body: str) -> list[int]:
         """<information> body </information> as token ids, the body cut to fit max_obs_tokens."""
         room = self.cfg.max_obs_tokens - len(self.obs_open) - len(self.obs_close)
-        return self.obs_open + self.encode(body)[: max(room, 0)] + self.obs_close
+        return self.obs_open + encode(self.tok, body)[: max(room, 0)] + self.obs_close
 
     def run(self, frontier: list[tuple[Tree, Node]]) -> list[Node]:
         """Run each frontier entry to its end, one `step` per wave; the leaves in frontier order."""
@@ -240,8 +224,7 @@ class Agent:
 
 @dataclass
 class RolloutConfig:
-    """Which paper, and every paper's rollout knobs, one name each (the credit options:
-    advantages.CreditConfig)."""
+    """Which paper, and every paper's rollout knobs (the credit options: CreditConfig)."""
 
     algo: Literal[*ALGOS] = "tree_grpo"
     """Which paper: its rollout strategy below and its credit function (ALGOS, the registry)."""
@@ -254,8 +237,7 @@ class RolloutConfig:
     tree_L: int = 1
     """Tree-GRPO: expansion rounds."""
     tree_replace: bool = False
-    """Tree-GRPO: draw the N expansion nodes with replacement (the official code's
-    random.choices)."""
+    """Tree-GRPO: draw the N expansion nodes with replacement (official code: random.choices)."""
     branpo_N: int = 4
     """BranPO: initial trajectories per prompt."""
     branpo_rsm: bool = True
@@ -269,8 +251,7 @@ class RolloutConfig:
     treeps_retain: int = 2
     """TreePS-RAG: N_retain, search children kept per parent."""
     treeps_D: int = 0
-    """TreePS-RAG: depth limit D, at most max_turns + 1; 0 = max_turns + 1 (the paper uses D =
-    4)."""
+    """TreePS-RAG: depth limit D <= max_turns + 1; 0 = max_turns + 1 (the paper uses D = 4)."""
     treeps_train: int = 0
     """TreePS-RAG: root-to-leaf paths sampled for training (§2.3); 0 = treeps_N, as the paper."""
 
@@ -294,8 +275,10 @@ def depth_rule(r: RolloutConfig, cfg: AgentConfig) -> tuple[bool, str]:
     )
 
 
-def chain(agent: Agent, examples, rng: random.Random, G: int = 8) -> list[list[Tree]]:
-    """GRPO: G independent trajectories per prompt, each a chain-shaped tree of its own."""
+def chain(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list[list[Tree]]:
+    """GRPO: G = cfg.grpo_G independent trajectories per prompt, each a chain-shaped tree of its
+    own."""
+    G = cfg.grpo_G
     prompts = [
         [agent.new_tree(ex, f"p{i}.g{j}") for j in range(G)] for i, ex in enumerate(examples)
     ]
@@ -303,19 +286,12 @@ def chain(agent: Agent, examples, rng: random.Random, G: int = 8) -> list[list[T
     return prompts
 
 
-def tree_grpo(
-    agent: Agent,
-    examples,
-    rng: random.Random,
-    M: int = 2,
-    N: int = 2,
-    L: int = 1,
-    with_replacement: bool = False,
-) -> list[list[Tree]]:
+def tree_grpo(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list[list[Tree]]:
     """Tree-GRPO §4.2.3: M chains per prompt (the initial trees), then L rounds in which N nodes per
     tree, drawn uniformly among the root and the non-leaf nodes (without replacement unless the tree
-    has fewer, or with `with_replacement`: expand-without-replacement), each get one new full
+    has fewer, or with `tree_replace`: expand-without-replacement), each get one new full
     continuation. M (L N + 1) leaves per prompt."""
+    M, N, L = cfg.tree_M, cfg.tree_N, cfg.tree_L
     prompts = [
         [agent.new_tree(ex, f"p{i}.t{m}") for m in range(M)] for i, ex in enumerate(examples)
     ]
@@ -327,7 +303,7 @@ def tree_grpo(
             inner = [n for n in walk(t.root) if n.children]
             picks = (
                 rng.choices(inner, k=N)
-                if with_replacement or len(inner) < N
+                if cfg.tree_replace or len(inner) < N
                 else rng.sample(inner, N)
             )
             frontier += [(t, n) for n in picks]
@@ -360,19 +336,18 @@ def _kept(branch: Node, original: Node, mode: str) -> bool:
     return _f1(branch) >= CORRECT_F1 and branch.depth < original.depth
 
 
-def branpo(
-    agent: Agent, examples, rng: random.Random, N: int = 4, rsm: bool = True
-) -> list[list[Tree]]:
+def branpo(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list[list[Tree]]:
     """BranPO §4.2, App. A.1 (Algorithm 1; branch-waves, rsm-threshold, rsm-fallback-split): N
     chains per prompt, one tree per original trajectory; acc = their mean F1. Each trajectory (F1 r,
     T steps) is truncated at depth k = T-1, T-2, ... (Recur(r, acc) points, Eq. 16) with Bran(acc)
     continuations at each (Eq. 15) until one's correctness (F1 >= 0.8) differs from the original's:
-    it is kept and its truncation node marked `prefix_end`. With `rsm` (§4.4), a correct trajectory
+    it is kept and its truncation node marked `prefix_end`. With RSM (§4.4), a correct trajectory
     longer than the group's mean correct length (acc > 0.5) is instead branched 5 times before its
     penultimate step; the first shorter correct branch is kept and the original's penultimate step
     marked `redundant`. Unkept branches are removed (their tokens still count in the stats). An
     original with no branch kept stays split at the last truncation point tried (Algorithm 1):
-    marked `prefix_end`, its one continuation the original suffix."""
+    marked `prefix_end`, its one continuation the original suffix. N: cfg.branpo_N."""
+    N = cfg.branpo_N
     prompts = [
         [agent.new_tree(ex, f"p{i}.n{j}") for j in range(N)] for i, ex in enumerate(examples)
     ]
@@ -389,7 +364,7 @@ def branpo(
         mean_len = sum(correct_len) / len(correct_len) if correct_len else math.inf
         for (t, leaf), r in zip(originals, f1s):
             T = leaf.depth
-            if rsm and acc > 0.5 and r >= CORRECT_F1 and T > mean_len and T >= 2:
+            if cfg.branpo_rsm and acc > 0.5 and r >= CORRECT_F1 and T > mean_len and T >= 2:
                 plan = [(T - 2, 5, "shorter")]
             else:
                 plan = [
@@ -436,14 +411,17 @@ def _states(tree: Tree) -> list[Node]:
     return states
 
 
-def carl(agent: Agent, examples, rng: random.Random, N0: int = 1, N: int = 16) -> list[list[Tree]]:
+def carl(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list[list[Tree]]:
     """CARL App. C.1 (progressive rollout; carl-entropy), one tree per prompt: N0 chains from the
     root, then N forks, each a full trajectory from the state of lowest action density n(s) / H(s)
     (Eq. 12): n(s) actions sampled at s, H(s) their mean length-normalised NLL (Eq. 6-8). It samples
     N0/N + 1/2 of the actions of GRPO with N chains (Eq. 14: a fork starts halfway down, on
-    average)."""
+    average). The N0 chains' steps are marked `phase1` (App. C.1, carl-phase1)."""
+    N0, N = cfg.carl_N0, cfg.carl_N
     prompts = [[agent.new_tree(ex, f"p{i}")] for i, ex in enumerate(examples)]
     agent.run([(trees[0], trees[0].root) for trees in prompts for _ in range(N0)])
+    for step in (n for [t] in prompts for n in walk(t.root) if n.parent is not None):
+        step.phase1 = True
     for _ in range(N):  # lowest n/H = highest H/n
         agent.run(
             [(t, max(_states(t), key=lambda s: s.entropy / len(s.children))) for [t] in prompts]
@@ -471,15 +449,7 @@ def jaccard_prune(children: list[Node], k: int) -> list[Node]:
     return list(first.values())
 
 
-def treeps(
-    agent: Agent,
-    examples,
-    rng: random.Random,
-    N: int = 8,
-    D: int = 0,
-    N_retain: int = 2,
-    N_train: int = 0,
-) -> list[list[Tree]]:
+def treeps(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list[list[Tree]]:
     """TreePS-RAG §2.2 (Algorithm 1, phase 1; treeps-pruning), layer by layer from M(0) = {root}: at
     depth d each retained parent gets B_d = ceil(N / |M(d-1)|) children (Eq. 2), every tree's layer
     in one engine call; answers (and abnormal ends) are leaves; of each parent's search children
@@ -487,13 +457,9 @@ def treeps(
     step joins M(d) unpruned). At the depth limit D (0: max_turns + 1) the kept search children end
     with reward 0 (Alg. 1 l. 24; treeps-pruning). Then N_train (0: N) root-to-leaf paths per tree
     are drawn with `rng` and their leaves marked `sampled`: the trajectories advantages.treeps
-    trains (§2.3)."""
-    D = D or agent.cfg.max_turns + 1
-    if D > agent.cfg.max_turns + 1:
-        raise ValueError(
-            f"treeps depth limit D={D} exceeds the agent's max_turns + 1 = "
-            f"{agent.cfg.max_turns + 1} steps; lower D or raise max_turns to {D - 1}"
-        )
+    trains (§2.3). N, N_retain, D, N_train: cfg.treeps_N, _retain, _D, _train."""
+    N, N_retain = cfg.treeps_N, cfg.treeps_retain
+    D, N_train = cfg.treeps_D or agent.cfg.max_turns + 1, cfg.treeps_train or cfg.treeps_N
     trees = [agent.new_tree(ex, f"p{i}") for i, ex in enumerate(examples)]
     retained = [[t.root] for t in trees]  # M(d-1) per tree
     for d in range(1, D + 1):
@@ -525,7 +491,7 @@ def treeps(
     for t in trees:
         pool = scored_leaves(t.root)
         # §2.3: "randomly sample N trajectories"
-        for leaf in rng.sample(pool, min(N_train or N, len(pool))):
+        for leaf in rng.sample(pool, min(N_train, len(pool))):
             leaf.sampled = True
     return [[t] for t in trees]
 
@@ -538,57 +504,14 @@ def treeps(
 class Algo:
     """One paper: how it grows each prompt's trees, how it turns their rewards into advantages."""
 
-    grow: Callable  # a strategy above: (agent, examples, rng, **knobs) -> trees per prompt
-    grow_knobs: Callable[[RolloutConfig], dict]  # its keyword arguments, from the flags
-    credit: Callable  # advantages.py's function: (one prompt's trees, **knobs) -> Trajectories
-    credit_knobs: Callable[[RolloutConfig, advantages.CreditConfig], dict]  # its keyword arguments
+    grow: Callable  # a strategy above: (agent, examples, rng, RolloutConfig) -> trees per prompt
+    credit: Callable  # advantages.py's function: (one prompt's trees, CreditConfig) -> Trajectories
 
 
 ALGOS = {
-    "grpo": Algo(chain, lambda r: dict(G=r.grpo_G), advantages.grpo, lambda r, c: {}),
-    "tree_grpo": Algo(
-        tree_grpo,
-        lambda r: dict(M=r.tree_M, N=r.tree_N, L=r.tree_L, with_replacement=r.tree_replace),
-        advantages.tree_grpo,
-        lambda r, c: dict(mode=c.tree_mode),
-    ),
-    "branpo": Algo(
-        branpo,
-        lambda r: dict(N=r.branpo_N, rsm=r.branpo_rsm),
-        advantages.branpo,
-        lambda r, c: dict(
-            branch_norm=c.branpo_norm,
-            skip_empty_base=c.branpo_skip_empty_base,
-            clip_losers=c.branpo_clip_losers,
-        ),
-    ),
-    "carl": Algo(
-        carl,
-        lambda r: dict(N0=r.carl_N0, N=r.carl_N),
-        advantages.carl,
-        # carl-phase1: with --no_carl_train_phase1 the N0 first chains (a rollout knob) go untrained
-        lambda r, c: dict(
-            update_all=c.carl_update_all, phase1_chains=0 if c.carl_train_phase1 else r.carl_N0
-        ),
-    ),
-    "treeps": Algo(
-        treeps,
-        lambda r: dict(
-            N=r.treeps_N, D=r.treeps_D, N_retain=r.treeps_retain, N_train=r.treeps_train
-        ),
-        advantages.treeps,
-        lambda r, c: dict(process=c.treeps_process),
-    ),
+    "grpo": Algo(chain, advantages.grpo),
+    "tree_grpo": Algo(tree_grpo, advantages.tree_grpo),
+    "branpo": Algo(branpo, advantages.branpo),
+    "carl": Algo(carl, advantages.carl),
+    "treeps": Algo(treeps, advantages.treeps),
 }
-
-
-def metrics(prompts: list[list[Tree]]) -> dict[str, float]:
-    """One rollout batch's health metrics (infra/health.py; the README lists them)."""
-    return health.metrics(prompts, path, FLAGS)
-
-
-if __name__ == "__main__":  # python rollout.py --algo ALGO --dump FILE [--plot PNG]
-    import tree
-    from infra import inspection
-
-    inspection.dump_cli(sys.modules[__name__], advantages, tree)

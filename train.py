@@ -33,10 +33,9 @@ Deviations from the papers, each cited by its name:
 import math
 import os
 import random
-import signal
 import sys
-import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import torch
@@ -48,19 +47,53 @@ from transformers import get_constant_schedule_with_warmup
 import retriever
 import rollout
 from advantages import CreditConfig
-from eval import evaluate, write_outcomes
-from infra import data, engines, flags, health, protocol, run, shard, warmstart
-from infra.logprobs import TokenLogp
+from eval import evaluate
+from infra import data, engines, flags, protocol, run, shard, startup
+from infra.bookkeeping import Book
+from infra.logprobs import TokenLogp, collate
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
 from rollout import AgentConfig, RolloutConfig
-from tree import Sample, Trajectory, to_samples, trained_steps
+from scripts import warmstart
+from tree import Sample, to_samples
 
 
 @dataclass
-class Args:
-    """The run; with RolloutConfig, CreditConfig, AgentConfig, RetrieverConfig and WarmConfig, every
-    flag of `train.py --help`."""
+class PPOConfig:
+    """The update: PPO-clip, KL, TIS, over mini-batches of micro-batches (the run's flags: Args)."""
+
+    ppo_mini_batches: int = 2
+    """Optimizer steps per rollout batch (the batch is split into this many mini-batches)."""
+    ppo_epochs: int = 1
+    """Passes over the rollout batch."""
+    micro_batch_size: int = 8
+    """Rows per forward/backward pass (gradient accumulation inside a mini-batch)."""
+    clip_low: float = 0.2
+    """PPO clip: ratio >= 1 - clip_low."""
+    clip_high: float = 0.2
+    """PPO clip: ratio <= 1 + clip_high (DAPO's clip-higher uses 0.28)."""
+    dual_clip: float = 0.0
+    """Dual-clip c: a token with A < 0 loses at most -A c (verl's clip_ratio_c); 0 = off."""
+    kl_coef: float = 0.001
+    """Weight of the k3 KL to the frozen initial policy (Search-R1, BranPO Table 5: 0.001)."""
+    tis_cap: float = 2.0
+    """TIS cap C on pi_old / pi_rollout (BranPO Table 5: 2.0); 0 disables TIS."""
+    loss_agg: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+    """How per-token losses are averaged."""
+    grad_clip: float = 1.0
+    """Gradient-norm clip."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (same gradients, ~1/3 more compute; what a 3 B policy needs to fit an 80 GB GPU)."""
+    ref_dtype: Literal["compute", "float32"] = "compute"
+    """The frozen reference's weights: the mixed-precision dtype (bf16 under --mixed_precision
+    bf16: half the memory; float32 without mixed precision), or float32 always."""
+
+
+@dataclass
+class Args(PPOConfig):
+    """The run, and its update (PPOConfig); with RolloutConfig, CreditConfig, AgentConfig,
+    RetrieverConfig and WarmConfig, every flag of `train.py --help`."""
 
     model: str = ""
     """Policy: HF hub name or local directory; empty = the embedded default (warm-started tiny
@@ -108,33 +141,6 @@ class Args:
     """AdamW learning rate (the papers use 1e-6 for 3B-7B models; a tiny model needs more)."""
     warmup_steps: int = 3
     """Linear learning-rate warmup, in optimizer steps."""
-    ppo_mini_batches: int = 2
-    """Optimizer steps per rollout batch (the batch is split into this many mini-batches)."""
-    ppo_epochs: int = 1
-    """Passes over the rollout batch."""
-    micro_batch_size: int = 8
-    """Rows per forward/backward pass (gradient accumulation inside a mini-batch)."""
-    clip_low: float = 0.2
-    """PPO clip: ratio >= 1 - clip_low."""
-    clip_high: float = 0.2
-    """PPO clip: ratio <= 1 + clip_high (DAPO's clip-higher uses 0.28)."""
-    dual_clip: float = 0.0
-    """Dual-clip c: a token with A < 0 loses at most -A c (verl's clip_ratio_c); 0 = off."""
-    kl_coef: float = 0.001
-    """Weight of the k3 KL to the frozen initial policy (Search-R1, BranPO Table 5: 0.001)."""
-    tis_cap: float = 2.0
-    """TIS cap C on pi_old / pi_rollout (BranPO Table 5: 2.0; its batch-normalize option: README); 0
-    disables TIS."""
-    loss_agg: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
-    """How per-token losses are averaged."""
-    grad_clip: float = 1.0
-    """Gradient-norm clip."""
-    gradient_checkpointing: bool = False
-    """Recompute each decoder layer's activations in the backward pass instead of keeping them
-    (same gradients, ~1/3 more compute; what a 3 B policy needs to fit an 80 GB GPU)."""
-    ref_dtype: Literal["compute", "float32"] = "compute"
-    """The frozen reference's weights: the mixed-precision dtype (bf16 under --mixed_precision
-    bf16: half the memory; float32 without mixed precision), or float32 always."""
 
     eval_every: int = 15
     """Evaluate on test questions every this many steps (and at the end, and at the start:
@@ -155,6 +161,9 @@ class Args:
     refused)."""
     log_with: Literal["", *run.TRACKERS] = ""
     """An accelerate tracker to log to as well (pip install it: README, Metrics); empty = none."""
+    filter_rollouts: int = 0
+    """Cut the Bill §3's data filter: before RL, roll each question the run would train on out this
+    many times (chains, the starting policy), keep those whose rewards differ (paper 8); 0 = off."""
 
 
 def validate(args: Args, *configs):
@@ -185,7 +194,7 @@ def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, entropy: bool =
     return aligned(logp), aligned(ent) if entropy else None  # (B, T), (B, T) or None
 
 
-def ppo_loss(logp, old_logp, ref_logp, rollout_logp, adv, mask, args: Args, denom: float):
+def ppo_loss(logp, old_logp, ref_logp, rollout_logp, adv, mask, args: PPOConfig, denom: float):
     """Per-token PPO-clip surrogate x TIS weight + kl_coef x k3 KL, summed over masked tokens /
     `denom` (loss-form, tis-old-policy, dual-clip, log-ratio-bound, k3-unclamped).
 
@@ -223,37 +232,23 @@ def ppo_loss(logp, old_logp, ref_logp, rollout_logp, adv, mask, args: Args, deno
     return loss, stats
 
 
-def collate(samples, pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad a list of tree.Sample into (B, T) tensors."""
-    T = max(len(s.input_ids) for s in samples)
-    pad = lambda xs, v: [x + [v] * (T - len(x)) for x in xs]
-    return {
-        "ids": torch.tensor(pad([s.input_ids for s in samples], pad_id)),  # (B, T)
-        "attn": torch.tensor(pad([[1] * len(s.input_ids) for s in samples], 0)),  # (B, T)
-        # (B, T)
-        "mask": torch.tensor(pad([s.loss_mask for s in samples], 0), dtype=torch.float),
-        "adv": torch.tensor(pad([s.advantages for s in samples], 0.0)),  # (B, T)
-        "rollout_logp": torch.tensor(pad([s.logprobs for s in samples], 0.0)),
-    }  # (B, T)
+# --------------------------------------------------------------------------------------------------
+# One RL step (the loop in main): grow -> credit -> samples -> log-probs -> PPO update -> sync
 
 
 # --------------------------------------------------------------------------------------------------
 # One RL step (the loop in main): grow -> credit -> samples -> log-probs -> PPO update -> sync
 
 
-def sample_metrics(trajectories: list[Trajectory], samples: list[Sample]) -> dict[str, float]:
-    """What the step trains: tokens, rows, and update actions (CARL's |D_upd|, counted per
-    trajectory: `tree.trained_steps`)."""
-    actions = sum(1 for _ in trained_steps(trajectories))
-    return {
-        "train/tokens_trained": float(sum(sum(s.loss_mask) for s in samples)),
-        "train/actions_trained": float(actions),
-        "train/samples": float(len(samples)),
-    }
-
-
 def micro_batches(
-    samples, counts, accelerator, model, ref_model, args: Args, pad_id: int, old_from_engine: bool
+    samples,
+    counts,
+    accelerator,
+    model,
+    ref_model,
+    args: PPOConfig,
+    pad_id: int,
+    old_from_engine: bool,
 ):
     """This rank's samples as mini-batches of micro-batches, with pi_old (the trainer's before this
     step's updates, or the engine's: tis-old-policy) and pi_ref log-probs by the policy's forward
@@ -295,7 +290,7 @@ def micro_batches(
     return minis
 
 
-def update(minis, accelerator, model, optimizer, scheduler, args: Args):
+def update(minis, accelerator, model, optimizer, scheduler, args: PPOConfig):
     """PPO epochs x mini-batches of micro-batches (`micro_batches`). Each rank's loss is its
     tokens' (or rows') sum over the mini-batch's count on all ranks, times the number of ranks:
     Accelerate's gradient mean over ranks then gives one process's token-mean (or
@@ -349,23 +344,40 @@ def update(minis, accelerator, model, optimizer, scheduler, args: Args):
     return stats, grad_norms, losses, args.ppo_epochs * len(minis) - len(grad_norms)
 
 
-# --------------------------------------------------------------------------------------------------
-# Evaluation
-
-
-def run_eval(step: int, eval_agent: rollout.Agent, test_rows, accelerator) -> dict:
-    """Evaluate on the test questions, each rank its share (eval.evaluate); rank 0 prints a line;
-    every rank returns the eval/ metrics row."""
-    m = evaluate(eval_agent, test_rows, processes=accelerator)
-    if accelerator.is_main_process:  # per question, for paired analyses: RUN_DIR/eval_stepN.jsonl
-        write_outcomes(os.path.join(accelerator.project_dir, f"eval_step{step}.jsonl"), m)
-    hops = " ".join(f"{k[3:]} {v:.2f}" for k, v in m.items() if k.startswith("em_hop"))
-    accelerator.print(
-        f"step {step}: eval EM {m['em']:.3f} F1 {m['f1']:.3f} on {m['n']} questions"
-        + (f" (by hops: {hops})" if hops else "")
-        + (f" ({m['env_errors']} more lost to retrieval errors)" if m["env_errors"] else "")
-    )
-    return {"step": step, **{f"eval/{k}": v for k, v in m.items() if isinstance(v, (int, float))}}
+def reject_sampling(agent, rows: list, order: list[int], accelerator, book: Book):
+    """Cut the Bill §3 (infra.data.reject_sampling_filter): the questions the run would train on
+    (the first steps x prompts_per_step of `rows` in its `order`), each rolled out
+    --filter_rollouts times by `agent` (the starting policy; every rank its contiguous share),
+    less those whose scored rewards are all 0 or all 1; one with none scored (retrieval errors)
+    stays. Returns the kept rows and their order (as they were); the filter's metrics go to
+    `book`, which logs them at step 0."""
+    args = book.args
+    picked = [rows[i] for i in order[: args.steps * args.prompts_per_step]]
+    ranks, rank = accelerator.num_processes, accelerator.process_index
+    share = picked[len(picked) * rank // ranks : len(picked) * (rank + 1) // ranks]
+    group = RolloutConfig(grpo_G=args.filter_rollouts)
+    with torch.no_grad():
+        prompts = rollout.chain(agent, share, random.Random(args.seed), group)
+    rewards = [[x.reward for t in trees for x in t.leaves() if x.scored] for trees in prompts]
+    rewards = gather_object(rewards) if ranks > 1 else rewards
+    judged = [(row, r) for row, r in zip(picked, rewards) if r]
+    kept, report = data.reject_sampling_filter([row for row, _ in judged], [r for _, r in judged])
+    kept = set(map(id, kept)) | {id(row) for row, r in zip(picked, rewards) if not r}
+    kept_rows = [row for row in picked if id(row) in kept]
+    book.first_row = {
+        "rollout/filter_questions": len(picked),
+        "rollout/filter_kept": len(kept_rows),
+        "rollout/filter_dropped_all_zero": report.dropped_all_zero,
+        "rollout/filter_dropped_all_one": report.dropped_all_one,
+    }
+    accelerator.print(f"data filter (Cut the Bill §3): {book.first_row}")
+    if not kept_rows:
+        raise SystemExit(
+            f"the data filter dropped all {len(picked)} questions (every rollout group all 0 or "
+            "all 1): nothing is left to train on; train without --filter_rollouts, or start from "
+            "a policy that solves some of them"
+        )
+    return kept_rows, list(range(len(kept_rows)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -379,221 +391,90 @@ def main(
     retriever_cfg: RetrieverConfig,
     warm: WarmConfig,
 ):
-    # ---- config: checked, derived values, logged whole
-    t_start, seconds = time.perf_counter(), {}  # seconds: wall time per stage, printed at the end
+    # ---- config: checked once, derived values, logged whole
     validate(args, rollout_cfg, credit_cfg, agent_cfg, retriever_cfg, warm)
-    run_dir = os.path.join(
-        args.out_dir, "runs", args.run_name or f"{rollout_cfg.algo}-seed{args.seed}"
-    )
+    name = args.run_name or f"{rollout_cfg.algo}-seed{args.seed}"
+    run_dir = os.path.join(args.out_dir, "runs", name)
     world = os.path.join(args.out_dir, "world") if not (args.data and args.corpus) else ""
-    # the embedded default's warm start
-    model_path = args.model or os.path.join(args.out_dir, "warmstart")
+    model_path = args.model or os.path.join(args.out_dir, "warmstart")  # no --model: the warm start
     accelerator = Accelerator(log_with=args.log_with or None, project_dir=run_dir)
-    main_proc, rank, ranks = (
-        accelerator.is_main_process,
-        accelerator.process_index,
-        accelerator.num_processes,
-    )
-    # the processes, the seed; rank 0 locks run_dir, writes config.json, starts the trackers
-    run_lock = run.start(  # noqa: F841 (open, so locked, while main runs)
-        accelerator, run_dir, args, (args, rollout_cfg, credit_cfg, agent_cfg, retriever_cfg), warm
-    )
-
-    # ---- init: data, retriever, policy, reference, engine, agent
-    # one rank writes the world (and below, the warm start); the others wait for it
-    if world and main_proc:
-        data.ensure_world(world)
-    accelerator.wait_for_everyone()
-    seconds["world"] = time.perf_counter() - t_start
-    train_rows = data.load_rows(args.data or world, "train")
-    test_rows = (
-        data.spread(data.load_rows(args.test_data or args.data or world, "test"), args.eval_n)
-        if args.eval_every
-        else []
-    )  # validate() made sure this is a real test split, never the training rows
-    # files first: a bad corpus or a dead server stops the run before any model loads. Every rank
-    # searches with its own client; rank 0 connects first (it writes --index_dir, the others read
-    # it), the others say nothing that rank 0 said
-    with accelerator.main_process_first(), run.quiet(not main_proc):
-        search, where = retriever.connect(
-            retriever_cfg, args.corpus or os.path.join(world, "corpus.jsonl")
-        )
-    # the embedded default: warm-start once, in this run's agent format, and cache it
-    if not args.model:
-        t0 = time.perf_counter()
-        if main_proc:
-            # one BM25 index per run
-            warmstart.ensure(
-                model_path, world, warm, agent_cfg, args.seed, rollout, evaluate, search
-            )
-        accelerator.wait_for_everyone()
-        seconds["warm start"] = time.perf_counter() - t0
-    load = lambda dtype=torch.float32: engines.load_policy(
-        model_path, args.gguf_file or None, dtype
-    )
+    book = Book(accelerator, run_dir, args, rollout_cfg.algo)  # metrics, eval, checkpoints (infra)
+    configs = (args, rollout_cfg, credit_cfg, agent_cfg, retriever_cfg)
+    lock = run.start(accelerator, run_dir, args, configs, warm)  # noqa: F841 (held while main runs)
+    # ---- init: data, retriever, warm start, policy, reference, engine, agents
+    with book.timed("world"):
+        train_rows, test_rows = startup.questions(accelerator, args, world)
+    # every rank searches with its own client; rank 0 first (it writes --index_dir)
+    with accelerator.main_process_first(), run.quiet(not accelerator.is_main_process):
+        corpus = args.corpus or os.path.join(world, "corpus.jsonl")
+        search, where = retriever.connect(retriever_cfg, corpus)
+    if not args.model:  # the embedded default: warm-start once (rank 0), in this agent's format
+        with book.timed("warm start"):
+            cfgs = (world, warm, agent_cfg, args.seed, search)
+            startup.on_main(accelerator, warmstart.ensure, model_path, *cfgs)
+    load = partial(engines.load_policy, model_path, args.gguf_file or None)  # (dtype): model, tok
     model, tok = load()
     if args.gradient_checkpointing:  # activations recomputed in the backward pass
         model.activation_checkpointing_enable({"use_reentrant": False})
-    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision)
-    ref_model, _ = load(compute if compute and args.ref_dtype == "compute" else torch.float32)
-    ref_model.requires_grad_(False).eval().to(accelerator.device)  # frozen: the KL anchor
+    ref_model, _ = load(startup.ref_dtype(accelerator, args))  # frozen: the KL anchor
+    ref_model.requires_grad_(False).eval().to(accelerator.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scheduler = get_constant_schedule_with_warmup(optimizer, args.warmup_steps)
     # one process, DDP or FSDP2 (accelerate launch's config): infra/shard.py reads what it made
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    # every rank rolls out with its own engine (vLLM: one per GPU, in the launcher's process group)
-    # and its own sampling stream: seed + RANK_SEED x rank (rank 0: the run's seed, as one process)
-    with run.quiet(not main_proc):
-        engine = engines.make_engine(
-            args.engine,
-            shard.rollout_model(
-                accelerator, model, lambda: load()[0], engines.choose(args.engine)[0]
-            ),
-            tok,
-            model_path,
-            dtype=args.vllm_dtype,
-            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-            sleep=args.vllm_sleep,
-            **({"distributed_executor_backend": "external_launcher"} if ranks > 1 else {}),
-        )
-    rank_seed = args.seed + run.RANK_SEED * rank
-    agent = rollout.Agent(engine, search, tok, agent_cfg, rank_seed)
-    eval_agent = rollout.Agent(engine, search, tok, protocol.for_eval(agent_cfg), rank_seed)
-    # are the engine's log-probs pi_old (tis-old-policy)? Only the HF engine's in a float32 run
-    # that samples from the trainer's own model (under FSDP2 it samples from a copy: TIS checks it)
-    old_from_engine = (
-        engine.exact_logprobs and accelerator.mixed_precision == "no" and not shard.sharded(model)
-    )
-    source = "the HF engine's log-probs" if old_from_engine else "the trainer's forward"
-    accelerator.print(
-        f"pi_old: {source} ({type(engine).__name__}, mixed precision "
-        f"{accelerator.mixed_precision})"
-        + (f"; {ranks} processes, each rolling out its share of every step" if ranks > 1 else ""),
-        flush=True,
+    engine, old_from_engine = startup.engine(accelerator, args, model, tok, model_path, load)
+    refiner = retriever.refiner(retriever_cfg, args.engine)  # Cut the Bill §6; None: off
+    rank_seed = args.seed + run.RANK_SEED * accelerator.process_index  # this rank's sampling
+    agent = rollout.Agent(engine, search, tok, agent_cfg, rank_seed, refiner)
+    eval_agent = rollout.Agent(
+        engine, search, tok, protocol.for_eval(agent_cfg), rank_seed, refiner
     )
     rng = random.Random(rank_seed)  # strategies' random choices
     order = list(range(len(train_rows)))
     random.Random(args.seed).shuffle(order)
-
-    # ---- resume: the checkpoint's state, and the metrics logged up to it
-    start, history, skipped = run.resume(
-        accelerator,
-        run_dir,
-        args.resume,
-        rng,
-        agent.counters,
-        engine,
-        (model, optimizer, scheduler),
-    )
-    if start == 0 and args.eval_every and args.eval_start:
-        t0 = time.perf_counter()
-        run.log(
-            run_eval(0, eval_agent, test_rows, accelerator), history, run_dir, accelerator, args
-        )
-        seconds["eval"] = time.perf_counter() - t0
-
-    # ---- loop (SIGTERM, Ctrl-C: the step finishes, a checkpoint is saved, the run exits)
-    asked, stopped = run.stop_on_signals(), None
-    bar = flags.progress(
-        range(start, args.steps),
-        desc=rollout_cfg.algo,
-        disable=not main_proc,
-        initial=start,
-        total=args.steps,
-    )
-    for step in bar:
-        t0 = time.perf_counter()
-        # each rank rolls out and credits its contiguous share of the step's prompts (all the trees
-        # of a prompt on one rank: every group statistic is computed where its leaves are)
-        share = args.prompts_per_step // ranks
-        at = step * args.prompts_per_step + rank * share
-        batch = [train_rows[order[(at + i) % len(order)]] for i in range(share)]
+    if args.filter_rollouts:  # Cut the Bill §3, by an agent of its own (the run's stream stays)
+        filtering = rollout.Agent(engine, search, tok, agent_cfg, args.seed, refiner)
+        train_rows, order = reject_sampling(filtering, train_rows, order, accelerator, book)
+    evaluator = partial(evaluate, eval_agent, test_rows, processes=accelerator)
+    parts = (model, optimizer, scheduler)  # what a checkpoint holds, with the sampling streams
+    book.resume(rng, agent.counters, engine, parts, evaluator, where, refiner)
+    # ---- loop: six phases (SIGTERM, Ctrl-C: the step finishes, a checkpoint is saved, it exits)
+    for step in book.steps():  # (evaluates the starting policy first: --eval_start)
+        # this rank's contiguous share of the step's prompts (a prompt's trees stay on one rank)
+        batch = startup.share(train_rows, order, step, args.prompts_per_step, accelerator)
         algo = rollout.ALGOS[rollout_cfg.algo]  # the paper: its strategy and credit function
         with torch.no_grad():  # 1. grow the trees (rollout.py)
-            prompts = algo.grow(agent, batch, rng, **algo.grow_knobs(rollout_cfg))
+            prompts = algo.grow(agent, batch, rng, rollout_cfg)
         engine.sleep()  # --vllm_sleep: vLLM's memory goes to the update until the weight sync
         # ---- EDIT HERE: the credit, one function per paper (advantages.py) ---------------------
-        # 2. credit
-        knobs = algo.credit_knobs(rollout_cfg, credit_cfg)
-        trajectories = [t for trees in prompts for t in algo.credit(trees, **knobs)]
+        trajectories = [t for trees in prompts for t in algo.credit(trees, credit_cfg)]  # 2. credit
         samples = to_samples(trajectories)  # 3. training samples: token ids, mask, advantages
         counts = gather_object([len(samples)])  # every rank's, in rank order (waits for the last)
-        t1 = time.perf_counter()
+        book.lap("rollout")
         minis = micro_batches(
             samples, counts, accelerator, model, ref_model, args, tok.pad_token_id, old_from_engine
         )  # 4. log-probs of pi_old and pi_ref
-        t2 = time.perf_counter()
+        book.lap("logprob")
         # ---- EDIT HERE: the loss (ppo_loss above) ----------------------------------------------
-        stats, grad_norms, losses, n_skipped = update(
+        stats, grad_norms, losses, skipped = update(
             minis, accelerator, model, optimizer, scheduler, args
         )  # 5. the PPO update
-        skipped += n_skipped
-        t3 = time.perf_counter()
+        book.lap("update")
         # 6. weight sync: each rank's engine samples from the new weights from the next step on
         engine.load_weights(shard.gather(accelerator, model))
-        # 7. the step's metrics, over every rank's trees, samples and tokens (in rank order)
-        on_cpu = [{k: v.cpu() for k, v in s.items()} for s in stats]
-        every = gather_object([(prompts, sample_metrics(trajectories, samples), on_cpu)])
-        metrics = {
-            **rollout.metrics([trees for r in every for trees in r[0]]),
-            **{k: sum(r[1][k] for r in every) for k in every[0][1]},
-            **health.train_metrics([s for r in every for s in r[2]], grad_norms, losses, args),
-            **{
-                "train/skipped_steps": skipped,
-                "train/lr": scheduler.get_last_lr()[0],
-                "train/time_rollout": t1 - t0,
-                "train/time_logprob": t2 - t1,
-                "train/time_update": t3 - t2,
-            },
-        }
-        for k in ("rollout", "logprob", "update"):
-            seconds[f"RL {k}"] = seconds.get(f"RL {k}", 0.0) + metrics[f"train/time_{k}"]
-        run.log({"step": step + 1, **metrics}, history, run_dir, accelerator, args)
-        run.check_env_errors(history, args, where)
-        bar.set_postfix(
-            reward=f"{metrics['rollout/reward']:.3f}",
-            em=f"{metrics['rollout/em']:.2f}",
-            kl=f"{metrics['train/kl']:.4f}",
-            refresh=False,
-        )
-        if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
-            t0 = time.perf_counter()
-            row = run_eval(step + 1, eval_agent, test_rows, accelerator)
-            run.log(row, history, run_dir, accelerator, args)
-            seconds["eval"] = seconds.get("eval", 0.0) + time.perf_counter() - t0
-        stop = step + 1 < args.steps and run.stop_asked(accelerator, asked)  # on every rank alike
-        if stop or args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
-            run.checkpoint(
-                accelerator,
-                run_dir,
-                step + 1,
-                skipped,
-                rng,
-                agent.counters,
-                (model, optimizer, scheduler),
-            )
-        if stop:
-            stopped = asked.get("signal", signal.SIGTERM)  # SIGTERM: it reached another rank only
-            bar.n = step + 1  # the steps done (tqdm counts them lazily, at each redraw)
-            bar.close()
-            break
-    if main_proc and stopped:
-        print(run.stopped_message(run_dir, stopped, step + 1, args.steps))
-    elif not stopped:  # every rank gathers (under FSDP2 a collective), rank 0 writes
-        weights = shard.gather(accelerator, model)
-        if main_proc:
-            accelerator.unwrap_model(model).save_pretrained(
-                os.path.join(run_dir, "final"), state_dict=weights
-            )
-            tok.save_pretrained(os.path.join(run_dir, "final"))
-            print(run.summary(history, seconds, time.perf_counter() - t_start, run_dir))
-    run.end(accelerator, engine, stopped)  # the engine closed, every process ended together
+        # the step's metrics, evaluation every --eval_every steps, the checkpoint (infra)
+        book.step_done(step, prompts, trajectories, samples, stats, grad_norms, losses, skipped)
+    weights = shard.gather(accelerator, model)  # every rank (under FSDP2 a collective)
+    if book.finished():  # rank 0 of a run no signal stopped: the trained policy
+        final = os.path.join(run_dir, "final")
+        accelerator.unwrap_model(model).save_pretrained(final, state_dict=weights)
+        tok.save_pretrained(final)
+    book.end(engine)  # the run's last word; every process ends together
 
 
 if __name__ == "__main__":
-    # the warm start alone (infra/warmstart.py), given the agent and its eval
-    if sys.argv[1:2] == ["warmstart"]:
-        warmstart.main(sys.argv[2:], rollout, evaluate)
+    if sys.argv[1:2] == ["warmstart"]:  # the warm start alone (scripts/warmstart.py)
+        warmstart.main(sys.argv[2:])
     else:
         main(
             *flags.parse(

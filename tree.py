@@ -24,11 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import MISSING, dataclass, field, fields
 
-FLAGS = ("parse_error", "repeated_query", "too_many_calls", "max_turns", "truncated", "env_error")
-# parse_error: no valid tag, unclosed tag or empty query; repeated_query: same query earlier on the
-# path; too_many_calls: more tool calls in one step than allowed; max_turns: turn limit reached
-# without an answer; truncated: token budget per trajectory exceeded; env_error: retrieval failed or
-# timed out (trajectory discarded).
+from infra.protocol import FLAGS  # the abnormal outcomes a step can end with (their meanings there)
 
 
 @dataclass(eq=False)
@@ -36,44 +32,29 @@ class Node:
     """One agent step (thought + action + observation); the root is the prompt."""
 
     id: str  # unique within a prompt's trees; a child's is `parent.id + "." + k`
-    # the step this one continues; None for the root
-    parent: Node | None = field(default=None, repr=False)
-    # in sampling order; child 0 is the original rollout
-    children: list[Node] = field(default_factory=list, repr=False)
-    # the step's sampled ids; the root's: the prompt
-    tokens: list[int] = field(default_factory=list, repr=False)
-    # rollout log-prob per token (root: empty)
-    logprobs: list[float] = field(default_factory=list, repr=False)
-    # observation ids appended (never trained)
-    obs_tokens: list[int] = field(default_factory=list, repr=False)
+    parent: Node | None = field(default=None, repr=False)  # the step it continues; None: the root
+    children: list[Node] = field(default_factory=list, repr=False)  # sampling order; 0: original
+    tokens: list[int] = field(default_factory=list, repr=False)  # sampled ids; the root's: prompt
+    logprobs: list[float] = field(default_factory=list, repr=False)  # rollout log-prob per token
+    obs_tokens: list[int] = field(default_factory=list, repr=False)  # observation ids, untrained
     text: str = ""  # `tokens` decoded, for reading only (never re-encoded)
     obs_text: str = ""  # `obs_tokens` decoded, for reading only
     action: str = ""  # parsed action: "search", "answer", "invalid", or "" for the root
     query: str | None = None  # the search query of a "search" step
     answer: str | None = None  # the answer text of an "answer" step
-    # passages retrieved for `query` (TreePS-RAG's Jaccard pruning)
-    doc_ids: list[str] = field(default_factory=list)
-    # outcome reward R(H) of the trajectory ending here (leaves); None = not scored
-    reward: float | None = None
-    # exact match of `answer` against the golden answers (set once, by the agent)
-    em: float | None = None
-    # token F1 of `answer` against the golden answers (set once, by the agent)
-    f1: float | None = None
-    # V(n) where a method has one (CARL, TreePS-RAG, BranPO's r_base), set by advantages.py
-    value: float | None = None
-    # the step's advantage if all trajectories that train it agree; set by advantages.py
-    advantage: float | None = None
-    # abnormal outcomes of this step, a subset of FLAGS
-    flags: list[str] = field(default_factory=list)
-    # BranPO: last step of the shared prefix B (Eq. 8); its children: continuations C (Eq. 9)
-    prefix_end: bool = False
-    # BranPO RSM: a step a shorter correct continuation showed unnecessary (Eq. 14)
-    redundant: bool = False
+    doc_ids: list[str] = field(default_factory=list)  # retrieved for `query` (TreePS-RAG's pruning)
+    reward: float | None = None  # outcome reward R(H) of the trajectory ending here; None: unscored
+    em: float | None = None  # exact match of `answer` to the golden answers (set by the agent)
+    f1: float | None = None  # token F1 of `answer` to the golden answers (set by the agent)
+    value: float | None = None  # V(n) where a method has one (CARL, TreePS-RAG, BranPO's r_base)
+    advantage: float | None = None  # the step's, if every trajectory that trains it agrees
+    flags: list[str] = field(default_factory=list)  # this step's abnormal outcomes, among FLAGS
+    prefix_end: bool = False  # BranPO: last step of the prefix B (Eq. 8); its children: C (Eq. 9)
+    redundant: bool = False  # BranPO RSM: a step a shorter correct branch showed needless (Eq. 14)
     sampled: bool = False  # TreePS-RAG: a leaf whose path is among the N drawn for training (§2.3)
-    # CARL: running mean of the length-normalised NLL of actions from here, H(s) (Eq. 6-8)
-    entropy: float | None = None
-    # children sampled so far, pruned ones included: CARL's n(s) (Eq. 12); names new children
-    n_sampled: int = 0
+    phase1: bool = False  # CARL: a step of the N0 chains sampled before any fork (App. C.1)
+    entropy: float | None = None  # CARL: H(s), mean length-normalised NLL of its actions (Eq. 6-8)
+    n_sampled: int = 0  # children sampled, pruned ones too: CARL's n(s) (Eq. 12); names children
 
     @property
     def depth(self) -> int:
@@ -87,8 +68,7 @@ class Node:
 
     @property
     def ended(self) -> bool:
-        """A step after which the trajectory stops: it has a reward, or it was discarded by a
-        retrieval error."""
+        """A step after which the trajectory stops: it has a reward, or a retrieval error."""
         return self.reward is not None or "env_error" in self.flags
 
     def add_child(self, **step) -> Node:
@@ -142,26 +122,22 @@ def leaves(node: Node) -> list[Node]:
 
 
 def scored_leaves(node: Node) -> list[Node]:
-    """L(n): the descendant leaves of `node` whose reward counts (discarded trajectories left
-    out)."""
+    """L(n): the descendant leaves of `node` whose reward counts (not discarded)."""
     return [n for n in leaves(node) if n.scored]
 
 
 def path(node: Node) -> list[Node]:
-    """The steps from the root's child down to `node` (the root, being the prompt, is not a
-    step)."""
+    """The steps from the root's child down to `node` (the root, the prompt, is no step)."""
     return [] if node.parent is None else path(node.parent) + [node]
 
 
 def truncated(leaf: Node) -> bool:
-    """A trajectory cut by the token budget: its reward counts in group statistics, but `to_samples`
-    drops it."""
+    """A trajectory cut by the token budget: in group statistics, dropped by `to_samples`."""
     return any("truncated" in s.flags for s in path(leaf))
 
 
 def context_ids(node: Node) -> list[int]:
-    """TITO: the exact token ids the model sees after `node`: prompt + (tokens + obs_tokens) of
-    every step."""
+    """TITO: the exact ids the model sees after `node`: prompt + each step's tokens + obs_tokens."""
     steps = path(node)
     root = steps[0].parent if steps else node
     return [i for n in [root, *steps] for i in n.tokens + n.obs_tokens]
@@ -173,13 +149,8 @@ class Tree:
 
     root: Node  # the prompt node; its `tokens` are the prompt's token ids
     question: str = ""  # the question text, for reading
-    # accepted answers the reward compares against
-    golden_answers: list[str] = field(default_factory=list)
-    # rollout counters: generated_tokens, tool_calls, ...
-    stats: dict[str, float] = field(default_factory=dict)
-
-    def nodes(self) -> list[Node]:
-        return list(walk(self.root))
+    golden_answers: list[str] = field(default_factory=list)  # what the reward compares against
+    stats: dict[str, float] = field(default_factory=dict)  # generated_tokens, tool_calls, ...
 
     def leaves(self) -> list[Node]:
         return leaves(self.root)
@@ -240,8 +211,7 @@ class Trajectory:
     here)."""
 
     leaf: Node  # the trajectory's last step
-    # one per step of `path(leaf)`: multiplies its model tokens in this row's loss
-    advantages: list[float | None]
+    advantages: list[float | None]  # one per step of `path(leaf)`: times its tokens in the loss
 
     @property
     def steps(self) -> list[Node]:
@@ -253,13 +223,10 @@ class Sample:
     """One training row: a trajectory's exact token ids with per-token loss mask, advantage and
     rollout log-prob."""
 
-    # prompt + every step's sampled ids + observation ids, exactly as generated (TITO)
-    input_ids: list[int]
-    # 1 on model tokens of steps trained in this row; 0 on prompt, observations, untrained steps
-    loss_mask: list[int]
+    input_ids: list[int]  # prompt + every step's sampled and observation ids, as generated (TITO)
+    loss_mask: list[int]  # 1 on the model tokens of steps trained here; 0 elsewhere
     advantages: list[float]  # per-token advantage (0 where loss_mask is 0)
-    # rollout log-prob per model token (0 elsewhere): the old policy for PPO / TIS
-    logprobs: list[float]
+    logprobs: list[float]  # rollout log-prob per model token (0 elsewhere): PPO / TIS's pi_old
     leaf_id: str  # the trajectory's leaf, to trace a row back to its tree
 
 
@@ -268,7 +235,7 @@ def to_samples(trajectories: list[Trajectory]) -> list[Sample]:
     step trained."""
     samples = []
     for traj in trajectories:
-        steps = traj.steps
+        steps = path(traj.leaf)
         if len(traj.advantages) != len(steps):
             raise ValueError(
                 f"trajectory {traj.leaf.id}: {len(traj.advantages)} advantages for {len(steps)} "

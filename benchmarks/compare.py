@@ -64,11 +64,12 @@ from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from infra.inspection import tree_grpo_budget  # noqa: E402
+
 import train  # noqa: E402  (the project's modules, from the repository root)
 from advantages import CreditConfig  # noqa: E402
 from infra import data  # noqa: E402
 from infra.flags import check, parse  # noqa: E402
-from infra.inspection import tree_grpo_budget  # noqa: E402
 from infra.warmstart import WarmConfig  # noqa: E402
 from retriever import RetrieverConfig  # noqa: E402
 from rollout import AgentConfig, RolloutConfig  # noqa: E402

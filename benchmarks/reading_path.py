@@ -1,17 +1,21 @@
 """The one-step reading path: what a reader walks to follow one training step of one --algo.
 
-    python benchmarks/reading_path.py            # per algo: definitions, code lines, files
-    python benchmarks/reading_path.py --verbose  # and each path's definitions, where it stops
+    python benchmarks/reading_path.py            # the shared core, then each algo's own code
+    python benchmarks/reading_path.py --verbose  # and their definitions, where the paths stop
 
 Static: it parses the repository's code with `ast` and imports none of it. What it counts:
-- A code line is a line that is neither blank nor a comment; docstrings count.
+- A code line is a line that is not blank: comments count, as docstrings do.
+- The shared core is what every algo's path holds (the loop, the agent's step, the tree and its
+  samples, log-probs, the loss and the update); an algo's own code is the rest of its path (its
+  strategy and credit function, with their helpers). The core must stay within CORE_MAX.
 - The loop is the first `for` statement in train.py's `main` whose loop variable is `step`, searched
   in all of `main` (nested blocks included), so it is found wherever the loop moves inside `main`.
   Its lines count as one definition, "main (the loop)". A `main` without such a loop is an error.
 - The path is the loop, the definitions (functions, classes, methods) it refers to, the ones those
-  refer to, and so on, inside the top-level modules of the repository. It stops at PACKAGE, the
-  infrastructure package infra/ (engines, world and loaders, warm start, flags, run directory,
-  search indexes and server, inspection command lines), and at installed code.
+  refer to, and so on, inside the top-level modules of the repository. It stops at PACKAGE: the
+  infrastructure package infra/ (engines, world and loaders, warm start, flags, the run's
+  directory and bookkeeping, search indexes and server) and the command lines in scripts/; and
+  at installed code.
 - Names resolve through their module's imports (`import rollout`, `from tree import path`).
   Annotations count: `args: Args` puts the dataclass Args on the path. A module-level variable is
   followed into its value and not counted. An algorithm registry (a module-level dict with string
@@ -30,7 +34,8 @@ from dataclasses import dataclass
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # The infrastructure package, where the path stops
-PACKAGE = ("infra",)
+PACKAGE = ("infra", "scripts")
+CORE_MAX = {"code lines": 500, "definitions": 37, "files": 4}  # the shared core's bounds
 LOOP_MODULE, LOOP_FUNCTION, LOOP_VARIABLE = "train", "main", "step"
 MAX_LINE = 100  # characters: pyproject.toml's line-length
 FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -45,11 +50,12 @@ class Definition:
 
 
 def code_lines(lines: list[str], first: int, last: int, skip=()) -> int:
-    """Code lines among lines first..last (1-based, inclusive) outside the (first, last) `skip`s."""
+    """Lines that are not blank among lines first..last (1-based, inclusive) outside the (first,
+    last) `skip`s: code, docstrings and comments alike."""
     return sum(
         1
         for i in range(first, last + 1)
-        if not any(a <= i <= b for a, b in skip) and lines[i - 1].strip()[:1] not in ("", "#")
+        if not any(a <= i <= b for a, b in skip) and lines[i - 1].strip()
     )
 
 
@@ -267,6 +273,23 @@ def reading_path(modules: dict[str, Module], algo: str) -> tuple[list[Definition
     return sorted(walker.reached.values(), key=lambda d: (d.module, d.line)), sorted(walker.stops)
 
 
+def core_and_own(modules: dict[str, Module]) -> tuple[list[Definition], dict[str, list]]:
+    """The shared core (the definitions on every algo's path) and each algo's own definitions."""
+    paths = {algo: reading_path(modules, algo)[0] for algo in algos(modules)}
+    core = set.intersection(*(set(path) for path in paths.values()))
+    own = {algo: [d for d in path if d not in core] for algo, path in paths.items()}
+    return sorted(core, key=lambda d: (d.module, d.line)), own
+
+
+def size(definitions: list[Definition]) -> dict[str, int]:
+    """Code lines, definitions and files of a list of definitions (CORE_MAX's keys)."""
+    return {
+        "code lines": sum(d.code_lines for d in definitions),
+        "definitions": len(definitions),
+        "files": len({d.module for d in definitions}),
+    }
+
+
 def line_stats(root: pathlib.Path = ROOT) -> dict:
     """Code lines per top-level file; the longest line and the lines over MAX_LINE in every .py."""
     texts = {p.relative_to(root): p.read_text().splitlines() for p in sorted(root.rglob("*.py"))}
@@ -283,22 +306,34 @@ def line_stats(root: pathlib.Path = ROOT) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--verbose", action="store_true", help="list each path's definitions")
+    parser.add_argument("--verbose", action="store_true", help="list each part's definitions")
     parser.add_argument("--root", default=str(ROOT), help="the repository to measure")
     args = parser.parse_args()
     root = pathlib.Path(args.root)
     modules = load_modules(root)
     start = f"{LOOP_MODULE}.py's loop (line {find_loop(modules).lineno})"
     print(f"one step's reading path: from {start}, stopping at {', '.join(PACKAGE)} and libraries")
-    print(f"{'algo':12} {'definitions':>11} {'code lines':>10} {'files':>5}")
-    for algo in algos(modules):
-        path, stops = reading_path(modules, algo)
-        lines, files = sum(d.code_lines for d in path), len({d.module for d in path})
-        print(f"{algo:12} {len(path):>11} {lines:>10} {files:>5}")
-        for d in path if args.verbose else []:
-            print(f"    {f'{d.module}.py:{d.line}':17} {d.name:30} {d.code_lines:4}")
-        if args.verbose:
-            print(f"    stops at: {', '.join(stops) or 'nothing'}")
+    core, own = core_and_own(modules)
+    listing = lambda defs: [
+        f"    {f'{d.module}.py:{d.line}':17} {d.name:30} {d.code_lines:4}" for d in defs
+    ]
+    bounds = " / ".join(f"<= {v}" for v in CORE_MAX.values())
+    c = size(core)
+    print(
+        f"shared core (every algo): {c['code lines']} code lines, {c['definitions']} definitions,",
+        end=" ",
+    )
+    print(f"{c['files']} files (bounds {bounds})")
+    for line in listing(core) if args.verbose else []:
+        print(line)
+    print(f"{'algo':12} {'own lines':>9} {'own definitions':>15} {'path lines':>10} {'files':>5}")
+    for algo, defs in own.items():
+        o, stops = size(defs), reading_path(modules, algo)[1]
+        files = len({d.module for d in [*core, *defs]})
+        total = c["code lines"] + o["code lines"]
+        print(f"{algo:12} {o['code lines']:>9} {o['definitions']:>15} {total:>10} {files:>5}")
+        for line in [*listing(defs), f"    stops at: {', '.join(stops)}"] if args.verbose else []:
+            print(line)
     s = line_stats(root)
     top, (longest, where) = s["top"], s["longest"]
     largest = max(top, key=top.get)

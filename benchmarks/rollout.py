@@ -25,16 +25,18 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import rollout
-from infra import data, flags, protocol
+from infra import data, flags, health, loaders, protocol
 from infra.engines import load_policy, make_engine
 from infra.search import BM25Retriever, load_corpus
+from rollout import RolloutConfig
 
-BUDGETS = {  # ~8 full-trajectory units per prompt each
-    "grpo": {"G": 8},  # 8 chains
-    "tree_grpo": {"M": 4, "N": 2, "L": 1},  # M (1 + L N / 2) = 8 (corrected Tree-GRPO budget)
-    "branpo": {"N": 4},  # 4 chains + tail branches (1-2 steps each, several per chain)
-    "carl": {"N0": 1, "N": 14},  # N0 + N / 2 = 8 (CARL Eq. 14 in trajectory units)
-    "treeps": {"N": 8, "D": 4, "N_retain": 2},  # ~N nodes per layer over D layers
+BUDGETS = {  # ~8 full-trajectory units per prompt each (RolloutConfig's knobs)
+    "grpo": RolloutConfig(grpo_G=8),  # 8 chains
+    # M (1 + L N / 2) = 8 (corrected Tree-GRPO budget)
+    "tree_grpo": RolloutConfig(tree_M=4, tree_N=2, tree_L=1),
+    "branpo": RolloutConfig(branpo_N=4),  # 4 chains + tail branches (1-2 steps each, several)
+    "carl": RolloutConfig(carl_N0=1, carl_N=14),  # N0 + N / 2 = 8 (CARL Eq. 14 in trajectories)
+    "treeps": RolloutConfig(treeps_N=8, treeps_D=4, treeps_retain=2),  # ~N nodes a layer, D layers
 }
 
 
@@ -69,7 +71,7 @@ def main(a: Args, cfg: protocol.AgentConfig):
             f"choose from {','.join(BUDGETS)}"
         )
     world = data.ensure_world(a.world)
-    rows = data.spread(data.load_rows(world, "train"), a.n_prompts)
+    rows = data.spread(loaders.load_rows(world, "train"), a.n_prompts)
     model, tok = load_policy(a.model)
     block = {"block_size": a.vllm_block_size} if a.vllm_block_size else {}
     engine = make_engine(a.engine, model, tok, a.model, **block)
@@ -85,14 +87,14 @@ def main(a: Args, cfg: protocol.AgentConfig):
         agent = rollout.Agent(engine, retriever, tok, cfg, a.seed)
         before = (getattr(engine, "prefill_tokens", 0), getattr(engine, "cached_prefill_tokens", 0))
         t0 = time.perf_counter()
-        prompts = rollout.ALGOS[name].grow(agent, rows, random.Random(a.seed), **hp)
+        prompts = rollout.ALGOS[name].grow(agent, rows, random.Random(a.seed), hp)
         seconds = time.perf_counter() - t0
         if hasattr(engine, "cached_prefill_tokens"):
             prefill[name] = (
                 engine.prefill_tokens - before[0],
                 engine.cached_prefill_tokens - before[1],
             )
-        s = rollout.metrics(prompts)
+        s = health.metrics(prompts)
         tokens, leaves = s["rollout/tokens_per_prompt"], s["tree/leaves_per_prompt"]
         print(
             f"{name:10} {tokens:14.0f} {s['rollout/tool_calls_per_prompt']:13.1f} {leaves:14.1f} "

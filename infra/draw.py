@@ -1,6 +1,6 @@
 """Rollout trees drawn with the credit each step receives: one panel per method, one colour scale.
 
-The input is plain data (`infra.inspection.drawing` writes it), so nothing of the project is
+The input is plain data (`scripts.credit.drawing` writes it), so nothing of the project is
 imported here. A panel is a dict {"algo": a method of PANELS, "nodes": [...], "note": a line under
 it}; a node is a dict {"id", "parent" (None: a root, the prompt), "kind" (a key of KINDS), "credit"
 (None: not trained), "reward" (leaves; None: not scored), "marks" (keys of MARKS; a panel draws its

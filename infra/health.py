@@ -1,15 +1,26 @@
-"""A step's health metrics: the `rollout/`, `tree/` and `abnormal/` entries of every step's log
-(rollout.py exposes them as `rollout.metrics`, with tree.py's `path` and `FLAGS` passed in, as this
-package never imports the top level) and the update's `train/` ones (the README lists them all).
+"""A step's health metrics: the `rollout/`, `tree/` and `abnormal/` entries of every step's log,
+from the step's trees (tree.py's Tree and Node, read by their fields), and the update's `train/`
+ones (the README lists them all).
 """
 
 import torch
 
+from infra.protocol import FLAGS
 
-def metrics(prompts: list[list], path, flags) -> dict[str, float]:
+
+def path(node) -> list:
+    """The steps from the root's child down to `node` (tree.py's `path`, on the nodes' parents)."""
+    steps = []
+    while node.parent is not None:
+        steps.append(node)
+        node = node.parent
+    return steps[::-1]
+
+
+def metrics(prompts: list[list]) -> dict[str, float]:
     """One rollout batch's metrics (the README lists them): reward, EM/F1 (as the agent recorded
     them), behaviour, effective groups, budgets per prompt, failed retrieval queries (summed over
-    the batch), abnormal rates (`path`: tree.path; `flags`: tree.FLAGS, the abnormal outcomes)."""
+    the batch), abnormal rates (FLAGS, the abnormal outcomes)."""
     n = max(len(prompts), 1)
     leaves = [leaf for trees in prompts for t in trees for leaf in t.leaves()]
     scored = [leaf for leaf in leaves if leaf.scored]
@@ -44,9 +55,31 @@ def metrics(prompts: list[list], path, flags) -> dict[str, float]:
             "rollout/retrieval_failed_queries": stat("failed_queries") * n,
         }
     )
-    for flag in flags:  # share of trajectories with that outcome on any of their steps
+    for flag in FLAGS:  # share of trajectories with that outcome on any of their steps
         m[f"abnormal/{flag}"] = mean([float(any(flag in s.flags for s in path(x))) for x in leaves])
     return m
+
+
+def sample_metrics(trajectories: list, samples: list) -> dict[str, float]:
+    """What the step trains (tree.py's Trajectory and Sample): tokens, rows, and update actions
+    (CARL's |D_upd|): the steps with an advantage, once per trajectory a row trains (a truncated
+    one has none)."""
+    kept = {s.leaf_id for s in samples}
+    trained = [a for t in trajectories if t.leaf.id in kept for a in t.advantages]
+    return {
+        "train/tokens_trained": float(sum(sum(s.loss_mask) for s in samples)),
+        "train/actions_trained": float(sum(a is not None for a in trained)),
+        "train/samples": float(len(samples)),
+    }
+
+
+def refine_metrics(sums) -> dict[str, float]:
+    """The refine agent's (Cut the Bill §6) over one step, from its summed `stats`: mean summary
+    length in tokens, and its seconds (part of retrieval's)."""
+    return {
+        "rollout/refine_summary_tokens": sums["summary_tokens"] / max(sums["summaries"], 1),
+        "rollout/refine_seconds": sums["seconds"],
+    }
 
 
 def train_metrics(stats, grad_norms, losses, args) -> dict[str, float]:

@@ -41,3 +41,17 @@ class TokenLogp(torch.autograd.Function):
                 )  # (c,)
                 (out[s : s + rows],) = torch.autograd.grad(logp, x, grad[s : s + rows])  # (c, V)
         return out, None, None
+
+
+def collate(samples, pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a list of tree.Sample into (B, T) tensors: train.py's micro-batches."""
+    T = max(len(s.input_ids) for s in samples)
+    pad = lambda xs, v: [x + [v] * (T - len(x)) for x in xs]
+    return {
+        "ids": torch.tensor(pad([s.input_ids for s in samples], pad_id)),  # (B, T)
+        "attn": torch.tensor(pad([[1] * len(s.input_ids) for s in samples], 0)),  # (B, T)
+        # (B, T)
+        "mask": torch.tensor(pad([s.loss_mask for s in samples], 0), dtype=torch.float),
+        "adv": torch.tensor(pad([s.advantages for s in samples], 0.0)),  # (B, T)
+        "rollout_logp": torch.tensor(pad([s.logprobs for s in samples], 0.0)),
+    }  # (B, T)

@@ -2,14 +2,21 @@
 evaluation and dumps: the agent's settings (`AgentConfig`, the same in every script), the
 instruction it is prompted with (Search-R1's, or a short one for the embedded default's tokenizer),
 how its text is read into an action (`parse_action`), the message that follows an invalid action
-(--retry_invalid), the observation body made of retrieved passages, and a user turn through the
-tokenizer's chat template.
+(--retry_invalid), the observation body made of retrieved passages, a user turn through the
+tokenizer's chat template, and the abnormal outcomes a step can end with (FLAGS).
 """
 
+import re
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from infra import data
+
+FLAGS = ("parse_error", "repeated_query", "too_many_calls", "max_turns", "truncated", "env_error")
+# parse_error: no valid tag, unclosed tag or empty query; repeated_query: same query earlier on the
+# path; too_many_calls: more tool calls in one step than allowed; max_turns: turn limit reached
+# without an answer; truncated: token budget per trajectory exceeded; env_error: retrieval failed or
+# timed out (trajectory discarded).
 
 INSTRUCTION = (
     "Answer the given question. You must conduct reasoning inside <{think}> and </{think}> first "
@@ -123,6 +130,16 @@ def parse_action(text: str, think: str, max_calls: int) -> tuple[str, str | None
     if end < 0 or not content:
         return "invalid", None, "parse_error"
     return tag, content, None
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    """`text`'s token ids, without the special tokens a tokenizer may add around it."""
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def query_key(query: str) -> str:
+    """A query as the repeated_query check compares it: lowercased, whitespace collapsed."""
+    return re.sub(r"\s+", " ", query.strip().lower())
 
 
 def format_passages(passages) -> str:

@@ -74,6 +74,7 @@ def validate(args, configs, rules, depth):
     warm = next(c for c in configs if isinstance(c, warmstart.WarmConfig))
     one_file = args.data.endswith((".parquet", ".jsonl", ".json"))
     no_model = engines.model_problem(args.model, args.gguf_file) if args.model else ""
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))  # the processes `accelerate launch` starts
     flags.check(
         (args, *configs),
         RULES + rules + engines.RULES + warmstart.RULES,
@@ -105,6 +106,12 @@ def validate(args, configs, rules, depth):
                 "--log_with (metrics.jsonl and the console always log)",
             ),
             (no_model, no_model),
+            (
+                args.prompts_per_step % ranks,
+                f"--prompts_per_step {args.prompts_per_step} does not split over the {ranks} "
+                f"processes (each rolls out prompts_per_step / {ranks} of every step's prompts); "
+                f"pass a multiple of {ranks}",
+            ),
         ],
     )
 
@@ -429,25 +436,13 @@ def quiet(silent: bool):
 
 
 def start(accelerator, run_dir: str, args, configs, warm):
-    """Before anything loads: refuse a --prompts_per_step that does not split over the processes,
-    give one CPU process every core it may use, seed (--seed); then rank 0 claims run_dir
+    """Before anything loads: give one CPU process every core it may use, seed (--seed); then rank
+    0 claims run_dir
     (claim_run_dir), writes the whole configuration (`configs`: train.py's dataclasses; `warm`, the
     warm start's, with the embedded default) and prints what differs from the defaults
     (save_config), says when a user's accelerate config goes unused, and starts the trackers.
     Returns the open run.lock on rank 0 (hold it while the run lasts), else None."""
     ranks = accelerator.num_processes
-    flags.check(
-        args,
-        [],
-        [
-            (
-                args.prompts_per_step % ranks,
-                f"--prompts_per_step {args.prompts_per_step} does not split over the {ranks} "
-                f"processes (each rolls out prompts_per_step / {ranks} of every step's prompts); "
-                f"pass a multiple of {ranks}",
-            )
-        ],
-    )
     if ranks == 1 and accelerator.device.type == "cpu":
         # `accelerate launch` sets OMP_NUM_THREADS=1; one process may use every core it is allowed
         # (taskset / cpuset)

@@ -4,9 +4,9 @@ App. A.2).
     python train.py warmstart --out out/warmstart --world out/world   # alone
 
 So it runs alone, its agent format set by AgentConfig's flags; train.py runs it (`ensure`) before
-RL when there is no --model, with the run's --seed. The agent it demonstrates is rollout.py's, and
-its validation is eval.py's `evaluate`: both are passed in (`rollout`: the module; `evaluate`), as
-this package never imports the top level.
+RL when there is no --model, with the run's --seed. Its driver (training with rollout.py's agent as
+the demonstrator and eval.py's `evaluate` as the validation, the cache, the command line) is
+scripts/warmstart.py; this file holds the model, the tokenizer, the data and the fitting.
 
 The model is a 3-layer, d = 128 Llama; its tokenizer's pieces are the world's syllables, syllable
 pairs and words, so it can copy a name it never saw in a training question from a passage into its
@@ -29,22 +29,15 @@ Deviations from the papers, each cited by its name:
   reading only: the rollout never re-encodes it.
 """
 
-import json
 import math
-import os
-import random
 import re
-import time
-from dataclasses import asdict, dataclass, replace
-from functools import partial
+from dataclasses import asdict, dataclass
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from infra import data, flags, protocol
-from infra.engines import HFEngine, model_problem
-from infra.search import BM25Retriever, load_corpus
 
 MISTAKES = ("early", "wrong", "repeat")
 
@@ -231,7 +224,9 @@ def trajectory_ids(agent, question, steps, observations):
     ids = agent.prompt_ids(question)
     mask = [0] * len(ids)
     for thought, tag, content in steps:
-        action = agent.encode(f"<{think}> {thought} </{think}><{tag}> {content} </{tag}>")
+        action = protocol.encode(
+            agent.tok, f"<{think}> {thought} </{think}><{tag}> {content} </{tag}>"
+        )
         ids, mask = ids + action, mask + [1] * len(action)
         if tag == "search":
             ids, mask = ids + observations[content], mask + [0] * len(observations[content])
@@ -314,130 +309,6 @@ def fit(model, make_batch, steps, lr, pad_id, desc, floor=0.1, until=0.0) -> tup
     return (losses[-1] if losses else float("nan")), len(losses)
 
 
-def train(
-    out_dir: str,
-    world_dir: str,
-    cfg: WarmConfig,
-    agent_cfg,
-    seed: int,
-    rollout,
-    evaluate,
-    search=None,
-) -> str:
-    """Warm-start a fresh tiny Llama on the world (the two stages, in the prompt and observation
-    format of `agent_cfg`, rollout.py's AgentConfig; `seed` seeds the weights and the data) and
-    save it with its tokenizer to out_dir. `rollout`: the module rollout.py (its Agent
-    demonstrates); `evaluate`: eval.py's (the validation). `search`: the run's retriever, searched
-    when it is BM25 over the world's corpus (one index per run); otherwise the warm start builds its
-    own."""
-    tok = world_tokenizer()
-    model = tiny_llama(tok, seed=seed)
-    rows = [r for r in data.load_rows(world_dir, "train") if r.gold_queries]
-    if not rows:
-        raise ValueError(
-            f"{world_dir}/train.jsonl has no rows with gold_queries; the warm start needs the "
-            f"embedded world (python -m infra.data --out DIR)"
-        )
-    corpus = os.path.join(world_dir, "corpus.jsonl")
-    if not (isinstance(search, BM25Retriever) and search.corpus.path == corpus):
-        search = BM25Retriever(load_corpus(corpus))
-    agent = rollout.Agent(None, search, tok, agent_cfg, seed)
-    rng = random.Random(seed)
-    # copy names AND wording: a thought restates the question's relations
-    words = set(data.TEMPLATE_WORDS)
-    pieces = sorted(
-        i for p, i in tok.get_vocab().items() if data.syllabify(p.removeprefix("##")) or p in words
-    )
-    names, by_hops = sorted({n for r in rows for n in r.gold_queries}), {}
-    for r in rows:
-        by_hops.setdefault(r.hops, []).append(r)
-    # every query a trajectory makes, in one call
-    passages = agent.retriever.search(names, agent.cfg.topk)
-    observations = {
-        q: agent.observation_ids(protocol.format_passages(p)) for q, p in zip(names, passages)
-    }
-    trajectories = partial(trajectory_batch, agent, rng, by_hops, cfg, names, observations)
-
-    copy_steps = 0
-    # the induction heads form after a seed-dependent number of steps: run until they have
-    if cfg.copy_steps:
-        copy_loss, copy_steps = fit(
-            model,
-            partial(copy_batch, rng, pieces, cfg, tok.bos_token_id),
-            cfg.copy_steps,
-            cfg.warm_lr,
-            tok.pad_token_id,
-            "warm start: copy",
-            floor=1.0,
-            until=cfg.copy_loss,
-        )
-        print(
-            f"warm start: copy loss {copy_loss:.3f} after {copy_steps} steps"
-            + (
-                f" (above --copy_loss {cfg.copy_loss}: the induction heads may not have formed; "
-                "the trajectory stage will take longer)"
-                if copy_steps == cfg.copy_steps
-                else ""
-            ),
-            flush=True,
-        )
-    loss, _ = fit(
-        model,
-        trajectories,
-        cfg.sft_steps,
-        cfg.warm_lr,
-        tok.pad_token_id,
-        "warm start: trajectories",
-    )
-    steps, dev = cfg.sft_steps, data.spread(data.load_rows(world_dir, "dev"), cfg.val_n)
-    while cfg.target_em:  # greedy dev EM with the agent's retriever and budgets
-        greedy = rollout.Agent(
-            HFEngine(model, tok), agent.retriever, tok, replace(agent_cfg, temperature=0), seed
-        )
-        m = evaluate(greedy, dev)
-        hops = ", ".join(f"{k[6:]}-hop {v:.2f}" for k, v in m.items() if k.startswith("em_hop"))
-        print(
-            f"warm start: greedy dev EM {m['em']:.3f} after {steps} trajectory steps ({hops}); "
-            f"target {cfg.target_em}",
-            flush=True,
-        )
-        if m["em"] >= cfg.target_em:
-            break
-        if steps + cfg.sft_steps > cfg.sft_max_steps:
-            raise RuntimeError(
-                f"warm start failed: greedy dev EM {m['em']:.3f} < target_em {cfg.target_em} "
-                f"after {steps} trajectory steps (sft_max_steps {cfg.sft_max_steps}); nothing was "
-                f"saved to {out_dir}. Raise --sft_max_steps, try another --seed, or lower "
-                "--target_em (0 = no check) at your own risk"
-            )
-        loss, _ = fit(
-            model,
-            trajectories,
-            cfg.sft_steps,
-            cfg.warm_lr / 2,
-            tok.pad_token_id,
-            "warm start: more",
-        )
-        steps += cfg.sft_steps
-    os.makedirs(out_dir, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
-    with open(os.path.join(out_dir, "warmstart.json"), "w") as f:
-        json.dump(
-            {
-                **settings(cfg, agent_cfg, seed),
-                "world": world_dir,
-                "final_loss": loss,
-                "copy_steps_done": copy_steps,
-                "sft_steps_done": steps,
-                **({"dev_em": m["em"]} if cfg.target_em else {}),
-            },
-            f,
-            indent=1,
-        )
-    return out_dir
-
-
 def settings(cfg: WarmConfig, agent_cfg, seed: int) -> dict:
     """What a cached warm start must match: its own settings, the agent format it was trained in and
     its seed."""
@@ -448,70 +319,3 @@ def settings(cfg: WarmConfig, agent_cfg, seed: int) -> dict:
         "seed": seed,
         "instruction": protocol.instruction_template(agent_cfg.instruction, world_tokenizer()),
     }
-
-
-def ensure(
-    out_dir: str,
-    world_dir: str,
-    cfg: WarmConfig,
-    agent_cfg,
-    seed: int,
-    rollout,
-    evaluate,
-    search=None,
-) -> str:
-    """The cached warm-start checkpoint in out_dir; trained first (`train`, with `seed`, `rollout`,
-    `evaluate` and `search`) if it is not there yet. Under the lock OUT_DIR.lock: a second run waits
-    for the first's warm start, then checks that its settings are this run's."""
-    with data.claimed(out_dir.rstrip("/") + ".lock", f"the warm start {out_dir}"):
-        saved = os.path.join(out_dir, "warmstart.json")  # written last: the warm start is complete
-        if os.path.exists(saved):
-            with open(saved) as f:
-                was = json.load(f)
-            differ = {
-                k: (was.get(k), v)
-                for k, v in settings(cfg, agent_cfg, seed).items()
-                if was.get(k) != v
-            }
-            if differ:
-                raise ValueError(
-                    f"the cached warm start in {out_dir} was trained with other "
-                    f"settings (setting: (cached, asked)) {differ}; delete {out_dir} "
-                    f"to retrain, match them, or give this run its own --out_dir"
-                )
-            if model_problem(out_dir):
-                raise ValueError(
-                    f"the cached warm start in {out_dir} is incomplete: "
-                    f"{model_problem(out_dir)}; delete {out_dir} to retrain it"
-                )
-            print(f"warm start: cached in {out_dir}")
-            return out_dir
-        print(f"warm start: none in {out_dir}; training one (about 6 minutes on 2 CPU cores)")
-        t0 = time.perf_counter()
-        train(out_dir, world_dir, cfg, agent_cfg, seed, rollout, evaluate, search)
-        print(f"warm start: saved to {out_dir} in {time.perf_counter() - t0:.0f} s")
-    return out_dir
-
-
-@dataclass
-class WarmArgs:
-    """`python train.py warmstart`: where to read the world and write the checkpoint, and the seed
-    (the agent format: AgentConfig)."""
-
-    out: str = "out/warmstart"
-    """Checkpoint directory (model + tokenizer + warmstart.json)."""
-    world: str = "out/world"
-    """Embedded world directory (written first if missing)."""
-    seed: int = 0
-    """Seed of the weights' initialisation and of the data (train.py's --seed)."""
-
-
-def main(argv: list[str], rollout, evaluate):
-    """`python train.py warmstart ...` (`argv`: the arguments after `warmstart`): train a warm start
-    into --out, whatever is there, from the world in --world (written first if missing). `rollout`,
-    `evaluate`: as `train`."""
-    cfg, a, agent_cfg = flags.parse(WarmConfig, WarmArgs, protocol.AgentConfig, args=argv)
-    flags.check((cfg, agent_cfg), RULES + rollout.RULES, [steps_rule(cfg)])
-    world = data.ensure_world(a.world)
-    with data.claimed(a.out.rstrip("/") + ".lock", f"the warm start {a.out}"):
-        train(a.out, world, cfg, agent_cfg, a.seed, rollout, evaluate)

@@ -16,7 +16,6 @@ import pytest
 from pytest import approx
 
 import rollout
-import tree as tree_module
 from advantages import (
     CreditConfig,
     branpo,
@@ -26,7 +25,7 @@ from advantages import (
     tree_grpo,
     treeps,
 )
-from infra.inspection import demo, tree_grpo_budget
+from scripts.credit import demo, tree_grpo_budget
 from tree import Node, Tree, step_credit, to_samples, walk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,11 +33,13 @@ S3 = math.sqrt(3)
 CREDITS = {name: algo.credit for name, algo in rollout.ALGOS.items()}  # the registry's
 
 
+C = CreditConfig()  # the credit flags' defaults
+
+
 def registry_credit(algo: str, trees, **flags):
     """The registry's credit for `algo` with these credit flags (CreditConfig's fields), as train.py
     calls it."""
-    entry = rollout.ALGOS[algo]
-    return entry.credit(trees, **entry.credit_knobs(rollout.RolloutConfig(), CreditConfig(**flags)))
+    return rollout.ALGOS[algo].credit(trees, CreditConfig(**flags))
 
 
 def n(id_, *children, **kw):
@@ -91,7 +92,7 @@ def test_grpo_normalizes_rewards_including_a_format_penalty_over_the_group():
     trees = T(chain("a", 2, 1.0), chain("b", 3, 0.0), chain("c", 1, -0.5))
     s = math.sqrt(7 / 12)
     close(
-        by_leaf(grpo(trees)),
+        by_leaf(grpo(trees, C)),
         {"a.0.0": [5 / 6 / s] * 2, "b.0.0.0": [-1 / 6 / s] * 3, "c.0": [-2 / 3 / s]},
     )
     # each step of a chain is in one trajectory
@@ -99,17 +100,19 @@ def test_grpo_normalizes_rewards_including_a_format_penalty_over_the_group():
 
 
 def test_grpo_gives_zero_to_equal_rewards_and_leaves_out_discarded_trajectories():
-    close(by_leaf(grpo(T(chain("a", 2, 1.0), chain("b", 1, 1.0)))), {"a.0.0": [0, 0], "b.0": [0]})
-    close(by_leaf(grpo(T(chain("a", 2, 1.0)))), {"a.0.0": [0, 0]})
+    close(
+        by_leaf(grpo(T(chain("a", 2, 1.0), chain("b", 1, 1.0)), C)), {"a.0.0": [0, 0], "b.0": [0]}
+    )
+    close(by_leaf(grpo(T(chain("a", 2, 1.0)), C)), {"a.0.0": [0, 0]})
     # a discarded trajectory (retrieval failure) is neither trained nor part of the group: [1, 0] ->
     # +-0.7071
     trees = T(chain("a", 1, 1.0), chain("b", 1, 0.0), chain("c", 1, 0.0, flags=["env_error"]))
-    close(by_leaf(grpo(trees)), {"a.0": [1 / math.sqrt(2)], "b.0": [-1 / math.sqrt(2)]})
+    close(by_leaf(grpo(trees, C)), {"a.0": [1 / math.sqrt(2)], "b.0": [-1 / math.sqrt(2)]})
 
 
 def test_grpo_rejects_trees():
     with pytest.raises(ValueError, match="grpo expects chains.*branches at \\['r'\\]"):
-        grpo(T(n("r", leaf("r.0", 1.0), leaf("r.1", 0.0))))
+        grpo(T(n("r", leaf("r.0", 1.0), leaf("r.1", 0.0))), C)
 
 
 # ---- Tree-GRPO -----------------------------------------------------------------------------------
@@ -133,7 +136,7 @@ def test_tree_grpo_intra_and_inter_advantages_on_two_hand_trees():
     ja, jb = -2 / 3 / math.sqrt(1 / 3), -0.4 / math.sqrt(0.3)
     trees = two_trees()
     close(
-        by_leaf(tree_grpo(trees)),
+        by_leaf(tree_grpo(trees, C)),
         {
             "a.0.0": [ia + ib] * 2,
             "a.0.1.0": [ja + jb] * 3,
@@ -148,15 +151,13 @@ def test_tree_grpo_intra_and_inter_advantages_on_two_hand_trees():
     assert trees[0].find("a.1").advantage == approx(ia + ib, abs=1e-5)
     # Table 4 ablation
     close(
-        by_leaf(tree_grpo(two_trees(), mode="intra")),
+        by_leaf(tree_grpo(two_trees(), CreditConfig(tree_mode="intra"))),
         {"a.0.0": [ia] * 2, "a.0.1.0": [ja] * 3, "a.1": [ia], "b.0.0": [0] * 2, "b.0.1": [0] * 2},
     )
     close(
-        by_leaf(tree_grpo(two_trees(), mode="inter")),
+        by_leaf(tree_grpo(two_trees(), CreditConfig(tree_mode="inter"))),
         {"a.0.0": [ib] * 2, "a.0.1.0": [jb] * 3, "a.1": [ib], "b.0.0": [jb] * 2, "b.0.1": [jb] * 2},
     )
-    with pytest.raises(ValueError, match="mode must be"):
-        tree_grpo(two_trees(), mode="both!")
 
 
 def test_tree_grpo_inter_on_chains_equals_grpo():
@@ -166,7 +167,9 @@ def test_tree_grpo_inter_on_chains_equals_grpo():
             (rng.randint(1, 4), rng.choice([0.0, 1.0, -0.5, 0.3])) for _ in range(rng.randint(1, 6))
         ]
         forest = [chain(f"c{i}", depth, r) for i, (depth, r) in enumerate(specs)]
-        assert by_leaf(tree_grpo(T(*forest), mode="inter")) == by_leaf(grpo(T(*forest)))
+        assert by_leaf(tree_grpo(T(*forest), CreditConfig(tree_mode="inter"))) == by_leaf(
+            grpo(T(*forest), C)
+        )
 
 
 # ---- BranPO --------------------------------------------------------------------------------------
@@ -209,7 +212,7 @@ def test_branpo_base_and_branch_advantages():
     c1, c0 = 0.5 / sc, -0.5 / sc
     trees = branpo_trees()
     close(
-        by_leaf(branpo(trees)),
+        by_leaf(branpo(trees, C)),
         {
             "x.0.0": [bx, c1],  # prefix x.0 trained once (here) with A_base; suffix with A_branch
             "x.0.1": [None, c0],  # same prefix, not trained again
@@ -224,7 +227,7 @@ def test_branpo_base_and_branch_advantages():
     # 0; z: [-0.5] -> 0
     h = 1 / math.sqrt(2)
     close(
-        by_leaf(branpo(branpo_trees(), branch_norm="prefix")),
+        by_leaf(branpo(branpo_trees(), CreditConfig(branpo_norm="prefix"))),
         {
             "x.0.0": [bx, h],
             "x.0.1": [None, -h],
@@ -240,7 +243,7 @@ def test_branpo_one_tree_per_prompt_equals_separate_trees_and_an_empty_prefix_re
     # trees
     x, y, z = (t.to_dict() for t in branpo_trees())
     one = T(n("q", *(x["children"] + y["children"] + z["children"])))
-    assert by_leaf(branpo(one)) == by_leaf(branpo(branpo_trees()))
+    assert by_leaf(branpo(one, C)) == by_leaf(branpo(branpo_trees(), C))
     # k = 0: a root marked prefix_end -> the whole trajectory was resampled; its prefix is empty.
     # w: C = {w.0.0 r=1, w.1 r=0}, r_base = 0.5;  v: unbranched chain, r_base = 1
     # base group [0.5, 1] -> -0.7071 (w, empty prefix: unused), +0.7071 (v's two steps)
@@ -248,7 +251,7 @@ def test_branpo_one_tree_per_prompt_equals_separate_trees_and_an_empty_prefix_re
     # steps)
     w = n("w", n("w.0", leaf("w.0.0", 1.0)), leaf("w.1", 0.0), prefix_end=True)
     close(
-        by_leaf(branpo(T(w, chain("v", 2, 1.0)))),
+        by_leaf(branpo(T(w, chain("v", 2, 1.0)), C)),
         {"w.0.0": [1 / S3, 1 / S3], "w.1": [-2 / S3], "v.0.0": [1 / math.sqrt(2)] * 2},
     )
 
@@ -266,12 +269,12 @@ def test_branpo_unbranched_original_keeps_its_split_algorithm_1():
     a = n("a", n("a.0", leaf("a.0.0", 1.0), leaf("a.0.1", 0.0), prefix_end=True))
     b = n("b", n("b.0", leaf("b.0.0", 1.0), prefix_end=True))
     branches = {"a.0.0": [-h, 1 / S3], "a.0.1": [None, -2 / S3]}
-    close(by_leaf(branpo(T(a, b))), branches | {"b.0.0": [h, 1 / S3]})
+    close(by_leaf(branpo(T(a, b), C)), branches | {"b.0.0": [h, 1 / S3]})
     assert 1 / S3 == approx(0.5774, abs=1e-4)
     # b unmarked (hand-built): never truncated, k = T: both its steps are prefix, A_base = +0.7071
     # (what the rollout used to produce); its reward still counts in Eq. 12's group: a's unchanged
     del b["children"][0]["prefix_end"]
-    close(by_leaf(branpo(T(a, b))), branches | {"b.0.0": [h, h]})
+    close(by_leaf(branpo(T(a, b), C)), branches | {"b.0.0": [h, h]})
 
 
 def test_branpo_empty_prefix_stats_official_code():
@@ -291,9 +294,9 @@ def test_branpo_empty_prefix_stats_official_code():
 
     h, p, m = 1 / math.sqrt(2), 0.4 / math.sqrt(0.3), -0.6 / math.sqrt(0.3)
     branch = {"a.0": [p], "a.1": [m], "b.0.1": [None, m]}
-    close(by_leaf(branpo(trees())), branch | {"b.0.0": [-1 / S3, p], "c.0.0": [2 / S3, p]})
+    close(by_leaf(branpo(trees(), C)), branch | {"b.0.0": [-1 / S3, p], "c.0.0": [2 / S3, p]})
     official = branch | {"b.0.0": [-h, p], "c.0.0": [h, p]}
-    close(by_leaf(branpo(trees(), skip_empty_base=True)), official)
+    close(by_leaf(branpo(trees(), CreditConfig(branpo_skip_empty_base=True))), official)
     close(by_leaf(registry_credit("branpo", trees(), branpo_skip_empty_base=True)), official)
 
 
@@ -313,10 +316,12 @@ def test_branpo_preference_mask_official_code():
 
     s = math.sqrt(0.212)
     others = {f"{i}.0.0": [-0.5, -0.32 / s] for i in "yzw"}
-    close(by_leaf(branpo(trees())), others | {"x.0.0": [1.5, 0.68 / s], "x.0.1": [None, 0.28 / s]})
+    close(
+        by_leaf(branpo(trees(), C)), others | {"x.0.0": [1.5, 0.68 / s], "x.0.1": [None, 0.28 / s]}
+    )
     assert 0.28 / s == approx(0.608, abs=1e-3)
     official = others | {"x.0.0": [1.5, 0.68 / s], "x.0.1": [None, 0.0]}
-    close(by_leaf(branpo(trees(), clip_losers=True)), official)
+    close(by_leaf(branpo(trees(), CreditConfig(branpo_clip_losers=True))), official)
     close(by_leaf(registry_credit("branpo", trees(), branpo_clip_losers=True)), official)
     # a redundancy pair (branpo_trees' y): the original, through the redundant step y.0.0.0, loses:
     # its suffix takes min(A_branch, 0) = min(0.7071, 0) = 0 on both steps, the redundant one
@@ -324,7 +329,7 @@ def test_branpo_preference_mask_official_code():
     # min(-0.7071, 0) = -0.7071 unchanged. Numbers as in test_branpo_base_and_branch_advantages.
     sb, sc = math.sqrt(7 / 12), math.sqrt(0.5)
     bx, by, bz = (1 / 6) / sb, (2 / 3) / sb, (-5 / 6) / sb
-    got = by_leaf(branpo(branpo_trees(), clip_losers=True))
+    got = by_leaf(branpo(branpo_trees(), CreditConfig(branpo_clip_losers=True)))
     close(
         got,
         {
@@ -351,10 +356,15 @@ def test_branpo_reduces_to_grpo_theorem_b1():
             for _ in range(rng.randint(1, d)):
                 node = node["children"][0]
             node["prefix_end"] = True
-        want = by_leaf(grpo(T(*chains)))
+        want = by_leaf(grpo(T(*chains), C))
         for trees, official in ((T(*chains), False), (T(*marked), False), (T(*marked), True)):
             # no prefix is empty, no continuation loses: the official code's switches change nothing
-            got = by_leaf(branpo(trees, skip_empty_base=official, clip_losers=official))
+            got = by_leaf(
+                branpo(
+                    trees,
+                    CreditConfig(branpo_skip_empty_base=official, branpo_clip_losers=official),
+                )
+            )
             assert got.keys() == want.keys()
             for k in want:
                 assert got[k] == approx(want[k], abs=1e-9)
@@ -381,7 +391,7 @@ def test_branpo_prefix_trained_in_the_first_continuation_that_is_trained():
         tokens=[9],
     )
     trees = T(x, chain("y", 1, 0.0))
-    got = branpo(trees)
+    got = branpo(trees, C)
     # A_base on x.0 goes to x.0.1: x.0.0 is dropped from the loss (it used to take A_base with it)
     close(by_leaf(got), {"x.0.0": [None, -1 / S3], "x.0.1": [h, 2 / S3], "y.0": [-h]})
     (row,) = (r for r in to_samples(got) if r.leaf_id.startswith("x"))
@@ -392,15 +402,14 @@ def test_branpo_prefix_trained_in_the_first_continuation_that_is_trained():
     ]
 
 
-def test_branpo_refuses_two_prefix_ends_a_branch_without_one_and_an_unknown_norm():
+def test_branpo_refuses_two_prefix_ends_and_a_branch_without_one():
     with pytest.raises(ValueError, match="marks 2 prefix ends"):
         branpo(
-            T(n("r", n("r.0", n("r.0.0", leaf("r.0.0.0", 1.0), prefix_end=True), prefix_end=True)))
+            T(n("r", n("r.0", n("r.0.0", leaf("r.0.0.0", 1.0), prefix_end=True), prefix_end=True))),
+            C,
         )
     with pytest.raises(ValueError, match="branches into .* but marks no prefix_end"):
-        branpo(T(n("r", n("r.0", leaf("r.0.0", 1.0), leaf("r.0.1", 0.0)))))
-    with pytest.raises(ValueError, match="branch_norm"):
-        branpo(branpo_trees(), branch_norm="g")
+        branpo(T(n("r", n("r.0", leaf("r.0.0", 1.0), leaf("r.0.1", 0.0)))), C)
 
 
 # ---- CARL ----------------------------------------------------------------------------------------
@@ -423,7 +432,7 @@ def carl_tree():
 
 def test_carl_values_are_child_means_and_only_forked_actions_are_trained():
     trees = carl_tree()
-    got = by_leaf(carl(trees))
+    got = by_leaf(carl(trees, C))
     t = trees[0]
     # Eq. 10: V(s.0.0) = (1+0)/2 = 0.5; V(s.0.1) = 1; V(s.0) = (0.5+1)/2 = 0.75 (leaf mean would be
     # 2/3); V(s) = 0.75
@@ -446,7 +455,7 @@ def test_carl_values_are_child_means_and_only_forked_actions_are_trained():
 def test_carl_update_all_inherits_edge_above():
     # Eq. 16: s->s.0 has no edge above (root): 0;  s.0.1->s.0.1.0 inherits A(s.0->s.0.1) = +0.25
     close(
-        by_leaf(carl(carl_tree(), update_all=True)),
+        by_leaf(carl(carl_tree(), CreditConfig(carl_update_all=True))),
         {
             "s.0.0.0": [0.0, -0.25, 0.5],
             "s.0.0.1": [None, None, -0.5],
@@ -475,7 +484,7 @@ def test_carl_forked_action_trained_in_a_trajectory_that_is_trained():
             tokens=[9],
         )
     )
-    got = carl(trees)
+    got = carl(trees, C)
     close(by_leaf(got), {"r.0.0": [None, -0.5], "r.0.1": [0.25, 0.5], "r.1": [-0.25]})
     rows = {r.leaf_id: r.advantages for r in to_samples(got)}
     # (prompt, step, step): A(a) = +0.25 trained once
@@ -487,15 +496,16 @@ def test_carl_first_phase_chains_not_trained_app_c1():
     # -> s.0.0, then forks added s.0.1 (from s.0) and s.1 (from r)
     # V(s.0) = 0.5, V(s.1) = 0, V(r) = 0.25;
     # A(s.0) = +0.25, A(s.1) = -0.25, A(s.0.0) = +0.5, A(s.0.1) = -0.5
-    def tree():
-        return T(n("r", n("r.0", leaf("r.0.0", 1.0), leaf("r.0.1", 0.0)), leaf("r.1", 0.0)))
+    def tree():  # rollout.carl marks the first phase's steps `phase1`
+        r0 = n("r.0", leaf("r.0.0", 1.0, phase1=True), leaf("r.0.1", 0.0), phase1=True)
+        return T(n("r", r0, leaf("r.1", 0.0)))
 
     # Eqs. 13/15 (default): every action with a sibling, phase 1's included: 4 actions (N + 1 = 3 <=
     # 4 <= 2N = 4)
-    close(by_leaf(carl(tree())), {"r.0.0": [0.25, 0.5], "r.0.1": [None, -0.5], "r.1": [-0.25]})
+    close(by_leaf(carl(tree(), C)), {"r.0.0": [0.25, 0.5], "r.0.1": [None, -0.5], "r.1": [-0.25]})
     # App. C.1: r.0 and r.0.0 came from the first phase: not trained
     close(
-        by_leaf(carl(tree(), phase1_chains=1)),
+        by_leaf(carl(tree(), CreditConfig(carl_train_phase1=False))),
         {"r.0.0": [None, None], "r.0.1": [None, -0.5], "r.1": [-0.25]},
     )
 
@@ -512,7 +522,7 @@ def test_carl_full_binary_tree_value_is_leaf_mean_and_negative_rewards():
 
     root, _ = build("r", 0, 0)
     trees = T(root)
-    carl(trees)
+    carl(trees, C)
     assert trees[0].root.value == approx(sum(rewards) / 8)  # 2.0/8 = 0.25
     # A(r.0.0 -> r.0.0.1) = 0 - (1+0)/2 = -0.5 ; A(r.0.1 -> r.0.1.0) = -0.5 - (-0.5+1)/2 = -0.75
     assert (
@@ -538,7 +548,7 @@ def test_carl_update_set_bounds_eq15():
                 for _ in range(rng.randint(0, 3)):
                     node = node.add_child()
                 node.reward = float(rng.random() < 0.5)
-            trajectories = carl([Tree(root)])
+            trajectories = carl([Tree(root)], C)
             trained = sum(a is not None for t in trajectories for a in t.advantages)
             # CARL Eq. 15: N + 1 <= |update set| <= 2N after N forks
             assert N + 1 <= trained <= 2 * N
@@ -560,7 +570,7 @@ def treeps_tree():
 
 def test_treeps_process_advantage_on_a_hand_tree():
     trees = treeps_tree()
-    got = by_leaf(treeps(trees))
+    got = by_leaf(treeps(trees, C))
     # V(r) = (1+0+1-0.5)/4 = 0.375; V(u) = 2/3; V(u1) = 0; V(v) = -0.5; leaves V = r
     vr, vu = 0.375, 2 / 3
     # A(u)   = (2*2/3 - 0.375 - 0.375) / sqrt(3) = (1.33333 - 0.75)/1.73205 = 0.33679
@@ -586,7 +596,7 @@ def test_treeps_without_process_advantage_is_grpo_over_leaves():
     # 1.6875/3 = .5625
     s = 0.75
     close(
-        by_leaf(treeps(treeps_tree(), process=False)),
+        by_leaf(treeps(treeps_tree(), CreditConfig(treeps_process=False))),
         {
             "r.0.0": [0.625 / s] * 2,
             "r.0.1.0": [-0.375 / s] * 3,
@@ -605,27 +615,29 @@ def test_treeps_trains_only_the_sampled_paths():
     for i in ("r.0.0", "r.1"):
         trees[0].find(i).sampled = True
     close(
-        by_leaf(treeps(trees)),
+        by_leaf(treeps(trees, C)),
         {"r.0.0": [(2 * 2 / 3 - 0.75) / S3, 2 - 0.375 - 2 / 3], "r.1": [-1.75]},
     )
     # Table 2 ablation: GRPO over the two sampled rewards [1, -0.5]: mean 0.25, dev +-0.75,
     # var = 2 * 0.5625 / 1 = 1.125, std 1.06066 -> +-0.70711
     h = 0.75 / math.sqrt(1.125)
-    close(by_leaf(treeps(trees, process=False)), {"r.0.0": [h, h], "r.1": [-h]})
+    close(
+        by_leaf(treeps(trees, CreditConfig(treeps_process=False))), {"r.0.0": [h, h], "r.1": [-h]}
+    )
 
 
 def test_treeps_gives_zero_to_equal_rewards_and_to_a_single_chain():
     close(
-        by_leaf(treeps(T(n("r", leaf("r.0", 1.0), n("r.1", leaf("r.1.0", 1.0)))))),
+        by_leaf(treeps(T(n("r", leaf("r.0", 1.0), n("r.1", leaf("r.1.0", 1.0)))), C)),
         {"r.0": [0], "r.1.0": [0, 0]},
     )
-    close(by_leaf(treeps(T(chain("r", 3, 1.0)))), {"r.0.0.0": [0, 0, 0]})
+    close(by_leaf(treeps(T(chain("r", 3, 1.0)), C)), {"r.0.0.0": [0, 0, 0]})
 
 
 def test_methods_leave_reward_untouched_and_reset_previous_values():
     trees = treeps_tree()
-    treeps(trees)
-    grpo_like = tree_grpo(trees, mode="inter")
+    treeps(trees, C)
+    grpo_like = tree_grpo(trees, CreditConfig(tree_mode="inter"))
     assert all(x.value is None for x in walk(trees[0].root))  # TreePS values cleared
     assert [x.reward for x in walk(trees[0].root) if not x.children] == [1.0, 0.0, 1.0, -0.5]
     assert len(grpo_like) == 4
@@ -681,7 +693,7 @@ def test_demo_credit_per_step_hand_computed():
         "carl": [1 / 3, 1 / 3, 1 / 3, None, -2 / 3, -1 / 3, None],
         "treeps": [1 / S3, 5 / 6, 5 / 6, 1 / 2, -7 / 6, -1, -1 / 2],
     }
-    tree, runs = demo(CREDITS, tree_module)
+    tree, runs = demo(CREDITS, C)
     steps = ["q.0", "q.0.0", "q.0.1", "q.0.1.0", "q.0.2", "q.1", "q.1.0"]
     assert [n.id for n in walk(tree.root)][1:] == steps and list(runs) == list(CREDITS)
     for name, trajectories in runs.items():
@@ -723,6 +735,13 @@ def test_cli_prints_advantages_of_a_trees_file_the_budget_and_the_demo(tmp_path)
     assert (tmp_path / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_demo_shows_the_credit_flags_it_is_given():
+    # before, --demo ran every method at its defaults whatever the credit flags said
+    both, intra = cli("--demo"), cli("--demo", "--tree_mode", "intra")
+    assert both != intra
+    assert cli("--demo", "--treeps_process") == both  # the default, given: the same table
+
+
 def test_cli_names_an_unknown_key_in_the_trees_file(tmp_path):
     f = tmp_path / "trees.json"
     f.write_text(json.dumps([{"id": "r", "children": [{"id": "r.0", "rewrd": 1}]}]))
@@ -748,12 +767,10 @@ def test_cli_names_an_unknown_key_in_the_trees_file(tmp_path):
             ["--algo", "tree_grpo", "--budget", "0,2,1"],
             "--budget '0,2,1': M must be >= 1 and N, L >= 0",
         ),
-        # before: a negative N0 sliced root.children[:-1], leaving out all chains but the last: a
-        # silent wrong answer
-        (
-            ["--algo", "carl", "--trees", "x.json", "--carl_N0", "0"],
-            "--carl_N0 0: must be an integer >= 1",
-        ),
+        (["--algo", "crl", "--trees", "x.json"], "--algo 'crl': must be one of"),
+        # a flag that would change nothing is refused
+        (["--demo", "--render"], "--render goes with --trees"),
+        (["--demo", "--trees", "x.json"], "give one of --trees, --budget, --demo, not 2"),
         (
             ["--algo", "tree_grpo", "--trees", "x.json", "--tree_mode", "intr"],
             "invalid choice 'intr' for argument '--tree_mode'",

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
         "train.py warmstart",
         "-m infra.data",
         "advantages.py",
-        "rollout.py",
+        "-m scripts.dump",
         "retriever.py serve",
     ],
 )

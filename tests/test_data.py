@@ -13,15 +13,14 @@ from infra import data
 from infra.data import (
     RELATIONS,
     TEMPLATE_WORDS,
-    DataError,
     QARow,
     WorldConfig,
     build_world,
-    load_rows,
     reject_sampling_filter,
     syllabify,
     write_world,
 )
+from infra.loaders import DataError, load_rows
 
 SMALL = WorldConfig(
     people=300,

@@ -10,10 +10,11 @@ import torch
 import advantages
 import rollout
 from advantages import CreditConfig
+from infra.logprobs import collate
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
 from rollout import AgentConfig, RolloutConfig
-from train import Args, collate, ppo_loss
+from train import Args, ppo_loss
 from tree import Sample
 
 ARGS = Args(clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=0.0)
@@ -213,7 +214,7 @@ def test_hf_engine_logprobs_are_the_trainers_pi_old(env):
     # engine's log-probs equal the trainer's right-padded full forward pass on every trained token
     import random
 
-    from infra import data, protocol
+    from infra import loaders, protocol
     from infra.engines import HFEngine, load_policy
     from infra.search import BM25Retriever, load_corpus
     from train import token_logprobs
@@ -230,9 +231,11 @@ def test_hf_engine_logprobs_are_the_trainers_pi_old(env):
         protocol.AgentConfig(instruction="short", max_step_tokens=12, max_turns=2),
         seed=3,
     )
-    rows = data.load_rows(str(world), "train")[:4]
-    prompts = rollout.tree_grpo(agent, rows, random.Random(0), M=2, N=2, L=1)
-    samples = to_samples([t for trees in prompts for t in advantages.tree_grpo(trees)])
+    rows = loaders.load_rows(str(world), "train")[:4]
+    prompts = rollout.tree_grpo(agent, rows, random.Random(0), RolloutConfig())
+    samples = to_samples(
+        [t for trees in prompts for t in advantages.tree_grpo(trees, CreditConfig())]
+    )
     b = collate(samples, tok.pad_token_id)
     with torch.no_grad():
         logp, _ = token_logprobs(model, b["ids"], b["attn"])  # (B, T)

@@ -114,9 +114,8 @@ def launched(env, tmp_path_factory):
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_two_processes_split_every_step_and_log_the_whole_of_it(env, launched, algo):
-    import rollout
     import train
-    from infra import data, health
+    from infra import data, health, loaders
 
     run, ranks, out = launched(algo)
     assert "2 processes, each rolling out its share of every step" in out.stdout
@@ -124,7 +123,7 @@ def test_two_processes_split_every_step_and_log_the_whole_of_it(env, launched, a
     rows = metrics(run)
     assert [(r["step"], "eval/em" in r) for r in rows] == [(0, 1), (1, 0), (2, 0), (2, 1)]
     # each prompt of a step rolled out once, on one rank: rank 0 the first half, rank 1 the second
-    train_rows = data.load_rows(str(env / "out" / "world"), "train")
+    train_rows = loaders.load_rows(str(env / "out" / "world"), "train")
     order = list(range(len(train_rows)))
     random.Random(0).shuffle(order)  # the data order of --seed 0
     for step, row in enumerate(r for r in rows if "train/loss" in r):
@@ -133,7 +132,7 @@ def test_two_processes_split_every_step_and_log_the_whole_of_it(env, launched, a
         assert mine[0]["questions"] + mine[1]["questions"] == want
         assert len(mine[0]["questions"]) == 2
         # the logged metrics are those of both ranks' trees, samples and tokens together
-        expected = rollout.metrics(mine[0]["prompts"] + mine[1]["prompts"])
+        expected = health.metrics(mine[0]["prompts"] + mine[1]["prompts"])
         for key, value in expected.items():
             if "seconds" not in key:
                 assert row[key] == value, key
@@ -158,7 +157,7 @@ def test_two_processes_split_every_step_and_log_the_whole_of_it(env, launched, a
     # decision alike
     assert ranks[0]["checked"] == ranks[1]["checked"] == strip(r for r in rows if "train/loss" in r)
     # each test question evaluated once, on one rank (steps 0 and 2)
-    test_rows = data.spread(data.load_rows(str(env / "out" / "world"), "test"), 8)
+    test_rows = data.spread(loaders.load_rows(str(env / "out" / "world"), "test"), 8)
     for call in (0, 1):
         asked = [q for rec in ranks for q, _ in rec["evals"][call]]
         assert asked == [r.question for r in test_rows]
@@ -172,13 +171,13 @@ def test_two_process_eval_equals_one_process_eval_of_the_same_model(env, launche
     # final model: the same report, and the same answer to every question
     import eval as evaluation
     import rollout
-    from infra import data, engines, protocol
+    from infra import data, engines, loaders, protocol
     from infra.search import BM25Retriever, load_corpus
 
     run, ranks, _ = launched("grpo")
     (row,) = [r for r in metrics(run) if "eval/em" in r and r["step"] == 2]
     world = env / "out" / "world"
-    test_rows = data.spread(data.load_rows(str(world), "test"), 8)
+    test_rows = data.spread(loaders.load_rows(str(world), "test"), 8)
     model, tok = engines.load_policy(str(run / "final"))
     cfg = protocol.for_eval(protocol.AgentConfig(max_step_tokens=12, max_turns=2))
     search = BM25Retriever(load_corpus(str(world / "corpus.jsonl")))
@@ -186,8 +185,8 @@ def test_two_process_eval_equals_one_process_eval_of_the_same_model(env, launche
     asked = []
     chain = evaluation.chain
 
-    def recording_chain(agent, rows, rng, G):
-        prompts = chain(agent, rows, rng, G=G)
+    def recording_chain(agent, rows, rng, cfg):
+        prompts = chain(agent, rows, rng, cfg)
         asked.extend(answers(rows, prompts))
         return prompts
 
@@ -417,8 +416,8 @@ def probe(records: Path, argv: list[str]):
     )
 
     def recording(grow):
-        def recording_grow(agent, examples, rng, **knobs):
-            prompts = grow(agent, examples, rng, **knobs)
+        def recording_grow(agent, examples, rng, cfg):
+            prompts = grow(agent, examples, rng, cfg)
             mine["steps"].append(
                 {"questions": [e.question for e in examples], "prompts": prompts, "loss_items": []}
             )
@@ -449,8 +448,8 @@ def probe(records: Path, argv: list[str]):
         mine["checked"].append(strip(history)[-1])
         return check(history, args, where)
 
-    def recording_chain(agent, rows, rng, G):
-        prompts = chain(agent, rows, rng, G=G)
+    def recording_chain(agent, rows, rng, cfg):
+        prompts = chain(agent, rows, rng, cfg)
         mine["evals"].append(answers(rows, prompts))
         save()
         return prompts

@@ -1,6 +1,7 @@
 """benchmarks/reading_path.py: it finds train.py's loop, follows only the chosen algo's registry
-entries, stops at the infrastructure package and counts what it reaches (on a hand-built repository,
-then on this one)."""
+entries, stops at the infrastructure package and the scripts, counts what it reaches (comments as
+docstrings) and splits it into the shared core and each algo's own code (on a hand-built
+repository, then on this one)."""
 
 import importlib.util
 import pathlib
@@ -62,16 +63,23 @@ def test_a_hand_built_repository_gives_the_hand_counted_path(tmp_path):
     assert reading_path.algos(modules) == ["a", "b"]
     for algo, fn in (("a", "first"), ("b", "second")):
         path, stops = reading_path.reading_path(modules, algo)
-        # the loop 2 lines (for, the call; a comment is no code), step 3 (def, docstring, return),
-        # Config 3 (decorator, class, field), the algo's function 2 (not the other's, nor unused,
-        # nor engines.load, which would reach `first`): 4 definitions, 10 lines, 2 files
+        # the loop 3 lines (for, a comment, the call), step 3 (def, docstring, return), Config 3
+        # (decorator, class, field), the algo's function 2 (not the other's, nor unused, nor
+        # engines.load, which would reach `first`): 4 definitions, 11 lines, 2 files
         assert [(d.module, d.name, d.code_lines) for d in path] == [
             ("credit", "Config", 3),
             ("credit", "step", 3),
             ("credit", fn, 2),
-            ("train", "main (the loop)", 2),
+            ("train", "main (the loop)", 3),
         ]
         assert stops == ["infra.engines"]
+    # the core: what both paths hold; each algo owns its function
+    core, own = reading_path.core_and_own(modules)
+    assert reading_path.size(core) == {"code lines": 9, "definitions": 3, "files": 2}
+    assert {a: [d.name for d in defs] for a, defs in own.items()} == {
+        "a": ["first"],
+        "b": ["second"],
+    }
 
 
 def test_a_train_py_without_the_step_loop_is_a_clear_error(tmp_path):
@@ -106,6 +114,22 @@ def test_each_algo_path_holds_its_own_strategy_and_credit_and_no_other_credit(al
         rollout.ALGOS[algo].credit.__name__
     }
     assert stops and all(s.split(".")[0] in reading_path.PACKAGE for s in stops)
+
+
+def test_the_shared_core_is_within_its_bounds_and_each_algo_owns_its_paper():
+    core, own = reading_path.core_and_own(reading_path.load_modules(ROOT))
+    size = reading_path.size(core)
+    assert all(size[k] <= bound for k, bound in reading_path.CORE_MAX.items()), size
+    names = {(d.module, d.name) for d in core}
+    assert ("train", "main (the loop)") in names and ("train", "ppo_loss") in names
+    assert ("rollout", "Agent.step") in names and ("tree", "to_samples") in names
+    for algo, entry in rollout.ALGOS.items():  # the paper's strategy and credit: its own
+        mine = {(d.module, d.name) for d in own[algo]}
+        assert ("rollout", entry.grow.__name__) in mine and ("advantages", algo) in mine
+    # nothing on the path only logs, evaluates, times, checkpoints or stops the run
+    assert not any(m == "eval" for m, _ in names) and not {"run_eval", "sample_metrics"} & {
+        n for _, n in names
+    }
 
 
 def test_line_stats_count_the_top_level_and_find_the_longest_line():

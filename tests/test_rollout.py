@@ -8,10 +8,20 @@ from dataclasses import dataclass
 import pytest
 
 import advantages
+from advantages import CreditConfig
 from infra.engines import Completion
+from infra.health import metrics
 from infra.search import Passage
 from retriever import Refiner, RetrievalError
-from rollout import ALGOS, Agent, AgentConfig, jaccard_prune, metrics, parse_action
+from rollout import (
+    ALGOS,
+    Agent,
+    AgentConfig,
+    RolloutConfig,
+    depth_rule,
+    jaccard_prune,
+    parse_action,
+)
 from tree import Node, context_ids, path, to_samples, walk
 
 PIECES = [
@@ -199,7 +209,7 @@ def test_token_in_token_out_keeps_generated_ids():
     ctx = context_ids(leaf)
     assert ctx[: len(tree.root.tokens)] == tree.root.tokens
     assert ctx[len(tree.root.tokens) : len(tree.root.tokens) + len(step1)] == step1
-    (sample,) = to_samples(advantages.grpo([tree]))
+    (sample,) = to_samples(advantages.grpo([tree], CreditConfig()))
     assert sample.input_ids == ctx  # training sees exactly the sampled ids
     assert sample.logprobs[len(tree.root.tokens) : len(tree.root.tokens) + len(step1)] == [
         -0.5
@@ -257,7 +267,7 @@ def test_truncated_counts_in_statistics_but_not_in_loss():
     trees = [agent.new_tree(EX, "p.a"), agent.new_tree(Ex("Ivo?", ["Ivo"]), "p.b")]
     agent.run([(t, t.root) for t in trees])
     assert trees[1].leaves()[0].flags == ["truncated"]
-    trajectories = advantages.grpo(trees)
+    trajectories = advantages.grpo(trees, CreditConfig())
     assert [t.advantages[-1] for t in trajectories] == [
         pytest.approx(0.7071, abs=1e-4),
         pytest.approx(-0.7071, abs=1e-4),
@@ -288,7 +298,7 @@ def test_retrieval_failure_discards_only_its_own_trajectory():
     assert agent.counters["rollout/retrieval_failed_queries"] == 1
     assert metrics([trees])["rollout/retrieval_failed_queries"] == 1  # logged per step by train.py
     # discarded: not in the group
-    assert [t.leaf.id for t in advantages.grpo(trees)] == ["p0.0.0", "p2.0.0"]
+    assert [t.leaf.id for t in advantages.grpo(trees, CreditConfig())] == ["p0.0.0", "p2.0.0"]
 
 
 def test_retry_invalid_keeps_going():
@@ -307,7 +317,7 @@ def test_refiner_summary_replaces_passages():
     agent, _ = agent_with(
         lambda c: "<search>who</search>" if "<information>Ivo" not in c else "<answer>Ivo</answer>"
     )
-    agent.refiner = Refiner(refine_engine, TOK)
+    agent.refiner = Refiner(refine_engine, TOK, 128)
     tree = agent.new_tree(EX, "p")
     (leaf,) = agent.run([(tree, tree.root)])
     assert leaf.parent.obs_text == "\n\n<information>Ivo founded it.</information>\n\n"
@@ -323,7 +333,7 @@ def search_then_answer(c):
 
 def test_chain_one_engine_call_per_wave():
     agent, eng = agent_with(search_then_answer)
-    prompts = ALGOS["grpo"].grow(agent, [EX, EX], random.Random(0), G=3)
+    prompts = ALGOS["grpo"].grow(agent, [EX, EX], random.Random(0), RolloutConfig(grpo_G=3))
     assert [len(trees) for trees in prompts] == [3, 3]
     assert all(
         len(t.leaves()) == 1 and t.leaves()[0].depth == 2 for trees in prompts for t in trees
@@ -335,7 +345,9 @@ def test_chain_one_engine_call_per_wave():
 
 def test_tree_grpo_221_gives_two_trees_of_three_leaves():
     agent, eng = agent_with(search_then_answer)
-    [trees] = ALGOS["tree_grpo"].grow(agent, [EX], random.Random(0), M=2, N=2, L=1)
+    [trees] = ALGOS["tree_grpo"].grow(
+        agent, [EX], random.Random(0), RolloutConfig(tree_M=2, tree_N=2, tree_L=1)
+    )
     # each chain has 2 expandable nodes (root, the search step); N = 2 picks both
     assert [len(t.leaves()) for t in trees] == [3, 3]  # M (L N + 1) = 2 * 3 = 6 leaves
     # one expansion from the root, one from the search step
@@ -350,7 +362,10 @@ def test_tree_grpo_expansion_nodes_with_replacement():
     assert random.Random(0).choices([0, 1], k=2) == [1, 1]
     agent, eng = agent_with(search_then_answer)
     [[t]] = ALGOS["tree_grpo"].grow(
-        agent, [EX], random.Random(0), M=1, N=2, L=1, with_replacement=True
+        agent,
+        [EX],
+        random.Random(0),
+        RolloutConfig(tree_M=1, tree_N=2, tree_L=1, tree_replace=True),
     )
     # its answer + 2 new answers
     assert len(t.root.children) == 1 and len(t.root.children[0].children) == 3
@@ -370,7 +385,7 @@ def test_branpo_keeps_first_contrastive_branch():
     # first truncation point k = 1 (resample the answer): A's branches [A, W] -> keeps W; B's [W, A]
     # -> keeps A
     agent, eng = agent_with(queue_policy([S, S, A, W] + [A, W, W, A]))
-    (trees,) = ALGOS["branpo"].grow(agent, [EX], random.Random(0), N=2)
+    (trees,) = ALGOS["branpo"].grow(agent, [EX], random.Random(0), RolloutConfig(branpo_N=2))
     a, b = trees
     assert eng.calls == [2, 2, 4]
     # branch .1 pruned
@@ -380,7 +395,7 @@ def test_branpo_keeps_first_contrastive_branch():
         0.0,
         1.0,
     ]
-    out = {t.leaf.id: t.advantages for t in advantages.branpo(trees)}
+    out = {t.leaf.id: t.advantages for t in advantages.branpo(trees, CreditConfig())}
     # r_base = 0.5, 0.5 -> A_base 0; branches [1,0,0,1] -> +-0.866
     assert out["p0.n0.0.0"] == [0.0, pytest.approx(0.866, abs=1e-3)] and out["p0.n0.0.2"][0] is None
 
@@ -391,13 +406,13 @@ def test_branpo_unbranched_original_stays_split_at_the_last_truncation_point():
     # k = 1: a's branches [A, W] keep A (contrast); b's [A, A] none
     # k = 0 (b only): [S, S] then [A, A]: none
     agent, eng = agent_with(queue_policy([S, S, W, A] + [A, W, A, A] + [S, S, A, A]))
-    a, b = ALGOS["branpo"].grow(agent, [EX], random.Random(0), N=2)[0]
+    a, b = ALGOS["branpo"].grow(agent, [EX], random.Random(0), RolloutConfig(branpo_N=2))[0]
     assert eng.calls == [2, 2, 4, 2, 2]
     assert a.find("p0.n0.0").prefix_end and [x.reward for x in a.leaves()] == [0.0, 1.0]
     # Algorithm 1: b keeps its last split, B = τ≤0 (the prompt), C = {(τ>0, R)}: root marked
     assert b.root.prefix_end and len(b.root.children) == 1 and len(b.leaves()) == 1
     assert agent.counters["rollout/branpo_contrast"] == 1
-    out = {t.leaf.id: t.advantages for t in advantages.branpo([a, b])}
+    out = {t.leaf.id: t.advantages for t in advantages.branpo([a, b], CreditConfig())}
     # r_base = 0.5 (a), 1 (b, empty prefix: trains nothing); Eq. 12 over [0, 1, 1]: mean 2/3,
     # std 0.57735 -> -1.1547, +0.5774, +0.5774: b's two steps take A_branch (unmarked: +0.7071)
     assert out["p0.n1.0.0"] == [pytest.approx(0.5774, abs=1e-4)] * 2
@@ -432,7 +447,7 @@ def test_branpo_redundant_step_check():
         + [A, A, A, A]
     )
     agent, eng = agent_with(queue_policy(script))
-    a, b, c = ALGOS["branpo"].grow(agent, [EX], random.Random(0), N=3)[0]
+    a, b, c = ALGOS["branpo"].grow(agent, [EX], random.Random(0), RolloutConfig(branpo_N=3))[0]
     s1, s2 = path(a.leaves()[0])[:2]
     assert s1.prefix_end and s2.redundant and not s1.redundant
     assert [(x.depth, x.reward) for x in a.leaves()] == [(3, 1.0), (2, 1.0)]
@@ -441,7 +456,7 @@ def test_branpo_redundant_step_check():
         agent.counters["rollout/branpo_shorter"] == 1
         and agent.counters["rollout/branpo_contrast"] == 2
     )
-    out = {t.leaf.id: t.advantages for t in advantages.branpo([a, b, c])}
+    out = {t.leaf.id: t.advantages for t in advantages.branpo([a, b, c], CreditConfig())}
     assert out[a.leaves()[0].id][2 - 1] is None  # the redundant step is not trained
 
 
@@ -463,7 +478,9 @@ def test_branpo_redundant_step_check_fires_at_f1_0_8():
     # [P, W] keeps P
     script = [S1, S1, S1, S2, P, W, P] + [P, W, W, W, W, P, P, P, W]
     agent, _ = agent_with(queue_policy(script))
-    a, b, c = ALGOS["branpo"].grow(agent, [Ex("who is it", ["Ivo Ra"])], random.Random(0), N=3)[0]
+    a, b, c = ALGOS["branpo"].grow(
+        agent, [Ex("who is it", ["Ivo Ra"])], random.Random(0), RolloutConfig(branpo_N=3)
+    )[0]
     s1, s2 = path(a.leaves()[0])[:2]
     assert s1.prefix_end and s2.redundant
     assert [x.depth for x in a.leaves()] == [3, 2] and [
@@ -482,7 +499,9 @@ def test_carl_forks_from_lowest_density():
         ("<search>q</search>", -2.0) if turns(c) == 0 else ("<answer>Ivo</answer>", -0.1)
     )
     agent, eng = agent_with(policy)
-    ([tree],) = ALGOS["carl"].grow(agent, [EX], random.Random(0), N0=1, N=2)
+    ([tree],) = ALGOS["carl"].grow(
+        agent, [EX], random.Random(0), RolloutConfig(carl_N0=1, carl_N=2)
+    )
     # fork 1: root (H/n = 2/1) beats the search state (0.1/1); fork 2: root (2/2 = 1) again
     assert len(tree.root.children) == 3 and len(tree.leaves()) == 3
     assert tree.root.entropy == pytest.approx(2.0) and tree.root.children[
@@ -492,7 +511,9 @@ def test_carl_forks_from_lowest_density():
         ("<search>q</search>", -0.1) if turns(c) == 0 else ("<answer>Ivo</answer>", -2.0)
     )
     agent, _ = agent_with(policy2)
-    ([tree],) = ALGOS["carl"].grow(agent, [EX], random.Random(0), N0=1, N=2)
+    ([tree],) = ALGOS["carl"].grow(
+        agent, [EX], random.Random(0), RolloutConfig(carl_N0=1, carl_N=2)
+    )
     # now the search state is the uncertain one: both forks resample the answer (2/1, then 2/2 vs
     # root 0.1)
     assert len(tree.root.children) == 1 and len(tree.root.children[0].children) == 3
@@ -513,7 +534,9 @@ def alternating_searches():
 def test_treeps_grows_eight_prompts_per_layer_and_keeps_two_per_parent():
     # 3 search rounds + the answer-only step: D = 4
     agent, eng = agent_with(alternating_searches(), max_turns=3)
-    ([tree],) = ALGOS["treeps"].grow(agent, [EX], random.Random(0), N=8, N_retain=2)
+    ([tree],) = ALGOS["treeps"].grow(
+        agent, [EX], random.Random(0), RolloutConfig(treeps_N=8, treeps_retain=2)
+    )
     # B_d = ceil(8 / |M(d-1)|) with |M| = 1, 2, 4, 8 -> 8, 4, 2, 1 children per parent: 8 prompts
     # per layer
     assert eng.calls == [8, 8, 8, 8]
@@ -526,7 +549,9 @@ def test_treeps_grows_eight_prompts_per_layer_and_keeps_two_per_parent():
 def test_treeps_prunes_at_the_depth_limit_and_samples_n_paths():
     retriever = MemoryRetriever()
     agent, eng = agent_with(alternating_searches(), retriever, max_turns=1)  # D = max_turns + 1 = 2
-    ([tree],) = ALGOS["treeps"].grow(agent, [EX], random.Random(0), N=8, N_retain=2, N_train=3)
+    ([tree],) = ALGOS["treeps"].grow(
+        agent, [EX], random.Random(0), RolloutConfig(treeps_N=8, treeps_retain=2, treeps_train=3)
+    )
     # depth 1: 8 searches, 2 kept (one per doc family); depth 2: B = ceil(8/2) = 4 per parent, 8
     # searches that the agent ends at its step limit (max_turns, not retrieved): pruned like any, 2
     # per parent -> 4 leaves (8 before)
@@ -539,9 +564,13 @@ def test_treeps_prunes_at_the_depth_limit_and_samples_n_paths():
     leaves = tree.leaves()
     assert [x.sampled for x in leaves] == [True, True, False, True]
     # only those trained
-    assert [t.leaf for t in advantages.treeps([tree])] == [leaves[0], leaves[1], leaves[3]]
+    assert [t.leaf for t in advantages.treeps([tree], CreditConfig())] == [
+        leaves[0],
+        leaves[1],
+        leaves[3],
+    ]
     ([tree],) = ALGOS["treeps"].grow(
-        agent_with(alternating_searches(), max_turns=1)[0], [EX], random.Random(0)
+        agent_with(alternating_searches(), max_turns=1)[0], [EX], random.Random(0), RolloutConfig()
     )
     assert all(x.sampled for x in tree.leaves())  # N_train = N = 8 >= 4 leaves: every path
 
@@ -549,13 +578,16 @@ def test_treeps_prunes_at_the_depth_limit_and_samples_n_paths():
     # parent), ended
     retriever = MemoryRetriever()
     agent, eng = agent_with(alternating_searches(), retriever, max_turns=3)
-    ([tree],) = ALGOS["treeps"].grow(agent, [EX], random.Random(0), N=8, D=2, N_retain=2)
+    ([tree],) = ALGOS["treeps"].grow(
+        agent, [EX], random.Random(0), RolloutConfig(treeps_N=8, treeps_D=2, treeps_retain=2)
+    )
     assert [len(q) for q in retriever.calls] == [8, 8]
     assert [sum(1 for x in walk(tree.root) if x.depth == d) for d in (1, 2, 3)] == [2, 4, 0]
     assert sorted(x.query[:2] for x in tree.leaves()) == ["qa", "qa", "qb", "qb"]
     assert all(x.flags == ["max_turns"] and x.reward == 0.0 for x in tree.leaves())
-    with pytest.raises(ValueError, match="depth limit D=5 exceeds the agent's max_turns \\+ 1 = 4"):
-        ALGOS["treeps"].grow(agent, [EX], random.Random(0), D=5)
+    # a deeper limit is refused at parse time (rollout.depth_rule), before anything runs
+    broken, message = depth_rule(RolloutConfig(treeps_D=5), agent.cfg)
+    assert broken and "must be at most --max_turns + 1 = 4" in message
 
 
 def test_treeps_retried_invalid_step_is_not_pruned_as_a_search_child():
@@ -568,7 +600,9 @@ def test_treeps_retried_invalid_step_is_not_pruned_as_a_search_child():
     agent, eng = agent_with(
         lambda c: next(script, "<answer>Ivo</answer>"), retriever, max_turns=1, retry_invalid=True
     )
-    ([tree],) = ALGOS["treeps"].grow(agent, [EX], random.Random(0), N=4, N_retain=1)
+    ([tree],) = ALGOS["treeps"].grow(
+        agent, [EX], random.Random(0), RolloutConfig(treeps_N=4, treeps_retain=1)
+    )
     assert [(c.id, c.action, c.flags) for c in tree.root.children] == [
         ("p0.0", "invalid", ["parse_error"]),
         ("p0.1", "search", []),
@@ -606,6 +640,7 @@ def test_jaccard_prune_keeps_the_first_child_of_each_cluster():
 
 def test_cli_dump_feeds_advantages(env):
     import json
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -615,7 +650,8 @@ def test_cli_dump_feeds_advantages(env):
     out = subprocess.run(
         [
             sys.executable,
-            str(root / "rollout.py"),
+            "-m",
+            "scripts.dump",
             "--algo",
             "treeps",
             "--dump",
@@ -646,6 +682,7 @@ def test_cli_dump_feeds_advantages(env):
             "2",
         ],
         cwd=env,
+        env={**os.environ, "PYTHONPATH": str(root)},
         capture_output=True,
         text=True,
         timeout=300,
@@ -680,6 +717,7 @@ def test_cli_checks_its_flags_before_anything_loads(tmp_path):
     # before: --n_prompts 0 raised a bare ZeroDivisionError in data.spread after the world was
     # built, N 0 rolled out nothing, D 9 failed only after the model loaded (one name per knob now:
     # a flag of another algo is simply that algo's setting, shared with train.py)
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -688,7 +726,8 @@ def test_cli_checks_its_flags_before_anything_loads(tmp_path):
     out = subprocess.run(
         [
             sys.executable,
-            str(root / "rollout.py"),
+            "-m",
+            "scripts.dump",
             "--algo",
             "treeps",
             "--dump",
@@ -707,6 +746,7 @@ def test_cli_checks_its_flags_before_anything_loads(tmp_path):
             "1",
         ],
         cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(root)},
         capture_output=True,
         text=True,
         timeout=120,

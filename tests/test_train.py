@@ -12,20 +12,20 @@ from advantages import CreditConfig
 from infra.run import summary
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
-from rollout import ALGOS, AgentConfig, RolloutConfig
+from rollout import AgentConfig, RolloutConfig
 from train import Args
 
 
-def test_algo_flags_become_the_papers_options_in_the_registry():
-    r = RolloutConfig(tree_replace=True, carl_N0=8, treeps_D=4, treeps_train=3)
-    # the official code's random.choices
-    assert ALGOS["tree_grpo"].grow_knobs(r)["with_replacement"] is True
-    # C.1 / Eq. 13: --no_carl_train_phase1 leaves the N0 = 8 first chains untrained
-    carl = ALGOS["carl"].credit_knobs
-    assert carl(r, CreditConfig(carl_train_phase1=False))["phase1_chains"] == 8
-    assert carl(r, CreditConfig())["phase1_chains"] == 0
-    # D = 4, 3 paths
-    assert ALGOS["treeps"].grow_knobs(r) == {"N": 8, "D": 4, "N_retain": 2, "N_train": 3}
+def test_algo_flags_reach_the_configs_the_papers_functions_read():
+    # each strategy reads its knobs from the RolloutConfig, each credit function from the
+    # CreditConfig it is given: the flags set them in one place, and nothing else does
+    from infra.flags import parse
+
+    flags = "--tree_replace --carl_N0 8 --treeps_D 4 --no_carl_train_phase1 --clip_low 0.1"
+    configs = (Args, RolloutConfig, CreditConfig, AgentConfig, RetrieverConfig, WarmConfig)
+    a, r, c, *_ = parse(*configs, args=flags.split())
+    assert r.tree_replace and r.carl_N0 == 8 and r.treeps_D == 4 and not c.carl_train_phase1
+    assert a.clip_low == 0.1 and r == RolloutConfig(tree_replace=True, carl_N0=8, treeps_D=4)
 
 
 def test_the_summary_says_whether_rl_helped_beyond_noise():
@@ -104,6 +104,41 @@ def test_every_algo_trains_two_steps_evaluates_and_saves(env, algo):
         assert math.isfinite(r["train/loss"]) and r["train/time_rollout"] > 0
     assert (env / "out" / "runs" / f"smoke_{algo}" / "curve.png").stat().st_size > 0
     assert (env / "out" / "runs" / f"smoke_{algo}" / "final" / "config.json").exists()
+
+
+def test_cut_the_bills_refine_agent_and_data_filter_run_end_to_end(env, tmp_path):
+    # both off by default; here the tiny policy is its own frozen refine agent (§6), and the filter
+    # (§3) rolls each of the run's 4 questions out twice first. With --format_penalty the random
+    # policy's broken steps get -0.5: an all -0.5 group is kept (constant-groups-kept), so some
+    # questions stay to train on
+    flags = ["--refine_model", str(env / "tiny"), "--refine_max_tokens", "6"]
+    out = train(
+        env,
+        *("--algo", "grpo", "--steps", "2", "--run_name", "cut_the_bill", "--eval_every", "2"),
+        *(*flags, "--filter_rollouts", "2", "--format_penalty"),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "data filter (Cut the Bill §3)" in out.stdout
+    rows = metrics(env, "cut_the_bill")
+    first = rows[0]  # the filter's row, at step 0
+    assert first["step"] == 0 and first["rollout/filter_questions"] == 4
+    dropped = first["rollout/filter_dropped_all_zero"] + first["rollout/filter_dropped_all_one"]
+    assert first["rollout/filter_kept"] + dropped == 4 and first["rollout/filter_kept"] > 0
+    train_rows = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in train_rows] == [1, 2]
+    for r in train_rows:  # the refine agent's summaries: their length and time, every step
+        searched = r["rollout/tool_calls_per_prompt"] > 0
+        assert 0 < r["rollout/refine_summary_tokens"] <= 6 or not searched
+        assert r["rollout/refine_seconds"] > 0 or not searched
+    # eval.py takes the same flag (the filter is training's only)
+    report = tmp_path / "eval.json"
+    world = ["--data", str(env / "out" / "world"), "--corpus", str(env / "out" / "world")]
+    world[-1] += "/corpus.jsonl"
+    cmd = [sys.executable, str(ROOT / "eval.py"), "--model", str(env / "tiny"), *world, *flags]
+    cmd += ["--n", "2", "--max_step_tokens", "12", "--max_turns", "2", "--out", str(report)]
+    out = subprocess.run(cmd, cwd=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(report.read_text())["report"]["n"] == 2
 
 
 def test_embedded_default_warm_starts_then_trains(env, tmp_path):
@@ -805,15 +840,16 @@ def test_load_checkpoint_falls_back_then_stops_saying_what_to_do(tmp_path, capsy
 def test_the_console_says_little_and_the_run_directory_holds_the_config(env, straight_run):
     # before: ~90 lines of configuration JSON before the first progress bar; a bar written to a file
     # kept every redraw (one per step and per postfix update: 9 here); a user's accelerate
-    # configuration went unmentioned when train.py ran without `accelerate launch`
+    # configuration went unmentioned when train.py ran without `accelerate launch`. The update's
+    # flags (PPOConfig, which Args extends) come first
     out, wall, hf_home = straight_run
     run = env / "out" / "runs" / "straight4"
     config = json.loads((run / "config.json").read_text())
     assert config["steps"] == 4 and config["lr"] == 5e-5 and config["kl_coef"] == 0.001  # all of it
     assert (
-        f"config: {run}/config.json; not the defaults: --model {env / 'tiny'} --out_dir "
-        f"{env / 'out'} --run_name straight4 --steps 4 --prompts_per_step 2 "
-        f"--micro_batch_size 4 --eval_every 0 --eval_n 2 --checkpoint_every 0 --algo grpo"
+        f"config: {run}/config.json; not the defaults: --micro_batch_size 4 --model "
+        f"{env / 'tiny'} --out_dir {env / 'out'} --run_name straight4 --steps 4 "
+        f"--prompts_per_step 2 --eval_every 0 --eval_n 2 --checkpoint_every 0 --algo grpo"
         in out.stdout
     ), out.stdout
     assert '"kl_coef"' not in out.stdout and len(out.stdout.splitlines()) <= 8, out.stdout
@@ -897,15 +933,20 @@ def test_model_paths_are_checked_before_anything_loads(env, tmp_path):
     )
     assert out.returncode != 0 and no_tokenizer in out.stderr, out.stderr[-3000:]
     assert not (env / "out" / "runs" / "only_config").exists()
-    for script in (["eval.py", "--judge_model", str(only)], ["rollout.py", "--dump", "x.json"]):
+    commands = [
+        [str(ROOT / "eval.py"), "--model", str(none), "--judge_model", str(only)],
+        ["-m", "scripts.dump", "--model", str(none), "--dump", "x.json"],  # the rollout dump
+    ]
+    for command in commands:
         out = subprocess.run(
-            [sys.executable, str(ROOT / script[0]), "--model", str(none), *script[1:]],
+            [sys.executable, *command],
             cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
             capture_output=True,
             text=True,
             timeout=300,
         )
         assert out.returncode != 0, out.stderr[-3000:]
         assert f"no model at {none}: no such directory" in out.stderr, out.stderr[-3000:]
-        assert script[0] == "rollout.py" or no_tokenizer in out.stderr  # eval.py: both at once
+        assert command[0] == "-m" or no_tokenizer in out.stderr  # eval.py: both at once
         assert not (tmp_path / "out").exists()  # nothing was written or loaded, not even the world

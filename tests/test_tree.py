@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-import tree
-from infra.inspection import drawing, load_trees, save_trees
+from scripts.credit import drawing, load_trees, save_trees
 from tree import (
     FLAGS,
     Node,
@@ -18,6 +17,7 @@ from tree import (
     scored_leaves,
     step_credit,
     to_samples,
+    walk,
 )
 
 
@@ -41,7 +41,7 @@ def small_tree() -> Tree:
 
 def test_nodes_leaves_paths_and_depths_of_a_small_tree():
     t = small_tree()
-    assert [n.id for n in t.nodes()] == ["p", "p.0", "p.0.0", "p.0.1", "p.1"]
+    assert [n.id for n in walk(t.root)] == ["p", "p.0", "p.0.0", "p.0.1", "p.1"]
     assert [n.id for n in leaves(t.root)] == ["p.0.0", "p.0.1", "p.1"]
     # env_error leaf is discarded
     assert [n.id for n in scored_leaves(t.root)] == ["p.0.0", "p.0.1"]
@@ -80,10 +80,10 @@ def test_json_round_trip_keeps_every_field_in_both_file_formats(tmp_path):
     save_trees([[t, t]], tmp_path / "dump.json")
     per_prompt = json.loads((tmp_path / "dump.json").read_text())
     (tmp_path / "one.json").write_text(json.dumps(per_prompt[0]))
-    assert [x.to_dict() for x in load_trees(tmp_path / "one.json", None, Tree)] == [d, d]
-    assert [x.to_dict() for x in load_trees(tmp_path / "dump.json", 0, Tree)] == [d, d]
+    assert [x.to_dict() for x in load_trees(tmp_path / "one.json", None)] == [d, d]
+    assert [x.to_dict() for x in load_trees(tmp_path / "dump.json", 0)] == [d, d]
     with pytest.raises(ValueError, match="rollout dump of 1 prompts; pick one with --prompt"):
-        load_trees(tmp_path / "dump.json", None, Tree)
+        load_trees(tmp_path / "dump.json", None)
 
 
 def test_json_errors_are_specific(tmp_path):
@@ -95,7 +95,7 @@ def test_json_errors_are_specific(tmp_path):
         Tree.from_dict({"children": []})
     (tmp_path / "bad.json").write_text(json.dumps({"id": "r"}))
     with pytest.raises(ValueError, match="expected a JSON list of trees"):
-        load_trees(tmp_path / "bad.json", None, Tree)
+        load_trees(tmp_path / "bad.json", None)
 
 
 def test_render_shows_reward_value_advantage_and_flags():
@@ -173,7 +173,7 @@ def test_drawing_kinds_marks_and_dropped_children():
     t.find("p.0").prefix_end = True
     t.find("p.0.1").flags.append("truncated")
     t.root.n_sampled = 4  # two children kept of four sampled
-    rows = {r["id"]: r for r in drawing([t], [Trajectory(t.find("p.0.0"), [0.5, 2.0])], tree)}
+    rows = {r["id"]: r for r in drawing([t], [Trajectory(t.find("p.0.0"), [0.5, 2.0])])}
     assert list(rows) == ["p", "p.0", "p.0.0", "p.0.1", "p.1"]
     assert [r["kind"] for r in rows.values()] == [
         "prompt",

@@ -7,11 +7,11 @@ import random
 import pytest
 
 import rollout
-from eval import evaluate
-from infra import data, protocol, warmstart
+from infra import loaders, protocol, warmstart
 from infra.data import QARow
 from infra.engines import load_policy
 from infra.search import BM25Retriever, load_corpus
+from scripts import warmstart as driver
 
 ROW = QARow(
     id="t",
@@ -48,7 +48,7 @@ def setup(env):
         protocol.AgentConfig(instruction="short", topk=2, max_obs_tokens=60),
         0,
     )
-    rows = data.load_rows(world, "train")
+    rows = loaders.load_rows(world, "train")
     return agent, retriever, rows, world
 
 
@@ -141,29 +141,27 @@ def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, c
     out = str(tmp_path / "warm")
     capsys.readouterr()
     # the run's BM25 over the world corpus
-    warmstart.ensure(out, world, cfg, agent.cfg, 0, rollout, evaluate, retriever)
+    driver.ensure(out, world, cfg, agent.cfg, 0, retriever)
     assert "retriever: bm25" not in capsys.readouterr().out  # reused (before: a second index)
     saved = json.loads((tmp_path / "warm" / "warmstart.json").read_text())
     assert saved["sft_steps"] == 2 and saved["topk"] == 2 and saved["max_obs_tokens"] == 60
     assert saved["copy_steps_done"] == 50 and saved["sft_steps_done"] == 2
     model, tok = load_policy(out)
     assert protocol.is_world_tokenizer(tok)
-    warmstart.ensure(out, world, cfg, agent.cfg, 0, rollout, evaluate)
+    driver.ensure(out, world, cfg, agent.cfg, 0)
     assert "cached" in capsys.readouterr().out
     # another observation format: the checkpoint does not fit
     with pytest.raises(ValueError, match="topk"):
-        warmstart.ensure(
+        driver.ensure(
             out,
             world,
             cfg,
             protocol.AgentConfig(**{**agent.cfg.__dict__, "topk": 3}),
             0,
-            rollout,
-            evaluate,
         )
     # another seed: neither (the seed is the run's, kept in warmstart.json as "seed")
     with pytest.raises(ValueError, match=r"\{'seed': \(0, 1\)\}"):
-        warmstart.ensure(out, world, cfg, agent.cfg, 1, rollout, evaluate)
+        driver.ensure(out, world, cfg, agent.cfg, 1)
     (tmp_path / "warm" / "tokenizer.json").unlink()  # a cache that lost a file: said before loading
     with pytest.raises(
         ValueError,
@@ -171,7 +169,7 @@ def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, c
         r"has no tokenizer files \(none of tokenizer.json.*delete "
         r".*warm to retrain it",
     ):
-        warmstart.ensure(out, world, cfg, agent.cfg, 0, rollout, evaluate)
+        driver.ensure(out, world, cfg, agent.cfg, 0)
 
 
 def test_a_warm_start_below_target_trains_to_its_cap_then_fails_loudly_and_saves_nothing(
@@ -189,7 +187,7 @@ def test_a_warm_start_below_target_trains_to_its_cap_then_fails_loudly_and_saves
         match=r"warm start failed: greedy dev EM 0\.000 < target_em 0\.6 after 4 "
         r"trajectory steps \(sft_max_steps 5\)",
     ):
-        warmstart.ensure(str(out), world, cfg, agent.cfg, 0, rollout, evaluate)
+        driver.ensure(str(out), world, cfg, agent.cfg, 0)
     printed = capsys.readouterr().out
     assert (
         "greedy dev EM 0.000 after 2 trajectory steps" in printed

@@ -1,7 +1,7 @@
 """`python eval.py`'s command line: its flags (EvalArgs), the run (a policy, its retriever and agent
 under train.py's settings; an optional judge model) and the report it prints (`table`) and writes.
-eval.py calls `main` from its `__main__` block and passes the top level in (rollout.py,
-retriever.py, its `evaluate` and `judge`), as this package never imports it.
+eval.py's `__main__` block calls `main` with its own `evaluate` and `judge` (this file imports
+rollout.py and retriever.py, never eval.py, which then runs once, as the script).
 """
 
 import json
@@ -10,7 +10,9 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Literal
 
-from infra import data, engines, flags, protocol
+import retriever
+import rollout
+from infra import data, engines, flags, health, loaders, protocol
 
 
 def table(report):
@@ -60,7 +62,7 @@ class EvalArgs:
     """Seed of the engine's sampling (with --eval_temperature > 0), as train.py's --seed."""
 
 
-def main(rollout, retriever, evaluate, judge):
+def main(evaluate, judge):
     """Evaluate a policy (EvalArgs, AgentConfig, RetrieverConfig from the command line): `evaluate`
     and `judge` are eval.py's; print the per-dataset table and write the JSON report."""
     a, agent_cfg, retriever_cfg = flags.parse(
@@ -85,7 +87,7 @@ def main(rollout, retriever, evaluate, judge):
         ],
     )
     world = data.ensure_world("out/world") if not (a.data and a.corpus) else ""
-    rows = data.spread(data.load_rows(a.data or world, a.split), a.n)
+    rows = data.spread(loaders.load_rows(a.data or world, a.split), a.n)
     search, _ = retriever.connect(retriever_cfg, a.corpus or os.path.join(world, "corpus.jsonl"))
     model, tok = engines.load_policy(a.model, a.gguf_file or None)
     engine = engines.make_engine(a.engine, model, tok, a.model)
@@ -95,9 +97,13 @@ def main(rollout, retriever, evaluate, judge):
         judge_fn = partial(
             judge, engines.make_engine(a.engine, judge_model, judge_tok, a.judge_model), judge_tok
         )
-    agent = rollout.Agent(engine, search, tok, protocol.for_eval(agent_cfg), a.seed)
+    refiner = retriever.refiner(retriever_cfg, a.engine)  # Cut the Bill §6; None: off
+    agent = rollout.Agent(engine, search, tok, protocol.for_eval(agent_cfg), a.seed, refiner)
     report = evaluate(agent, rows, k=a.k, judge_fn=judge_fn)
     print(table(report))
+    refine = health.refine_metrics(refiner.stats) if refiner else {}  # summaries: length, time
+    if refine:
+        print("refine agent: " + ", ".join(f"{k} {v:.2f}" for k, v in refine.items()))
     out = a.out or os.path.join(a.model if os.path.isdir(a.model) else ".", f"eval_{a.split}.json")
     with open(out, "w") as f:
         json.dump(
@@ -106,6 +112,7 @@ def main(rollout, retriever, evaluate, judge):
                 "agent": asdict(agent_cfg),
                 "retriever": asdict(retriever_cfg),
                 "report": report,
+                **({"refine": refine} if refine else {}),
             },
             f,
             indent=1,

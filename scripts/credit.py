@@ -1,10 +1,8 @@
-"""The inspection command lines: `python advantages.py` (one prompt's trees -> every step's credit
-as JSON, the worked demo side by side, Tree-GRPO's budget) and `python rollout.py --dump` (one
-rollout batch of the embedded default as JSON, every method drawn on one of its prompts), with what
-only they use: the demo tree, the budget formula, rollout dumps on disk, trees as `infra.draw` data.
-advantages.py and rollout.py call them from their `__main__` blocks and pass the modules in
-(advantages.py, rollout.py with its algorithm registry, tree.py), as this package never imports the
-top level.
+"""`python advantages.py`'s command line: one prompt's trees -> every step's credit as JSON, the
+worked demo with every method side by side, Tree-GRPO's budget; with what only it and the rollout
+dump (scripts/dump.py) use: trees on disk, trees as `infra.draw` data. advantages.py's `__main__`
+block calls `main` with its CreditConfig and its credit functions, each named after its algo (this
+file imports tree.py, never advantages.py, which then runs once, as the script).
 
 Deviations from the papers, each cited by its name:
 - budget-formula: Tree-GRPO's text prints the expected budget E[B] = M*B + L*N*B/2; its Tables 3
@@ -13,18 +11,11 @@ Deviations from the papers, each cited by its name:
 """
 
 import json
-import os
-import random
 import sys
-import time
 from dataclasses import dataclass
-from typing import Literal
 
-from infra import data, draw, flags
-from infra.engines import RULES as ENGINE_RULES
-from infra.engines import load_policy, make_engine, model_problem
-from infra.protocol import AgentConfig
-from infra.search import BM25Retriever, load_corpus
+import tree
+from infra import draw, flags
 
 # --------------------------------------------------------------------------------------------------
 # Trees on disk and as `infra.draw` data
@@ -36,9 +27,9 @@ def save_trees(prompts: list[list], path_: str) -> None:
         json.dump([[t.to_dict() for t in trees] for trees in prompts], f, indent=1)
 
 
-def load_trees(path_: str, prompt: int | None, tree_class) -> list:
+def load_trees(path_: str, prompt: int | None) -> list[tree.Tree]:
     """The trees of ONE prompt: from a JSON list of tree dicts, or entry `prompt` of a `save_trees`
-    rollout dump (`tree_class`: tree.Tree)."""
+    rollout dump."""
     with open(path_) as f:
         data = json.load(f)
     if isinstance(data, list) and data and all(isinstance(x, list) for x in data):  # a rollout dump
@@ -53,18 +44,17 @@ def load_trees(path_: str, prompt: int | None, tree_class) -> list:
             f"{path_}: expected a JSON list of trees (node dicts) for one prompt, "
             f"or a rollout dump (a list of such lists); got {type(data).__name__}"
         )
-    return [tree_class.from_dict(t) for t in data]
+    return [tree.Tree.from_dict(t) for t in data]
 
 
-def drawing(trees: list, trajectories: list, tree_module) -> list[dict]:
+def drawing(trees: list, trajectories: list) -> list[dict]:
     """Plain data for `infra.draw`, one dict per node of `trees`, parents first: id, parent id, kind
     (prompt, search, answer, invalid, truncated, discarded; step: no action set), the step's credit
     (None: not trained), a leaf's reward, the marks it carries (BranPO's prefix_end and redundant;
     TreePS-RAG's sampled and retained, i.e. kept by the pruning; fork: more than one child) and how
-    many of its sampled children were dropped (BranPO's unkept branches, TreePS-RAG's pruned).
-    `tree_module`: tree.py."""
-    credit, rows = tree_module.step_credit(trajectories), []
-    for n in (n for t in trees for n in tree_module.walk(t.root)):
+    many of its sampled children were dropped (BranPO's unkept branches, TreePS-RAG's pruned)."""
+    credit, rows = tree.step_credit(trajectories), []
+    for n in (n for t in trees for n in tree.walk(t.root)):
         has = {
             "prefix_end": n.prefix_end,
             "redundant": n.redundant,
@@ -107,12 +97,12 @@ def tree_grpo_budget(M: int, N: int, L: int) -> tuple[int, float]:
     return M * (L * N + 1), M * (1 + L * N / 2)
 
 
-def demo(credits: dict, tree_module):
+def demo(credits: dict, cfg):
     """A worked tree (one prompt, two original trajectories: one with branches and a redundant step,
     one split at its last step with no branch kept) and every method's trajectories on it (GRPO's on
     the tree's root-to-leaf paths, each copied into a chain of its own). `credits`: name -> credit
-    function, rollout.ALGOS's, each run with its defaults; `tree_module`: tree.py."""
-    tree = tree_module.Tree.from_dict(
+    function (advantages.py's), each run with `cfg` (a CreditConfig: the command's credit flags)."""
+    worked = tree.Tree.from_dict(
         {
             "id": "q",
             "children": [
@@ -152,23 +142,23 @@ def demo(credits: dict, tree_module):
             ],
         }
     )
-    leaves = tree_module.scored_leaves(tree.root)
-    chains = [tree_module.Tree.from_dict(tree.to_dict()) for _ in leaves]
+    leaves = tree.scored_leaves(worked.root)
+    chains = [tree.Tree.from_dict(worked.to_dict()) for _ in leaves]
     for chain, leaf in zip(chains, leaves):
-        for step in tree_module.path(chain.find(leaf.id)):
+        for step in tree.path(chain.find(leaf.id)):
             step.parent.children = [step]  # prune the copy to the root-to-leaf path
-    return tree, {name: fn(chains if name == "grpo" else [tree]) for name, fn in credits.items()}
+    runs = {name: fn(chains if name == "grpo" else [worked], cfg) for name, fn in credits.items()}
+    return worked, runs
 
 
-def report(algo: str, trees, trajectories, walk) -> dict:
-    """The CLI's JSON: per-node value/advantage and per-trajectory step advantages (`walk`:
-    tree.walk)."""
+def report(algo: str, trees, trajectories) -> dict:
+    """The CLI's JSON: per-node value/advantage and per-trajectory step advantages."""
     return {
         "algo": algo,
         "nodes": {
             n.id: {"value": n.value, "advantage": n.advantage}
             for t in trees
-            for n in walk(t.root)
+            for n in tree.walk(t.root)
             if n.parent is not None
         },
         "trajectories": [
@@ -178,26 +168,26 @@ def report(algo: str, trees, trajectories, walk) -> dict:
     }
 
 
-def demo_table(advantages, credits, tree_module) -> str:
+def demo_table(credits, cfg) -> str:
     """The worked tree, then one row per (trajectory, step) and one column per method (`credits`:
-    name -> credit function)."""
-    tree, runs = demo(credits, tree_module)
+    name -> credit function, run with `cfg`)."""
+    worked, runs = demo(credits, cfg)
     table = {
         (name, tr.leaf.id, step.id): a
         for name, trajectories in runs.items()
         for tr in trajectories
         for step, a in zip(tr.steps, tr.advantages)
     }
-    advantages.treeps([tree])  # leave TreePS-RAG's V and A on the rendered tree
+    credits["treeps"]([worked], cfg)  # leave TreePS-RAG's V and A on the rendered tree
     lines = [
         "TreePS-RAG values (V) and process advantages (A) on the tree:",
-        tree.render(),
+        worked.render(),
         "",
         "Advantage multiplying each step's tokens in each trajectory ('-' = not trained there):",
         f"{'leaf':8} {'step':8} " + " ".join(f"{k:>9}" for k in runs),
     ]
-    for leaf in tree_module.scored_leaves(tree.root):
-        for step in tree_module.path(leaf):
+    for leaf in tree.scored_leaves(worked.root):
+        for step in tree.path(leaf):
             cells = [table.get((k, leaf.id, step.id)) for k in runs]
             lines.append(
                 f"{leaf.id:8} {step.id:8} "
@@ -209,8 +199,10 @@ def demo_table(advantages, credits, tree_module) -> str:
 @dataclass
 class CreditArgs:
     """`python advantages.py --algo ALGO --trees FILE.json`: per-step advantages of one prompt's
-    rollout trees."""
+    rollout trees (the credit flags: CreditConfig)."""
 
+    algo: str = "tree_grpo"
+    """Whose credit function: grpo, tree_grpo, branpo, carl or treeps (with --trees or --budget)."""
     trees: str = ""
     """JSON list of trees for ONE prompt (see tree.py for the node format), or a rollout dump (with
     --prompt)."""
@@ -219,33 +211,39 @@ class CreditArgs:
     budget: str = ""
     """With --algo tree_grpo: M,N,L -> rollouts and expected budget."""
     demo: bool = False
-    """Print a worked tree with every method side by side."""
+    """Print a worked tree with every method side by side, under the credit flags given."""
     render: bool = False
-    """Also print the annotated tree(s) to stderr."""
+    """With --trees: also print the annotated tree(s) to stderr."""
     plot: str = ""
     """With --demo: also draw the tree under each method, steps coloured by credit, to this PNG."""
 
 
-def credit_cli(advantages, rollout, tree_module):
-    """`python advantages.py ...`: `advantages`, `rollout`, `tree_module`: the modules
-    advantages.py, rollout.py (its registry ALGOS: name -> credit function and knobs) and tree.py,
-    passed in."""
-    args, r, c = flags.parse(CreditArgs, rollout.RolloutConfig, advantages.CreditConfig)
-    flags.check(r, rollout.RULES)
-    credits = {name: algo.credit for name, algo in rollout.ALGOS.items()}
+def main(config_class, functions: list):
+    """`python advantages.py ...`: `config_class`, CreditConfig; `functions`, the credit functions,
+    each named after its algo."""
+    args, cfg = flags.parse(CreditArgs, config_class)
+    credits = {fn.__name__: fn for fn in functions}
+    modes = [m for m in ("trees", "budget", "demo") if getattr(args, m)]
+    flags.check(
+        args,
+        [],
+        [
+            (args.algo not in credits, f"--algo {args.algo!r}: must be one of {list(credits)}"),
+            (len(modes) > 1, f"give one of --trees, --budget, --demo, not {len(modes)}"),
+            (args.plot and not args.demo, "--plot goes with --demo"),
+            (args.render and not args.trees, "--render goes with --trees"),
+            (args.prompt is not None and not args.trees, "--prompt goes with --trees"),
+        ],
+    )
     if args.demo:
-        print(demo_table(advantages, credits, tree_module))
+        print(demo_table(credits, cfg))
         if args.plot:
-            tree, runs = demo(credits, tree_module)
+            worked, runs = demo(credits, cfg)
             notes = {
                 "grpo": "the tree's 4 paths as 4 chains:\na step adds up the chains through it"
             }
             panels = [
-                {
-                    "algo": k,
-                    "nodes": drawing([tree], trajectories, tree_module),
-                    "note": notes.get(k, ""),
-                }
+                {"algo": k, "nodes": drawing([worked], trajectories), "note": notes.get(k, "")}
                 for k, trajectories in runs.items()
             ]
             draw.figure(
@@ -260,117 +258,20 @@ def credit_cli(advantages, rollout, tree_module):
                 "rounds), e.g. 2,2,1"
             ) from None
         flags.check(
-            r,
+            args,
             [],
             extra=[
-                (r.algo != "tree_grpo", f"--budget goes with --algo tree_grpo, not {r.algo}"),
+                (args.algo != "tree_grpo", f"--budget goes with --algo tree_grpo, not {args.algo}"),
                 (M < 1 or min(N, L) < 0, f"--budget {args.budget!r}: M must be >= 1 and N, L >= 0"),
             ],
         )
         rollouts, budget = tree_grpo_budget(M, N, L)
         print(json.dumps({"rollouts": rollouts, "budget": budget}))
     elif args.trees:
-        trees = load_trees(args.trees, args.prompt, tree_module.Tree)
-        algo = rollout.ALGOS[r.algo]
-        trajectories = algo.credit(trees, **algo.credit_knobs(r, c))
-        print(json.dumps(report(r.algo, trees, trajectories, tree_module.walk), indent=1))
+        trees = load_trees(args.trees, args.prompt)
+        trajectories = credits[args.algo](trees, cfg)
+        print(json.dumps(report(args.algo, trees, trajectories), indent=1))
         if args.render:
             print("\n\n".join(t.render() for t in trees), file=sys.stderr)
     else:
         raise SystemExit("give --trees FILE (and --algo), or --budget, or --demo")
-
-
-# --------------------------------------------------------------------------------------------------
-# python rollout.py --dump
-
-
-@dataclass
-class DumpArgs:
-    """`python rollout.py --algo ALGO --dump FILE`: one rollout batch on the embedded default,
-    dumped as JSON."""
-
-    dump: str
-    """Output JSON: one list of trees per prompt (advantages.py --trees FILE --prompt I)."""
-    n_prompts: int = 4
-    """Questions of --split to roll out (spread over the hops)."""
-    model: str = "out/warmstart"
-    """Policy directory or hub name (train.py writes the warm start to out/warmstart)."""
-    world: str = "out/world"
-    """Embedded world directory (written on first use)."""
-    engine: Literal["auto", "hf", "vllm"] = "auto"
-    """Generation engine."""
-    split: Literal["train", "dev", "test"] = "train"
-    """Which questions of the world."""
-    plot: str = ""
-    """Also grow every other method on the same questions (at the knobs given); draw all to this
-    PNG."""
-    plot_prompt: int = 0
-    """With --plot: which of the prompts to draw."""
-    seed: int = 0
-    """Seed of the engine's sampling and the strategies' random choices (train.py's --seed)."""
-
-
-def dump_cli(rollout, advantages, tree_module):
-    """`python rollout.py --dump ...`: `rollout`, `advantages`, `tree_module`: the modules
-    rollout.py, advantages.py and tree.py, passed in."""
-    args, r, c, agent_cfg = flags.parse(
-        DumpArgs, rollout.RolloutConfig, advantages.CreditConfig, AgentConfig
-    )
-    no_model = model_problem(args.model)
-    if args.model == "out/warmstart" and not os.path.exists(args.model):
-        no_model = (
-            "no policy in out/warmstart: train one first (python train.py warmstart, ~5 min "
-            "on 2 cores, or any train.py run), or pass --model DIR"
-        )
-    flags.check(
-        (args, r, agent_cfg),
-        rollout.RULES + ENGINE_RULES + [("n_prompts", "an integer >= 1", lambda v: v >= 1)],
-        [
-            rollout.depth_rule(r, agent_cfg),
-            (no_model, no_model),
-            (
-                not 0 <= args.plot_prompt < args.n_prompts,
-                f"--plot_prompt {args.plot_prompt}: must be in [0, --n_prompts)",
-            ),
-        ],
-    )
-    world = data.ensure_world(args.world)
-    rows = data.spread(data.load_rows(world, args.split), args.n_prompts)
-    model, tok = load_policy(args.model)
-    engine = make_engine(args.engine, model, tok, args.model)
-    retriever = BM25Retriever(load_corpus(os.path.join(world, "corpus.jsonl")))
-    agent = rollout.Agent(engine, retriever, tok, agent_cfg, args.seed)
-    algo = rollout.ALGOS[r.algo]
-    t0 = time.perf_counter()
-    prompts = algo.grow(agent, rows, random.Random(args.seed), **algo.grow_knobs(r))
-    save_trees(prompts, args.dump)
-    print(
-        f"{r.algo} {algo.grow_knobs(r)}: {len(prompts)} prompts in "
-        f"{time.perf_counter() - t0:.1f} s -> {args.dump}"
-    )
-    for k, v in {**rollout.metrics(prompts), **agent.counters}.items():
-        print(f"  {k:40} {v:10.2f}")
-    print(
-        f"credit assignment of the first prompt: python advantages.py --algo {r.algo} --trees "
-        f"{args.dump} --prompt 0 --render"
-    )
-    if args.plot:  # every other method on the same questions, from a fresh agent as its own dump
-        panels = []
-        for name, other in rollout.ALGOS.items():
-            fresh = rollout.Agent(engine, retriever, tok, agent_cfg, args.seed)
-            rng, knobs = random.Random(args.seed), other.grow_knobs(r)
-            batch = prompts if name == r.algo else other.grow(fresh, rows, rng, **knobs)
-            trees = batch[args.plot_prompt]
-            used = ", ".join(f"{k}={v}" for k, v in knobs.items())
-            tokens = sum(t.stats["generated_tokens"] for t in trees)
-            credit = other.credit(trees, **other.credit_knobs(r, c))
-            panels.append(
-                {
-                    "algo": name,
-                    "nodes": drawing(trees, credit, tree_module),
-                    "note": f"{used}\n{tokens} tokens generated",
-                }
-            )
-        ex = rows[args.plot_prompt]
-        draw.figure(panels, args.plot, f"{ex.question}  (answer: {' / '.join(ex.golden_answers)})")
-        print(f"prompt {args.plot_prompt} under every method -> {args.plot}")

@@ -1,0 +1,145 @@
+"""Real datasets as questions: Search-R1 parquet, FlashRAG / our JSONL and Hugging Face `datasets`
+turned into infra/data.py's `QARow`s (`load_rows`), every bad file or row named (`DataError`).
+
+Deviations from the papers, each cited by its name:
+- question-from-prompt: Search-R1 parquet rows without a `question` column get theirs from the
+  prompt: the text after the last "Question:" in the last user message (Search-R1's own template
+  ends that way), else the whole message.
+"""
+
+import json
+import os
+from dataclasses import fields
+
+import datasets
+import pyarrow.parquet
+
+from infra.data import QARow
+
+
+class DataError(ValueError):
+    """A dataset file or row that cannot be read as questions; the message names the file and
+    row."""
+
+
+def _question_from_prompt(prompt, where):
+    users = (
+        [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        if isinstance(prompt, list)
+        else []
+    )
+    if not isinstance(prompt, str) and not users:
+        raise DataError(
+            f"{where}: 'prompt' must be a string or chat messages with a user turn, got "
+            f"{prompt!r:.200}"
+        )
+    text = prompt if isinstance(prompt, str) else users[-1].get("content", "")
+    return text.rsplit("Question:", 1)[-1].strip()  # question-from-prompt
+
+
+def _integer(value, name, where):
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise DataError(
+            f"{where}: {name!r} must be an integer, got {value!r}; fix or drop that field"
+        )
+    return value
+
+
+def row_from_record(rec, where, split, index):
+    """One QARow from a Search-R1 (prompt + reward_model) or FlashRAG (question + golden_answers)
+    record."""
+    if not isinstance(rec, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    if "reward_model" in rec or "prompt" in rec:
+        try:
+            answers = rec["reward_model"]["ground_truth"]["target"]
+        except (KeyError, TypeError):
+            raise DataError(
+                f"{where}: Search-R1 row has no reward_model.ground_truth.target "
+                f"(keys: {sorted(rec)})"
+            ) from None
+        question = rec.get("question") or _question_from_prompt(rec.get("prompt"), where)
+    elif "question" in rec and "golden_answers" in rec:
+        question, answers = rec["question"], rec["golden_answers"]
+    else:
+        raise DataError(
+            f"{where}: not a question row (keys: {sorted(rec)}); expected FlashRAG 'question' + "
+            f"'golden_answers' or Search-R1 'prompt' + 'reward_model.ground_truth.target'"
+        )
+    if not isinstance(question, str) or not question.strip():
+        raise DataError(f"{where}: empty or non-string question {question!r}")
+    answers = [answers] if isinstance(answers, str) else answers
+    if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
+        raise DataError(
+            f"{where}: golden answers must be a non-empty list of strings, got {answers!r}"
+        )
+    extra = rec.get("extra_info") or {}
+    gold = {
+        f.name: rec[f.name] for f in fields(QARow) if f.name.startswith("gold_") and f.name in rec
+    }
+    return QARow(
+        id=str(rec.get("id", f"{split}_{index}")),
+        question=question.strip(),
+        golden_answers=answers,
+        data_source=str(rec.get("data_source", "unknown")),
+        split=str(extra.get("split", rec.get("split", split))),
+        index=_integer(extra.get("index", index), "extra_info.index", where),
+        hops=_integer(rec.get("hops", 0), "hops", where),
+        **gold,
+    )
+
+
+def load_rows(source, split="train"):
+    """Questions from a .parquet / .jsonl file, a directory holding {split}.parquet or .jsonl, or a
+    `datasets` name."""
+    if os.path.isdir(source):
+        found = [
+            p
+            for p in (os.path.join(source, f"{split}.{e}") for e in ("parquet", "jsonl"))
+            if os.path.exists(p)
+        ]
+        if not found:
+            raise DataError(
+                f"{source} has no {split}.parquet or {split}.jsonl; pass a file or another split"
+            )
+        source = found[0]
+    if source.endswith((".parquet", ".jsonl", ".json")) and not os.path.exists(source):
+        raise DataError(
+            f"{source} does not exist; run `python -m infra.data --out DIR` to write the embedded "
+            "world"
+        )
+    if source.endswith(".parquet"):
+        records = pyarrow.parquet.read_table(source).to_pylist()
+        rows = [row_from_record(r, f"{source}: row {i}", split, i) for i, r in enumerate(records)]
+    elif source.endswith((".jsonl", ".json")):
+        rows = [
+            row_from_record(rec, f"{source}: line {line_no}", split, i)
+            for i, (line_no, rec) in enumerate(read_jsonl(source, DataError))
+        ]
+    else:
+        ds = datasets.load_dataset(source, split=split)
+        rows = [
+            row_from_record(dict(r), f"{source}[{split}]: row {i}", split, i)
+            for i, r in enumerate(ds)
+        ]
+    if not rows:
+        raise DataError(f"{source} holds no rows")
+    return rows
+
+
+def read_jsonl(path, error=ValueError):
+    """(line number, parsed object) per non-blank line; a line not UTF-8 or not JSON raises `error`
+    naming it."""
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise error(
+                    f"{path}: line {line_no}: not UTF-8 ({e}); re-encode the file as UTF-8"
+                ) from None
+            if line.strip():
+                try:
+                    yield line_no, json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise error(f"{path}: line {line_no}: invalid JSON ({e})") from None

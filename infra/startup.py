@@ -1,0 +1,79 @@
+"""What train.py asks of several processes (accelerate launch) besides its models: the questions
+(one rank writes the embedded world, the others wait for it) and each rank's share of a step's, a
+step on rank 0 alone, and each rank's rollout engine with the source of pi_old it implies
+(tis-old-policy).
+"""
+
+import torch
+
+from infra import data, engines, loaders, run, shard
+
+
+def questions(accelerator, args, world: str) -> tuple[list, list]:
+    """The training questions and the test questions the evaluations score (--eval_n spread over
+    the test split; none without --eval_every). The embedded world (`world`, when --data and
+    --corpus do not replace it) is written first, by rank 0, the others waiting for it."""
+    if world and accelerator.is_main_process:
+        data.ensure_world(world)
+    accelerator.wait_for_everyone()
+    train_rows = loaders.load_rows(args.data or world, "train")
+    test_rows = (
+        data.spread(loaders.load_rows(args.test_data or args.data or world, "test"), args.eval_n)
+        if args.eval_every
+        else []
+    )  # train.validate made sure this is a real test split, never the training rows
+    return train_rows, test_rows
+
+
+def share(rows: list, order: list[int], step: int, prompts_per_step: int, accelerator) -> list:
+    """This rank's contiguous share of step `step`'s prompts, taken from `rows` in the run's
+    `order` (wrapping around). A prompt's trees are all grown on one rank, so every group
+    statistic is computed where its leaves are."""
+    share = prompts_per_step // accelerator.num_processes
+    at = step * prompts_per_step + accelerator.process_index * share
+    return [rows[order[(at + i) % len(order)]] for i in range(share)]
+
+
+def on_main(accelerator, step, *args):
+    """`step(*args)` on rank 0, the other ranks waiting until it is done."""
+    if accelerator.is_main_process:
+        step(*args)
+    accelerator.wait_for_everyone()
+
+
+def ref_dtype(accelerator, args) -> torch.dtype:
+    """The frozen reference's dtype (--ref_dtype): the mixed-precision dtype (bf16, fp16) with
+    "compute", else float32."""
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision)
+    return compute if compute and args.ref_dtype == "compute" else torch.float32
+
+
+def engine(accelerator, args, model, tokenizer, model_path: str, load):
+    """This rank's rollout engine (--engine; vLLM: one per GPU, in the launcher's process group)
+    over the prepared policy `model` (under FSDP2 the HF engine samples from a full copy, `load()`:
+    infra/shard.py), and whether its log-probs are pi_old (tis-old-policy): only the HF engine's
+    in a float32 run that samples from the trainer's own model. Rank 0 says which, once."""
+    ranks = accelerator.num_processes
+    kind = engines.choose(args.engine)[0]
+    with run.quiet(not accelerator.is_main_process):
+        made = engines.make_engine(
+            args.engine,
+            shard.rollout_model(accelerator, model, lambda: load()[0], kind),
+            tokenizer,
+            model_path,
+            dtype=args.vllm_dtype,
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            sleep=args.vllm_sleep,
+            **({"distributed_executor_backend": "external_launcher"} if ranks > 1 else {}),
+        )
+    old_from_engine = (
+        made.exact_logprobs and accelerator.mixed_precision == "no" and not shard.sharded(model)
+    )
+    source = "the HF engine's log-probs" if old_from_engine else "the trainer's forward"
+    accelerator.print(
+        f"pi_old: {source} ({type(made).__name__}, mixed precision "
+        f"{accelerator.mixed_precision})"
+        + (f"; {ranks} processes, each rolling out its share of every step" if ranks > 1 else ""),
+        flush=True,
+    )
+    return made, old_from_engine
