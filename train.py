@@ -49,7 +49,7 @@ import retriever
 import rollout
 from advantages import CreditConfig
 from eval import evaluate
-from infra import data, engines, flags, health, protocol, run, warmstart
+from infra import data, engines, flags, health, protocol, run, rundir, warmstart
 from infra.logprobs import TokenLogp
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
@@ -516,7 +516,8 @@ def main(
         for k in ("rollout", "logprob", "update"):
             seconds[f"RL {k}"] = seconds.get(f"RL {k}", 0.0) + metrics[f"train/time_{k}"]
         run.log({"step": step + 1, **metrics}, history, run_dir, accelerator, args)
-        run.check_env_errors(history, args, where)
+        degraded = run.check_env_errors(history, args, where)  # a retrieval outage's step
+        health.check_finite(accelerator.unwrap_model(model), step + 1, len(grad_norms), n_skipped)
         bar.set_postfix(
             reward=f"{metrics['rollout/reward']:.3f}",
             em=f"{metrics['rollout/em']:.2f}",
@@ -529,7 +530,8 @@ def main(
             run.log(row, history, run_dir, accelerator, args)
             seconds["eval"] = seconds.get("eval", 0.0) + time.perf_counter() - t0
         stop = step + 1 < args.steps and run.stop_asked(accelerator, asked)  # on every rank alike
-        if stop or args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
+        save = args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and not degraded
+        if stop or save:
             run.checkpoint(accelerator, run_dir, step + 1, skipped, rng, agent.counters)
         if stop:
             stopped = asked.get("signal", signal.SIGTERM)  # SIGTERM: it reached another rank only
@@ -539,8 +541,7 @@ def main(
     if main_proc and stopped:
         print(run.stopped_message(run_dir, stopped, step + 1, args.steps))
     elif main_proc:
-        accelerator.unwrap_model(model).save_pretrained(os.path.join(run_dir, "final"))
-        tok.save_pretrained(os.path.join(run_dir, "final"))
+        rundir.save_final(accelerator.unwrap_model(model), tok, run_dir)  # whole or not at all
         print(run.summary(history, seconds, time.perf_counter() - t_start, run_dir))
     run.end(accelerator, engine, stopped)  # the engine closed, every process ended together
 

@@ -34,15 +34,17 @@ import math
 import os
 import random
 import re
+import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 
 import torch
+from safetensors import SafetensorError
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from infra import data, flags, protocol
+from infra import data, files, flags, protocol
 from infra.engines import HFEngine, model_problem
 from infra.search import BM25Retriever, load_corpus
 
@@ -419,23 +421,39 @@ def train(
             "warm start: more",
         )
         steps += cfg.sft_steps
-    os.makedirs(out_dir, exist_ok=True)
+    record = {
+        **settings(cfg, agent_cfg, seed),
+        "world": world_dir,
+        "final_loss": loss,
+        "copy_steps_done": copy_steps,
+        "sft_steps_done": steps,
+        **({"dev_em": m["em"]} if cfg.target_em else {}),
+    }
+    try:  # whole or not at all: a full disk leaves no half warm start for a later run to read
+        files.write_dir(out_dir, partial(save, model, tok, record))
+    except (OSError, RuntimeError, SafetensorError) as e:  # torch: RuntimeError
+        raise OSError(
+            f"saving the warm start to {out_dir} failed ({type(e).__name__}: {e}); nothing was "
+            f"saved there. Free space on its disk ({free_mib(out_dir):.0f} MiB free), then rerun"
+        ) from e
+    return out_dir
+
+
+def save(model, tok, record: dict, out_dir: str):
+    """Write the warm start into out_dir: the model, its tokenizer, then warmstart.json (`record`:
+    the settings it was trained with and how it ended)."""
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     with open(os.path.join(out_dir, "warmstart.json"), "w") as f:
-        json.dump(
-            {
-                **settings(cfg, agent_cfg, seed),
-                "world": world_dir,
-                "final_loss": loss,
-                "copy_steps_done": copy_steps,
-                "sft_steps_done": steps,
-                **({"dev_em": m["em"]} if cfg.target_em else {}),
-            },
-            f,
-            indent=1,
-        )
-    return out_dir
+        json.dump(record, f, indent=1)
+
+
+def free_mib(path: str) -> float:
+    """MiB free on the disk that holds `path` (or its nearest existing parent)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path).free / 2**20
 
 
 def settings(cfg: WarmConfig, agent_cfg, seed: int) -> dict:
@@ -448,6 +466,27 @@ def settings(cfg: WarmConfig, agent_cfg, seed: int) -> dict:
         "seed": seed,
         "instruction": protocol.instruction_template(agent_cfg.instruction, world_tokenizer()),
     }
+
+
+def cached_settings(path: str) -> dict | None:
+    """The settings a cached warm start's warmstart.json (`path`) records; None when there is none
+    or it cannot be read (said, naming the file: a save cut short by an earlier version, or a file
+    damaged since), so that the warm start is trained again."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            was = json.load(f)
+        if isinstance(was, dict):
+            return was
+        problem = f"holds a {type(was).__name__}, not the settings"
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        problem = f"cannot be read ({type(e).__name__}: {e})"
+    print(
+        f"warm start: {path} {problem}: the cached warm start is incomplete (a save cut short, "
+        "e.g. by a full disk); training it again"
+    )
+    return None
 
 
 def ensure(
@@ -465,9 +504,8 @@ def ensure(
     for the first's warm start, then checks that its settings are this run's."""
     with data.claimed(out_dir.rstrip("/") + ".lock", f"the warm start {out_dir}"):
         saved = os.path.join(out_dir, "warmstart.json")  # written last: the warm start is complete
-        if os.path.exists(saved):
-            with open(saved) as f:
-                was = json.load(f)
+        was = cached_settings(saved)
+        if was is not None:
             differ = {
                 k: (was.get(k), v)
                 for k, v in settings(cfg, agent_cfg, seed).items()
