@@ -15,6 +15,7 @@ refine agent (Cut the Bill §6), summarises each query's passages with a frozen 
 import sys
 from dataclasses import dataclass
 from typing import Literal
+from urllib.parse import urlsplit
 
 from infra import server
 from infra.engines import Sampling
@@ -66,6 +67,11 @@ def health_check(retriever, where):
 RULES = [  # flags.check: (flags, what is allowed, test)
     ("retriever_timeout_s", "> 0", lambda v: v > 0),
     ("retriever_retries", "an integer >= 0", lambda v: v >= 0),
+    (
+        "retriever_url",
+        "empty or a URL http://HOST:PORT (or https://...)",
+        lambda v: not v or (urlsplit(v).scheme in ("http", "https") and bool(urlsplit(v).netloc)),
+    ),
 ]
 
 

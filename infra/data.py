@@ -530,11 +530,8 @@ def load_rows(source, split="train"):
     """Questions from a .parquet / .jsonl file, a directory holding {split}.parquet or .jsonl, or a
     `datasets` name."""
     if os.path.isdir(source):
-        found = [
-            p
-            for p in (os.path.join(source, f"{split}.{e}") for e in ("parquet", "jsonl"))
-            if os.path.exists(p)
-        ]
+        names = (os.path.join(source, f"{split}.{e}") for e in ("parquet", "jsonl"))
+        found = [p for p in names if os.path.exists(p)]
         if not found:
             raise DataError(
                 f"{source} has no {split}.parquet or {split}.jsonl; pass a file or another split"
@@ -542,11 +539,13 @@ def load_rows(source, split="train"):
         source = found[0]
     if source.endswith((".parquet", ".jsonl", ".json")) and not os.path.exists(source):
         raise DataError(
-            f"{source} does not exist; run `python -m infra.data --out DIR` to write the embedded "
-            "world"
+            f"{source} does not exist; `python -m infra.data --out DIR` writes the world"
         )
     if source.endswith(".parquet"):
-        records = pyarrow.parquet.read_table(source).to_pylist()
+        try:
+            records = pyarrow.parquet.read_table(source).to_pylist()
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise DataError(f"{source} is not a Parquet file that pyarrow reads ({e})") from None
         rows = [row_from_record(r, f"{source}: row {i}", split, i) for i, r in enumerate(records)]
     elif source.endswith((".jsonl", ".json")):
         rows = [
