@@ -118,5 +118,5 @@ def check_finite(model, step: int, applied: int, skipped: int):
             f"stopping at step {step}: the loss or the gradient norm was NaN or inf in all "
             f"{skipped} of its optimizer steps (train/skipped_steps), so none was applied; "
             "nothing is saved as final/. Lower --lr, check the advantages, then start over "
-            "with --overwrite (or --resume from the last checkpoint)"
+            "with --overwrite"
         )

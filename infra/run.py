@@ -190,6 +190,14 @@ def check_env_errors(history: list[dict], args, where: str) -> bool:
     the console): train.py saves no checkpoint of it, so a --resume after an outage goes on from
     the last step before it and runs the degraded ones again."""
     rows = [row for row in history if "abnormal/env_error" in row]
+    degraded = bool(rows) and rows[-1]["abnormal/env_error"] > args.max_env_error_rate
+    if degraded and accelerate.PartialState().is_main_process:
+        print(
+            f"step {rows[-1]['step']}: {rows[-1]['abnormal/env_error']:.0%} of its trajectories "
+            f"lost to retrieval errors ({where}), above --max_env_error_rate "
+            f"{args.max_env_error_rate}: not checkpointed",
+            flush=True,
+        )
     rates = [row["abnormal/env_error"] for row in rows][-args.env_error_patience :]
     if len(rates) == args.env_error_patience and min(rates) > args.max_env_error_rate:
         raise SystemExit(
@@ -198,14 +206,6 @@ def check_env_errors(history: list[dict], args, where: str) -> bool:
             f"retriever ({where}) is failing; fix it, then rerun with --resume: it goes on from "
             "the last checkpoint before the outage (no step above the rate is checkpointed) and "
             "runs the degraded steps again"
-        )
-    degraded = bool(rows) and rows[-1]["abnormal/env_error"] > args.max_env_error_rate
-    if degraded and accelerate.PartialState().is_main_process:
-        print(
-            f"step {rows[-1]['step']}: {rows[-1]['abnormal/env_error']:.0%} of its trajectories "
-            f"lost to retrieval errors ({where}), above --max_env_error_rate "
-            f"{args.max_env_error_rate}: not checkpointed",
-            flush=True,
         )
     return degraded
 

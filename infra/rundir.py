@@ -15,9 +15,9 @@ from infra import files
 
 NEXT_CONFIG = "config.next.json"  # an --overwrite run's config.json until the old run is deleted
 
-# flags a --resume may change: they cannot change a step's numbers (--steps: only to a longer run)
+# flags a --resume may change: they cannot change a step's numbers (--steps: where the run ends)
 RESUME_MAY_CHANGE = {
-    "steps": "longer only",
+    "steps": "not below the checkpoint's step",
     "eval_every": "when to evaluate",
     "eval_start": "used at step 0 only",
     "log_with": "logging",
@@ -85,16 +85,18 @@ def check_resume(run_dir: str, whole: dict, args):
         ) from None
     now = json.loads(json.dumps(whole))  # as config.json holds it (tuples as lists)
     changed = [
-        k
+        f"{flag(k, v)} (the run: {flag(k, saved[k]).split(' ', 1)[-1]})"
         for k, v in now.items()
-        if (k in saved and saved[k] != v and k not in RESUME_MAY_CHANGE)
-        or (k == "steps" and v < saved.get(k, v))
+        if k in saved and saved[k] != v and k not in RESUME_MAY_CHANGE
     ]
+    at = Path(run_dir, "latest").read_text().strip().removeprefix("checkpoint-")
+    if at.isdigit() and args.steps < int(at):
+        changed.append(f"--steps {args.steps} (the checkpoint is at step {at})")
     if changed:
         raise SystemExit(
             f"--resume continues the run in {run_dir}, but these flags differ from its "
             "config.json, and a step trained under them would not be that run's: "
-            + "; ".join(f"{flag(k, now[k])} (the run: {flag(k, saved[k])})" for k in changed)
+            + "; ".join(changed)
             + ". Pass the run's values, or start a new run with another --run_name. --resume may "
             "change only: " + ", ".join(f"--{k}" for k in RESUME_MAY_CHANGE if k != "resume")
         )
