@@ -285,12 +285,12 @@ def test_a_retrieval_outage_is_not_checkpointed_and_resume_runs_its_steps_again(
             env, ALWAYS_SEARCHES, *flags, "--steps", "5", "--resume", "--env_error_patience", "2"
         )
         assert out.returncode != 0 and "stopping: abnormal/env_error" in out.stderr
+        # before: checkpoint-2, saved in the outage, was what --resume went on from
+        assert (run / "latest").read_text() == "checkpoint-1"
         assert "goes on from the last checkpoint before the outage" in out.stderr
         for step in (2, 3):
             said = f"step {step}: 100% of its trajectories lost to retrieval errors"
             assert said in out.stdout, out.stdout[-3000:]
-        # before: checkpoint-2, saved in the outage, was what --resume went on from
-        assert (run / "latest").read_text() == "checkpoint-1"
         retriever.down = False
         out = train_with(env, ALWAYS_SEARCHES, *flags, "--steps", "3", "--resume")
         assert out.returncode == 0 and "resumed from" in out.stdout, out.stderr[-3000:]
