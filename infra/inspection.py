@@ -41,10 +41,11 @@ MAX_DEPTH = 100  # steps on one path of a trees file: far more than any rollout'
 # within Python's recursion limit, which tree.py's walks (recursive) stay under
 
 
-def load_trees(path_: str, prompt: int | None, tree_class) -> list:
+def load_trees(path_: str, prompt: int | None, tree_class, for_credit: bool = False) -> list:
     """The trees of ONE prompt: from a JSON list of tree dicts, or entry `prompt` of a `save_trees`
-    rollout dump (`tree_class`: tree.Tree); checked first (`check_shape`, then tree.py's own keys
-    and flags, then `check_credit_input`), every error naming the file, the node and the field."""
+    rollout dump (`tree_class`: tree.Tree); shaped as tree.py reads them (`check_shape`, then its
+    own keys and flags), every error naming the file, the node and the field. With `for_credit`,
+    also fit for the credit functions (`check_credit_input`)."""
     try:
         with open(path_) as f:
             data = json.load(f)
@@ -69,7 +70,8 @@ def load_trees(path_: str, prompt: int | None, tree_class) -> list:
         )
     check_shape(data, path_)
     trees = [tree_class.from_dict(t) for t in data]  # unknown keys and flags named there
-    check_credit_input(data, path_)
+    if for_credit:
+        check_credit_input(data, path_)
     return trees
 
 
@@ -360,7 +362,7 @@ def credit_cli(advantages, rollout, tree_module):
         print(json.dumps({"rollouts": rollouts, "budget": budget}))
     elif args.trees:
         try:
-            trees = load_trees(args.trees, args.prompt, tree_module.Tree)
+            trees = load_trees(args.trees, args.prompt, tree_module.Tree, for_credit=True)
         except ValueError as e:  # the message names the file, the node and the field
             raise SystemExit(f"--trees: {e}") from None
         algo = rollout.ALGOS[r.algo]

@@ -825,7 +825,7 @@ def test_trees_files_that_cannot_be_credited_are_refused_naming_node_and_field(
     f = tmp_path / "trees.json"
     f.write_text(trees if isinstance(trees, str) else json.dumps(trees))
     with pytest.raises(ValueError, match=re.escape(message)):
-        load_trees(str(f), None, Tree)
+        load_trees(str(f), None, Tree, for_credit=True)
 
 
 def test_the_cli_says_why_it_cannot_credit_a_file_without_a_traceback(tmp_path):
@@ -846,6 +846,6 @@ def test_a_chain_of_the_longest_depth_read_is_credited(tmp_path, algo):
     # before: a chain of 500 steps raised RecursionError; 100 (the limit) is credited
     f = tmp_path / "trees.json"
     f.write_text(chain_json(100))
-    trees = load_trees(str(f), None, Tree)
+    trees = load_trees(str(f), None, Tree, for_credit=True)
     (trajectory,) = CREDITS[algo](trees)
     assert len(trajectory.steps) == 100
