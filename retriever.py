@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
+from urllib.parse import urlsplit
 
 from infra import server
 from infra.engines import Sampling, load_policy, make_engine, model_problem
@@ -79,6 +80,11 @@ RULES = [  # flags.check: (flags, what is allowed, test)
         "refine_model",
         "empty or a model directory or hub name",
         lambda v: not v or not model_problem(v),
+    ),
+    (
+        "retriever_url",
+        "empty or a URL http://HOST:PORT (or https://...)",
+        lambda v: not v or (urlsplit(v).scheme in ("http", "https") and bool(urlsplit(v).netloc)),
     ),
 ]
 

@@ -48,7 +48,7 @@ import retriever
 import rollout
 from advantages import CreditConfig
 from eval import evaluate
-from infra import data, engines, flags, protocol, run, shard, startup
+from infra import data, engines, flags, protocol, run, rundir, shard, startup
 from infra.bookkeeping import Book
 from infra.logprobs import TokenLogp, collate
 from infra.warmstart import WarmConfig
@@ -461,14 +461,17 @@ def main(
         )  # 5. the PPO update
         book.lap("update")
         # 6. weight sync: each rank's engine samples from the new weights from the next step on
-        engine.load_weights(shard.gather(accelerator, model))
-        # the step's metrics, evaluation every --eval_every steps, the checkpoint (infra)
-        book.step_done(step, prompts, trajectories, samples, stats, grad_norms, losses, skipped)
+        weights = shard.gather(accelerator, model)
+        engine.load_weights(weights)
+        # the step's metrics, the stop on non-finite weights, evaluation every --eval_every steps,
+        # the checkpoint (infra)
+        update_out = (stats, grad_norms, losses, skipped)
+        book.step_done(step, prompts, trajectories, samples, update_out, weights)
     weights = shard.gather(accelerator, model)  # every rank (under FSDP2 a collective)
-    if book.finished():  # rank 0 of a run no signal stopped: the trained policy
-        final = os.path.join(run_dir, "final")
-        accelerator.unwrap_model(model).save_pretrained(final, state_dict=weights)
-        tok.save_pretrained(final)
+    if (
+        book.finished()
+    ):  # rank 0 of a run no signal stopped: the trained policy, whole or not at all
+        rundir.save_final(accelerator.unwrap_model(model), weights, tok, run_dir)
     book.end(engine)  # the run's last word; every process ends together
 
 

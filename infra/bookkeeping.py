@@ -105,13 +105,16 @@ class Book:
         """This rank's refine agent's sums over the step: summaries, summary tokens, seconds."""
         return Counter(self.refiner.stats) - self.refined if self.refiner else Counter()
 
-    def step_done(self, step, prompts, trajectories, samples, stats, grad_norms, losses, skipped):
+    def step_done(self, step, prompts, trajectories, samples, update_out, weights):
         """After step `step` (0-based) of `prompts` (its trees), `trajectories` and `samples` (what
-        it trained) and train.update's results (`skipped`: its skipped mini-batches): the metrics
-        over every rank's trees, samples and tokens (in rank order) logged, the env-error stop,
-        evaluation when due, a checkpoint when due or asked for by a signal (on every rank
-        alike), after which `steps` yields no more."""
+        it trained), train.update's results (`update_out`: stats, gradient norms, losses, skipped
+        mini-batches) and the policy's `weights` after it (shard.gather's): the metrics over every
+        rank's trees, samples and tokens (in rank order) logged, the env-error stop, the stop on
+        non-finite weights, evaluation when due, a checkpoint when due (never of a step degraded
+        by a retrieval outage) or asked for by a signal (on every rank alike), after which `steps`
+        yields no more."""
         args, accelerator = self.args, self.accelerator
+        stats, grad_norms, losses, skipped = update_out
         self.skipped, self.done = self.skipped + skipped, step + 1
         mine = {
             "prompts": prompts,
@@ -135,7 +138,8 @@ class Book:
         for k, v in self.laps.items():
             self.seconds[f"RL {k}"] = self.seconds.get(f"RL {k}", 0.0) + v
         self.log({"step": step + 1, **metrics})
-        run.check_env_errors(self.history, args, self.where)
+        degraded = run.check_env_errors(self.history, args, self.where)  # an outage's step
+        health.check_finite(weights, step + 1, len(grad_norms), skipped)
         self.bar.set_postfix(
             reward=f"{metrics['rollout/reward']:.3f}",
             em=f"{metrics['rollout/em']:.2f}",
@@ -145,7 +149,8 @@ class Book:
         if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
             self.eval(step + 1)
         stop = step + 1 < args.steps and run.stop_asked(accelerator, self.asked)
-        if stop or args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
+        due = args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and not degraded
+        if stop or due:
             a = self.run_dir, step + 1, self.skipped, self.rng, self.counters, self.parts
             run.checkpoint(accelerator, *a)
         if stop:

@@ -3,6 +3,7 @@ rules. The scripts' progress bars (`progress`) are made here too, so that a log 
 """
 
 import dataclasses
+import math
 import sys
 
 import tyro
@@ -22,12 +23,20 @@ def parse(*classes, args=None):
 
 def check(configs, rules, extra=()):
     """Stop with one message listing every flag of `configs` (a dataclass instance or a tuple of
-    them) that breaks its rule. rules: [(flag names separated by spaces, what is allowed,
-    test(value) -> bool)], a module's RULES, whose flags `configs` need not all have (rollout.py's
-    cover two dataclasses); extra: [(broken?, message)] for rules that involve several flags."""
+    them) that is a float but not finite (NaN, inf), or breaks its rule. rules: [(flag names
+    separated by spaces, what is allowed, test(value) -> bool)], a module's RULES, whose flags
+    `configs` need not all have (rollout.py's cover two dataclasses); extra: [(broken?, message)]
+    for rules that involve several flags."""
     configs = configs if isinstance(configs, tuple) else (configs,)
     owner = lambda name: next((c for c in configs if hasattr(c, name)), None)
+    # NaN passes every `v > 0` test false and inf most: no number flag may be either
     errors = [
+        f"--{f.name} {getattr(c, f.name)!r}: must be a finite number"
+        for c in configs
+        for f in dataclasses.fields(c)
+        if isinstance(getattr(c, f.name), float) and not math.isfinite(getattr(c, f.name))
+    ]
+    errors += [
         f"--{name} {getattr(owner(name), name)!r}: must be {allowed}"
         for names, allowed, test in rules
         for name in names.split()

@@ -1,6 +1,7 @@
 """A step's health metrics: the `rollout/`, `tree/` and `abnormal/` entries of every step's log,
 from the step's trees (tree.py's Tree and Node, read by their fields), and the update's `train/`
-ones (the README lists them all).
+ones (the README lists them all); and what they tell of the run: the stop on non-finite weights
+(`check_finite`), the warnings of its last line (`warnings`).
 """
 
 import torch
@@ -108,3 +109,47 @@ def quantiles(name: str, x: torch.Tensor) -> dict[str, float]:
         return {}
     q = torch.quantile(x.float(), torch.tensor([0.05, 0.5, 0.95]))
     return {f"{name}_p5": q[0].item(), f"{name}_p50": q[1].item(), f"{name}_p95": q[2].item()}
+
+
+def warnings(history: list[dict]) -> str:
+    """What the summary must add about the steps of `history`: those that lost trajectories to
+    retrieval errors (each with its share), and a run that trained no token at all."""
+    lost = [(r["step"], r["abnormal/env_error"]) for r in history if r.get("abnormal/env_error")]
+    trained = [r["train/tokens_trained"] for r in history if "train/tokens_trained" in r]
+    said = ""
+    if lost:
+        steps = ", ".join(f"{step} ({rate:.0%})" for step, rate in lost[:20])
+        more = f" and {len(lost) - 20} more" if len(lost) > 20 else ""
+        said += (
+            f". DEGRADED: steps {steps}{more} lost trajectories to retrieval errors "
+            "(abnormal/env_error), trained without them"
+        )
+    if trained and not any(trained):
+        said += (
+            ". NOTHING WAS TRAINED: no step had a token to train (train/tokens_trained 0): every "
+            "trajectory was cut by --max_traj_tokens, lost, or had no advantage"
+        )
+    return said
+
+
+def check_finite(weights: dict, step: int, applied: int, skipped: int):
+    """Stop the run after `step` when its update left a weight (`weights`: the policy's full state
+    dict, infra/shard.py's gather) NaN or inf (a --lr too large), or
+    when none of its optimizer steps could be applied (`applied`; `skipped`: those dropped for a
+    non-finite loss or gradient norm): what it would go on to train, and save as final/, is not a
+    policy. Every rank decides alike (the ranks hold the same weights and skip alike)."""
+    bad = [name for name, p in weights.items() if not torch.isfinite(p).all()]
+    if bad:
+        raise SystemExit(
+            f"stopping at step {step}: the update left {len(bad)} weight tensors with NaN or inf "
+            f"({', '.join(bad[:3])}{', ...' * (len(bad) > 3)}); nothing is saved as final/ (the "
+            "checkpoints hold the steps before). Lower --lr (or --grad_clip), then start over "
+            "with --overwrite"
+        )
+    if skipped and not applied:
+        raise SystemExit(
+            f"stopping at step {step}: the loss or the gradient norm was NaN or inf in all "
+            f"{skipped} of its optimizer steps (train/skipped_steps), so none was applied; "
+            "nothing is saved as final/. Lower --lr, check the advantages, then start over "
+            "with --overwrite"
+        )

@@ -109,7 +109,10 @@ def load_rows(source, split="train"):
             "world"
         )
     if source.endswith(".parquet"):
-        records = pyarrow.parquet.read_table(source).to_pylist()
+        try:
+            records = pyarrow.parquet.read_table(source).to_pylist()
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise DataError(f"{source} is not a Parquet file that pyarrow reads ({e})") from None
         rows = [row_from_record(r, f"{source}: row {i}", split, i) for i, r in enumerate(records)]
     elif source.endswith((".jsonl", ".json")):
         rows = [

@@ -24,7 +24,7 @@ import torch
 from accelerate.commands.config import default_config_file
 from matplotlib.figure import Figure
 
-from infra import engines, flags, shard, warmstart
+from infra import engines, files, flags, health, rundir, shard, warmstart
 
 TRACKERS = {
     n: getattr(accelerate.utils, f"is_{n}_available")
@@ -52,13 +52,14 @@ RULES = [  # flags.check: (flags of train.py's Args, what is allowed, test)
         "an integer >= 1",
         lambda v: v >= 1,
     ),
-    ("warmup_steps eval_every checkpoint_every", "an integer >= 0", lambda v: v >= 0),
+    ("warmup_steps eval_every checkpoint_every seed", "an integer >= 0", lambda v: v >= 0),
     ("lr grad_clip", "> 0", lambda v: v > 0),
     ("clip_high kl_coef tis_cap", ">= 0", lambda v: v >= 0),
     ("clip_low", "in [0, 1)", lambda v: 0 <= v < 1),
     ("dual_clip", "0 (off) or > 1", lambda v: v == 0 or v > 1),
     ("vllm_gpu_memory_utilization", "in (0, 1]", lambda v: 0 < v <= 1),
     ("max_env_error_rate", "in [0, 1]", lambda v: 0 <= v <= 1),
+    ("run_name", "a name: no '/', not '.' or '..'", lambda v: not rundir.bad_name(v)),
     (
         "data test_data corpus",
         "an existing file, a directory or a datasets name",
@@ -75,6 +76,7 @@ def validate(args, configs, rules, depth):
     one_file = args.data.endswith((".parquet", ".jsonl", ".json"))
     no_model = engines.model_problem(args.model, args.gguf_file) if args.model else ""
     ranks = int(os.environ.get("WORLD_SIZE", "1"))  # the processes `accelerate launch` starts
+    no_dir = rundir.unwritable(args.out_dir)
     flags.check(
         (args, *configs),
         RULES + rules + engines.RULES + warmstart.RULES,
@@ -112,6 +114,7 @@ def validate(args, configs, rules, depth):
                 f"processes (each rolls out prompts_per_step / {ranks} of every step's prompts); "
                 f"pass a multiple of {ranks}",
             ),
+            (no_dir, no_dir),
         ],
     )
 
@@ -137,7 +140,7 @@ def summary(history: list[dict], seconds: dict[str, float], wall: float, run_dir
     outputs are."""
     evals = [h for h in history if "eval/em" in h]
     times = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
-    where = f"outputs in {run_dir} (metrics.jsonl, curve.png, final/)"
+    where = f"outputs in {run_dir} (metrics.jsonl, curve.png, final/)" + health.warnings(history)
     if len(evals) < 2:
         return (
             f"done in {wall / 60:.1f} min ({times}); no evaluation before and after RL "
@@ -187,20 +190,31 @@ def plot_curves(
     fig.savefig(path, dpi=100)
 
 
-def check_env_errors(history: list[dict], args, where: str):
+def check_env_errors(history: list[dict], args, where: str) -> bool:
     """Stop the run when the share of trajectories lost to retrieval errors stayed above
     --max_env_error_rate for --env_error_patience steps in a row: it would train on almost nothing
-    while looking like a model that fails."""
-    rates = [row["abnormal/env_error"] for row in history if "abnormal/env_error" in row][
-        -args.env_error_patience :
-    ]
+    while looking like a model that fails. Returns whether the last step was degraded so (said on
+    the console): train.py saves no checkpoint of it, so a --resume after an outage goes on from
+    the last step before it and runs the degraded ones again."""
+    rows = [row for row in history if "abnormal/env_error" in row]
+    degraded = bool(rows) and rows[-1]["abnormal/env_error"] > args.max_env_error_rate
+    if degraded and accelerate.PartialState().is_main_process:
+        print(
+            f"step {rows[-1]['step']}: {rows[-1]['abnormal/env_error']:.0%} of its trajectories "
+            f"lost to retrieval errors ({where}), above --max_env_error_rate "
+            f"{args.max_env_error_rate}: not checkpointed",
+            flush=True,
+        )
+    rates = [row["abnormal/env_error"] for row in rows][-args.env_error_patience :]
     if len(rates) == args.env_error_patience and min(rates) > args.max_env_error_rate:
         raise SystemExit(
             f"stopping: abnormal/env_error above --max_env_error_rate {args.max_env_error_rate} "
             f"for {len(rates)} steps in a row ({', '.join(f'{r:.2f}' for r in rates)}): the "
-            f"retriever ({where}) is failing; fix it, then rerun with --resume (from the last "
-            "checkpoint)"
+            f"retriever ({where}) is failing; fix it, then rerun with --resume: it goes on from "
+            "the last checkpoint before the outage (no step above the rate is checkpointed) and "
+            "runs the degraded steps again"
         )
+    return degraded
 
 
 # --------------------------------------------------------------------------------------------------
@@ -209,8 +223,8 @@ def check_env_errors(history: list[dict], args, where: str):
 
 def claim_run_dir(run_dir: str, args):
     """Lock run_dir and refuse a run already there unless --resume or --overwrite (deletes all but
-    the lock) says what to do. Returns the open run.lock ("PID HOST"); flock frees it when the
-    process ends, however it ends."""
+    the lock, later: rundir.clear_old_run) says what to do. Returns the open run.lock ("PID HOST");
+    flock frees it when the process ends, however it ends."""
     os.makedirs(run_dir, exist_ok=True)
     lock = open(os.path.join(run_dir, "run.lock"), "a+")
     try:
@@ -236,13 +250,7 @@ def claim_run_dir(run_dir: str, args):
             f"{run_dir} already holds a run ({', '.join(held)}); pass --resume to continue it, "
             f"--overwrite to delete it and start fresh, or --run_name NAME for a new run"
         )
-    if args.overwrite:
-        for path in [os.path.join(run_dir, n) for n in os.listdir(run_dir) if n != "run.lock"]:
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            else:
-                os.remove(path)
-    elif args.resume and held and "latest" not in held:
+    if args.resume and held and "latest" not in held:
         print(
             f"resume: no checkpoint in {run_dir} yet; starting from step 0 (the metrics logged so "
             "far are dropped)"
@@ -250,15 +258,12 @@ def claim_run_dir(run_dir: str, args):
     return lock
 
 
-def save_config(run_dir: str, whole: dict, classes):
-    """Write the run's whole configuration (`whole`: flag -> value) to run_dir/config.json and print
-    the flags that differ from the defaults of `classes` (the run's flag dataclasses)."""
-    Path(run_dir, "config.json").write_text(json.dumps(whole, indent=1))
+def save_config(run_dir: str, whole: dict, classes, name: str = "config.json"):
+    """Write the run's whole configuration (`whole`: flag -> value) to run_dir/config.json (`name`)
+    and print the flags that differ from the defaults of `classes` (the run's flag dataclasses)."""
+    files.write_json(Path(run_dir, name), whole, indent=1)
     default = {k: v for c in classes for k, v in asdict(c()).items()}
-    flag = lambda k, v: (
-        f"--{'no_' * (not v)}{k}" if isinstance(v, bool) else f"--{k} {shlex.quote(str(v))}"
-    )
-    changed = " ".join(flag(k, v) for k, v in whole.items() if v != default[k])
+    changed = " ".join(rundir.flag(k, v) for k, v in whole.items() if v != default[k])
     print(f"config: {run_dir}/config.json; not the defaults: {changed or 'none'}")
 
 
@@ -300,14 +305,13 @@ def save_checkpoint(accelerator, run_dir: str, step: int, state: dict, main_proc
         shard.save_state(accelerator, *parts, path)
         accelerator.wait_for_everyone()  # every rank's files are written
         if main_proc:
-            files = {
+            sizes = {
                 f: os.path.getsize(os.path.join(path, f))
                 for f in sorted(os.listdir(path))
                 if f != "trainer_state.json"
             }
-            Path(path, "trainer_state.json").write_text(json.dumps({**state, "files": files}))
-            Path(run_dir, "latest.tmp").write_text(name)
-            os.replace(Path(run_dir, "latest.tmp"), latest)
+            Path(path, "trainer_state.json").write_text(json.dumps({**state, "files": sizes}))
+            files.write_text(latest, name)
     except (OSError, RuntimeError) as e:
         # torch reports a full disk as RuntimeError("... file write failed")
         shutil.rmtree(path, ignore_errors=True)  # the torn checkpoint: only frees space
@@ -393,8 +397,7 @@ def load_checkpoint(accelerator, run_dir: str, parts) -> dict | None:
             f"{state['step']} run again"
         )
         if accelerator.is_main_process:
-            Path(run_dir, "latest.tmp").write_text(name)
-            os.replace(Path(run_dir, "latest.tmp"), latest)
+            files.write_text(latest, name)
     print(f"resumed from {ckpt_dir} at step {state['step']}")
     return state
 
@@ -451,9 +454,11 @@ def start(accelerator, run_dir: str, args, configs, warm):
     if not accelerator.is_main_process:
         return None
     config = {k: v for c in configs for k, v in asdict(c).items()}
-    lock = claim_run_dir(run_dir, args)
     whole = {**config, **(asdict(warm) if not args.model else {})}  # warm: embedded default
-    save_config(run_dir, whole, [type(c) for c in (*configs, warm)])
+    rundir.check_resume(run_dir, whole, args)  # before config.json is rewritten
+    lock = claim_run_dir(run_dir, args)
+    name = rundir.config_name(run_dir, args.overwrite)
+    save_config(run_dir, whole, [type(c) for c in (*configs, warm)], name)
     if os.path.isfile(default_config_file) and "ACCELERATE_DYNAMO_BACKEND" not in os.environ:
         # a user's accelerate config, and no launcher (each sets that variable): not in use
         print(
@@ -467,11 +472,12 @@ def start(accelerator, run_dir: str, args, configs, warm):
 
 def resume(accelerator, run_dir: str, asked: bool, rng, counters, engine, parts):
     """With --resume (`asked`) and a checkpoint: restore it (load_checkpoint: `parts`, the model,
-    optimizer and scheduler), this rank's sampling
-    stream (`rng`, the agent's `counters`) and the engine's weights. Returns the step to start
+    optimizer and scheduler), this rank's sampling stream (`rng`, the agent's `counters`) and the
+    engine's weights. Returns the step to start
     from, the metrics logged up to it and the skipped updates so far; (0, [], 0) otherwise.
     metrics.jsonl is rewritten to those rows: what an interrupted run logged after its
-    checkpoint is dropped."""
+    checkpoint is dropped. Without --resume, what an --overwrite replaces is deleted here, once the
+    inputs and models all loaded (rundir.clear_old_run)."""
     rank, ranks = accelerator.process_index, accelerator.num_processes
     start, history, skipped = 0, [], 0
     state = load_checkpoint(accelerator, run_dir, parts) if asked else None
@@ -495,8 +501,10 @@ def resume(accelerator, run_dir: str, asked: bool, rng, counters, engine, parts)
         ]
     accelerator.wait_for_everyone()  # every rank has read the metrics before rank 0 rewrites them
     if accelerator.is_main_process:  # drop what an interrupted run logged after its checkpoint
-        Path(run_dir, "metrics.jsonl").write_text(
-            "".join(json.dumps(row) + "\n" for row in history)
+        if not asked:
+            rundir.clear_old_run(run_dir)
+        files.write_text(
+            os.path.join(run_dir, "metrics.jsonl"), "".join(json.dumps(r) + "\n" for r in history)
         )
     return start, history, skipped
 

@@ -40,6 +40,8 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 from transformers import AutoModel, AutoTokenizer  # noqa: E402
 
+from infra import files  # noqa: E402
+
 PROGRESS = sys.stderr.isatty()  # progress bars only for a person watching
 
 
@@ -129,6 +131,11 @@ def load_corpus(path):
             contents.append(row["contents"])
     if not contents:
         raise ValueError(f"corpus {path} is empty; it needs one JSON passage per line")
+    if not any(c.strip() for c in contents):
+        raise ValueError(
+            f"corpus {path}: every one of its {len(contents)} passages has empty 'contents', so "
+            f'no search could find anything; fill in each line\'s "contents" ("Title\\ntext")'
+        )
     return Corpus(path, ids, contents)
 
 
@@ -144,8 +151,19 @@ def _has_saved_index(index_dir, meta):
     refused."""
     if not index_dir or not os.path.exists(os.path.join(index_dir, "meta.json")):
         return False
-    with open(os.path.join(index_dir, "meta.json")) as f:
-        saved = json.load(f)
+    try:
+        with open(os.path.join(index_dir, "meta.json")) as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        raise ValueError(
+            f"index in {index_dir}: meta.json cannot be read ({type(e).__name__}: {e}), so the "
+            f"index may be incomplete; delete {index_dir} to rebuild it"
+        ) from None
+    if not isinstance(saved, dict):
+        raise ValueError(
+            f"index in {index_dir}: meta.json holds a {type(saved).__name__}, not the index's "
+            f"record; delete {index_dir} to rebuild it"
+        )
     wrong = {k: (saved.get(k), v) for k, v in meta.items() if saved.get(k) != v}
     if wrong:
         raise ValueError(
@@ -156,8 +174,8 @@ def _has_saved_index(index_dir, meta):
 
 
 def _write_meta(index_dir, meta):
-    with open(os.path.join(index_dir, "meta.json"), "w") as f:
-        json.dump(meta, f)
+    """meta.json, written last and whole (infra/files.py): an index without it is built again."""
+    files.write_json(os.path.join(index_dir, "meta.json"), meta)
 
 
 # --------------------------------------------------------------------------------------------------

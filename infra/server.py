@@ -9,7 +9,8 @@ Deviations from Search-R1's retrieval server, each cited by its name:
   Search-R1's server crashes on that path (it unpacks scores that batch_search did not return).
 - dynamic-batching: concurrent requests are searched in one call: the same results (exact top-k,
   cut to each request's topk), but a search that raises fails every request batched with it (each
-  answers 500; clients retry).
+  answers 500; clients retry). A call takes at most 1024 queries, shared among the waiting
+  requests, so a large request is searched over several calls while the others are answered.
 - stdlib-http: standard-library HTTP (ThreadingHTTPServer, urllib) instead of FastAPI + uvicorn: no
   extra dependency.
 """
@@ -35,8 +36,10 @@ from infra.search import Passage, load_corpus, make_retriever
 
 
 class _Batcher:
-    """Runs the searches of concurrent requests as one batched call on one thread
-    (dynamic-batching)."""
+    """Runs the searches of concurrent requests as batched calls on one thread (dynamic-batching):
+    each call takes up to `max_queries` queries, an equal share from every waiting request, so a
+    request with more queries than its share is searched over several calls, and one that arrives
+    meanwhile joins the next call instead of waiting for all of it."""
 
     def __init__(self, retriever, max_queries=1024):
         self.retriever, self.max_queries, self.inbox = retriever, max_queries, queue.Queue()
@@ -44,27 +47,31 @@ class _Batcher:
 
     def search(self, queries, k):
         done = Future()
-        self.inbox.put((queries, k, done))
+        self.inbox.put((list(queries), k, done))
         return done.result()
 
     def _loop(self):
+        waiting = []  # (queries, k, done, the passages found so far) per request
         while True:
-            jobs = [self.inbox.get()]
-            while sum(len(q) for q, _, _ in jobs) < self.max_queries and not self.inbox.empty():
-                jobs.append(self.inbox.get_nowait())
+            if not waiting:
+                waiting.append((*self.inbox.get(), []))
+            while not self.inbox.empty():
+                waiting.append((*self.inbox.get_nowait(), []))
+            share = max(1, self.max_queries // len(waiting))
+            batch = [(job, job[0][len(job[3]) : len(job[3]) + share]) for job in waiting]
             try:
-                results = iter(
-                    self.retriever.search(
-                        [q for qs, _, _ in jobs for q in qs], max(k for _, k, _ in jobs)
-                    )
-                )
-                for qs, k, done in jobs:
-                    done.set_result([next(results)[:k] for _ in qs])
+                asked = [q for _, qs in batch for q in qs]
+                found = iter(self.retriever.search(asked, max(k for _, k, _, _ in waiting)))
+                for (_, k, _, so_far), qs in batch:
+                    so_far += [next(found)[:k] for _ in qs]
             except Exception as e:
-                # handed to every waiting request, which answers 500 with the message
-                for _, _, done in jobs:
-                    if not done.done():
-                        done.set_exception(e)
+                # handed to every request of the call, which answers 500 with the message
+                for _, _, done, _ in waiting:
+                    done.set_exception(e)
+            for queries, _, done, so_far in waiting:
+                if not done.done() and len(so_far) == len(queries):
+                    done.set_result(so_far)
+            waiting = [job for job in waiting if not job[2].done()]
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -97,7 +104,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):
         length = self.headers.get("Content-Length", "0")
-        if not length.isdigit():
+        if not (length.isascii() and length.isdigit()):  # "²".isdigit(), but int("²") fails
             return self._reply(
                 400,
                 hang_up=True,
@@ -129,6 +136,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._reply(400, error=f"body is not UTF-8 ({e}); send JSON encoded as UTF-8")
         except json.JSONDecodeError as e:
             return self._reply(400, error=f"body is not JSON ({e})")
+        except RecursionError:
+            return self._reply(400, error="body is nested too deeply to read; send flat JSON")
         if (
             not isinstance(req, dict)
             or not isinstance(req.get("queries"), list)
@@ -138,6 +147,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 400,
                 error=f'body must be {{"queries": [str, ...], "topk": int|null, '
                 f'"return_scores": bool}}, got {str(req)[:200]}',
+            )
+        if len(req["queries"]) > self.server.max_queries:
+            return self._reply(
+                413,
+                error=f"at most {self.server.max_queries} queries per request (the server's "
+                f"--max_queries), got {len(req['queries'])}; send them in several requests",
             )
         # Search-R1: `if not topk`
         topk = self.server.default_topk if req.get("topk") in (None, 0) else req["topk"]
@@ -191,10 +206,11 @@ class SearchServer(http.server.ThreadingHTTPServer):
         default_topk=3,
         max_topk=100,
         request_timeout_s=30.0,
+        max_queries=4096,
     ):
         super().__init__((host, port), _Handler)
         self.batcher, self.default_topk, self.max_topk = _Batcher(retriever), default_topk, max_topk
-        self.request_timeout_s = request_timeout_s
+        self.request_timeout_s, self.max_queries = request_timeout_s, max_queries
 
 
 # --------------------------------------------------------------------------------------------------
@@ -314,6 +330,9 @@ class ServeConfig:
     """Passages per query when a request's topk is null or 0."""
     max_topk: int = 100
     """Largest topk a request may ask for (a larger one is answered 400, not with megabytes)."""
+    max_queries: int = 4096
+    """Most queries one request may send (more are answered 413); a large request is searched 1024
+    at a time, sharing each search with the other clients' requests."""
 
 
 def main(argv: list[str], retriever_config):
@@ -329,7 +348,11 @@ def main(argv: list[str], retriever_config):
     flags.check(
         (serve, cfg),
         [
-            ("topk max_topk encode_batch_size max_length", "an integer >= 1", lambda v: v >= 1),
+            (
+                "topk max_topk max_queries encode_batch_size max_length",
+                "an integer >= 1",
+                lambda v: v >= 1,
+            ),
             ("port", "in 0..65535 (0: any free port)", lambda v: 0 <= v <= 65535),
             ("corpus", "an existing JSONL file", os.path.isfile),
         ],
@@ -348,6 +371,7 @@ def main(argv: list[str], retriever_config):
         serve.port,
         serve.topk,
         serve.max_topk,
+        max_queries=serve.max_queries,
     )
     print(f"serving POST http://{serve.host}:{server.server_address[1]}/retrieve", flush=True)
     server.serve_forever()

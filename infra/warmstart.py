@@ -29,8 +29,11 @@ Deviations from the papers, each cited by its name:
   reading only: the rollout never re-encodes it.
 """
 
+import json
 import math
+import os
 import re
+import shutil
 from dataclasses import asdict, dataclass
 
 import torch
@@ -319,3 +322,42 @@ def settings(cfg: WarmConfig, agent_cfg, seed: int) -> dict:
         "seed": seed,
         "instruction": protocol.instruction_template(agent_cfg.instruction, world_tokenizer()),
     }
+
+
+def save(model, tok, record: dict, out_dir: str):
+    """Write the warm start into out_dir: the model, its tokenizer, then warmstart.json (`record`:
+    the settings it was trained with and how it ended). Callers write it whole or not at all
+    (files.write_dir), so that a full disk leaves no half warm start for a later run to read."""
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    with open(os.path.join(out_dir, "warmstart.json"), "w") as f:
+        json.dump(record, f, indent=1)
+
+
+def free_mib(path: str) -> float:
+    """MiB free on the disk that holds `path` (or its nearest existing parent)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path).free / 2**20
+
+
+def cached_settings(path: str) -> dict | None:
+    """The settings a cached warm start's warmstart.json (`path`) records; None when there is none
+    or it cannot be read (said, naming the file: a save cut short by an earlier version, or a file
+    damaged since), so that the warm start is trained again."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            was = json.load(f)
+        if isinstance(was, dict):
+            return was
+        problem = f"holds a {type(was).__name__}, not the settings"
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        problem = f"cannot be read ({type(e).__name__}: {e})"
+    print(
+        f"warm start: {path} {problem}: the cached warm start is incomplete (a save cut short, "
+        "e.g. by a full disk); training it again"
+    )
+    return None

@@ -11,6 +11,7 @@ Deviations from the papers, each cited by its name:
 """
 
 import json
+import math
 import sys
 from dataclasses import dataclass
 
@@ -27,11 +28,25 @@ def save_trees(prompts: list[list], path_: str) -> None:
         json.dump([[t.to_dict() for t in trees] for trees in prompts], f, indent=1)
 
 
-def load_trees(path_: str, prompt: int | None) -> list[tree.Tree]:
+MAX_DEPTH = 100  # steps on one path of a trees file: far more than any rollout's --max_turns, well
+# within Python's recursion limit, which tree.py's walks (recursive) stay under
+
+
+def load_trees(path_: str, prompt: int | None, for_credit: bool = False) -> list[tree.Tree]:
     """The trees of ONE prompt: from a JSON list of tree dicts, or entry `prompt` of a `save_trees`
-    rollout dump."""
-    with open(path_) as f:
-        data = json.load(f)
+    rollout dump; shaped as tree.py reads them (`check_shape`, then its
+    own keys and flags), every error naming the file, the node and the field. With `for_credit`,
+    also fit for the credit functions (`check_credit_input`)."""
+    try:
+        with open(path_) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:  # ValueError: not JSON or not UTF-8
+        raise ValueError(f"{path_} cannot be read as JSON ({type(e).__name__}: {e})") from None
+    except RecursionError:
+        raise ValueError(
+            f"{path_} is nested too deeply for Python's JSON reader (a path of hundreds of "
+            f"steps); at most {MAX_DEPTH} steps on a path are read"
+        ) from None
     if isinstance(data, list) and data and all(isinstance(x, list) for x in data):  # a rollout dump
         if prompt is None or not 0 <= prompt < len(data):
             raise ValueError(
@@ -44,7 +59,83 @@ def load_trees(path_: str, prompt: int | None) -> list[tree.Tree]:
             f"{path_}: expected a JSON list of trees (node dicts) for one prompt, "
             f"or a rollout dump (a list of such lists); got {type(data).__name__}"
         )
-    return [tree.Tree.from_dict(t) for t in data]
+    check_shape(data, path_)
+    trees = [tree.Tree.from_dict(t) for t in data]  # unknown keys and flags named there
+    if for_credit:
+        check_credit_input(data, path_)
+    return trees
+
+
+def nodes(trees: list):
+    """(node dict, depth, where) for every node of `trees` (JSON tree dicts), depth first, without
+    recursion (a file may hold any depth); `where` says how to find the node in the file."""
+    stack = [(t, 0, f"tree {i}") for i, t in enumerate(trees)][::-1]  # popped from the end
+    while stack:
+        node, depth, where = stack.pop()
+        yield node, depth, where
+        children = node.get("children", []) if isinstance(node, dict) else []
+        if isinstance(children, list):
+            below = [
+                (c, depth + 1, f"child {k} of node {node.get('id')!r}")
+                for k, c in enumerate(children)
+            ]
+            stack += below[::-1]
+
+
+def check_shape(trees: list, path_: str):
+    """Raise ValueError, naming the node and the field, where `trees` (JSON tree dicts) is not
+    shaped as tree.py reads it: every node an object with a string "id", "children" a list,
+    "flags" a list, at most MAX_DEPTH steps deep."""
+    for node, depth, where in nodes(trees):
+        if not isinstance(node, dict):
+            problem = f"{where} is a {type(node).__name__}, not a node object"
+        elif not isinstance(node.get("id"), str):
+            problem = f"{where}: 'id' must be a string, got {node.get('id')!r}"
+        elif not isinstance(node.get("children", []), list):
+            got = type(node["children"]).__name__
+            problem = f"node {node['id']!r}: 'children' must be a list of nodes, got a {got}"
+        elif not isinstance(node.get("flags", []), list):
+            problem = f"node {node['id']!r}: 'flags' must be a list, got {node['flags']!r}"
+        elif depth > MAX_DEPTH:
+            problem = (
+                f"node {node['id']!r} is {depth} steps deep; at most {MAX_DEPTH} are read (no "
+                "rollout makes more: --max_turns)"
+            )
+        else:
+            continue
+        raise ValueError(f"{path_}: {problem}")
+
+
+def check_credit_input(trees: list, path_: str):
+    """Raise ValueError, naming the node and the field, where the credit would silently be wrong:
+    an id twice (the output's "nodes" is keyed by id), a reward that is not a finite number, a leaf
+    without reward (it would drop out of every group statistic: only a trajectory lost to retrieval,
+    flagged env_error, has none), or no step at all (nothing to credit)."""
+    seen, steps = {}, 0
+    for node, depth, where in nodes(trees):
+        name, reward, leaf = node["id"], node.get("reward"), not node.get("children")
+        lost = "env_error" in node.get("flags", [])
+        if name in seen:
+            problem = (
+                f"node id {name!r} is used twice ({seen[name]}, and {where}); ids must be unique "
+                "across the prompt's trees"
+            )
+        elif reward is not None and (type(reward) not in (int, float) or not math.isfinite(reward)):
+            problem = f"node {name!r}: 'reward' must be a finite number, got {reward!r}"
+        elif depth and leaf and reward is None and not lost:
+            problem = (
+                f"node {name!r} is a leaf without 'reward'; give it one, or flag it "
+                '"env_error" (a trajectory lost to retrieval: never scored)'
+            )
+        else:
+            seen[name], steps = where, steps + (depth > 0)
+            continue
+        raise ValueError(f"{path_}: {problem}")
+    if not steps:
+        raise ValueError(
+            f"{path_}: {len(trees)} tree(s) and no step (a root is the prompt): nothing to credit; "
+            'give each tree\'s root its steps as "children"'
+        )
 
 
 def drawing(trees: list, trajectories: list) -> list[dict]:
@@ -268,9 +359,13 @@ def main(config_class, functions: list):
         rollouts, budget = tree_grpo_budget(M, N, L)
         print(json.dumps({"rollouts": rollouts, "budget": budget}))
     elif args.trees:
-        trees = load_trees(args.trees, args.prompt)
+        try:
+            trees = load_trees(args.trees, args.prompt, for_credit=True)
+        except ValueError as e:  # the message names the file, the node and the field
+            raise SystemExit(f"--trees: {e}") from None
         trajectories = credits[args.algo](trees, cfg)
-        print(json.dumps(report(args.algo, trees, trajectories), indent=1))
+        out = report(args.algo, trees, trajectories)
+        print(json.dumps(out, indent=1, allow_nan=False))  # valid JSON, or an error
         if args.render:
             print("\n\n".join(t.render() for t in trees), file=sys.stderr)
     else:

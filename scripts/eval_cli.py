@@ -4,27 +4,28 @@ eval.py's `__main__` block calls `main` with its own `evaluate` and `judge` (thi
 rollout.py and retriever.py, never eval.py, which then runs once, as the script).
 """
 
-import json
 import os
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Literal
 
+from safetensors import SafetensorError
+
 import retriever
 import rollout
-from infra import data, engines, flags, health, loaders, protocol
+from infra import data, engines, files, flags, health, loaders, protocol
 
 
 def table(report):
     """The per-dataset table as text."""
     skip = ("by_source", "questions")  # not columns: per dataset below, per question in the JSON
     keys = [key for key in report if key not in skip and not key.startswith("em_hop")]
-    lines = [f"{'dataset':14}" + "".join(f"{key:>10}" for key in keys)]
+    lines = [f"{'dataset':14}" + "".join(f" {key:>10}" for key in keys)]
     for name, m in [*report["by_source"].items(), ("all", report)]:
         lines.append(
             f"{name:14}"
             + "".join(
-                f"{m[key]:>10d}" if key in ("n", "env_errors") else f"{m[key]:>10.3f}"
+                f" {m[key]:>10d}" if key in ("n", "env_errors") else f" {m[key]:>10.3f}"
                 for key in keys
             )
         )
@@ -72,28 +73,34 @@ def main(evaluate, judge):
         engines.model_problem(a.model, a.gguf_file),  # checked before anything loads
         a.judge_model and engines.model_problem(a.judge_model),
     ]
+    out = a.out or os.path.join(a.model if os.path.isdir(a.model) else ".", f"eval_{a.split}.json")
+    no_out = unwritable(out)
     flags.check(
         (a, agent_cfg, retriever_cfg),
         rollout.RULES
         + retriever.RULES
         + engines.RULES
-        + [("n k", "an integer >= 1", lambda v: v >= 1)],
+        + [("n k", "an integer >= 1", lambda v: v >= 1), ("seed", ">= 0", lambda v: v >= 0)],
         [
             (
                 a.k > 1 and agent_cfg.eval_temperature == 0,
                 f"--k {a.k} needs --eval_temperature > 0: greedy samples are all equal",
             ),
             *zip(models, models),
+            (no_out, no_out),  # checked before the work, not after it
         ],
     )
     world = data.ensure_world("out/world") if not (a.data and a.corpus) else ""
-    rows = data.spread(loaders.load_rows(a.data or world, a.split), a.n)
+    split = loaders.load_rows(a.data or world, a.split)
+    rows = data.spread(split, a.n)
+    if len(split) < a.n:
+        print(f"--n {a.n}: the {a.split} split has {len(split)} questions; evaluating all of them")
     search, _ = retriever.connect(retriever_cfg, a.corpus or os.path.join(world, "corpus.jsonl"))
-    model, tok = engines.load_policy(a.model, a.gguf_file or None)
+    model, tok = load(a.model, a.gguf_file)
     engine = engines.make_engine(a.engine, model, tok, a.model)
     judge_fn = None
     if a.judge_model:
-        judge_model, judge_tok = engines.load_policy(a.judge_model)
+        judge_model, judge_tok = load(a.judge_model, "")
         judge_fn = partial(
             judge, engines.make_engine(a.engine, judge_model, judge_tok, a.judge_model), judge_tok
         )
@@ -104,17 +111,45 @@ def main(evaluate, judge):
     refine = health.refine_metrics(refiner.stats) if refiner else {}  # summaries: length, time
     if refine:
         print("refine agent: " + ", ".join(f"{k} {v:.2f}" for k, v in refine.items()))
-    out = a.out or os.path.join(a.model if os.path.isdir(a.model) else ".", f"eval_{a.split}.json")
-    with open(out, "w") as f:
-        json.dump(
-            {
-                "args": vars(a),
-                "agent": asdict(agent_cfg),
-                "retriever": asdict(retriever_cfg),
-                "report": report,
-                **({"refine": refine} if refine else {}),
-            },
-            f,
-            indent=1,
-        )
+    whole = {
+        "args": vars(a),
+        "agent": asdict(agent_cfg),
+        "retriever": asdict(retriever_cfg),
+        "report": report,
+        **({"refine": refine} if refine else {}),
+    }
+    files.write_json(out, whole, indent=1)
     print(f"report: {out}")
+
+
+def unwritable(out: str) -> str:
+    """Why the report cannot be written to `out` (its directory is missing or not writable);
+    empty when it can."""
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        return f"--out {out!r}: the directory {folder} does not exist; create it, or pass another"
+    if not os.access(folder, os.W_OK | os.X_OK) or os.path.isdir(out):
+        return f"--out {out!r}: cannot write a file there; pass a file path in a writable folder"
+    return ""
+
+
+def load(model: str, gguf_file: str):
+    """engines.load_policy, its failure naming the directory and its weight files (a truncated
+    file, e.g. an interrupted copy, fails to load without its name)."""
+    try:
+        return engines.load_policy(model, gguf_file or None)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+        weights = (
+            sorted(
+                f"{f} ({os.path.getsize(os.path.join(model, f))} bytes)"
+                for f in os.listdir(model)
+                if f.endswith((".safetensors", ".bin", ".gguf"))
+            )
+            if os.path.isdir(model)
+            else []
+        )
+        raise SystemExit(
+            f"loading the model {model} failed ({type(e).__name__}: {e}); its weight files: "
+            f"{', '.join(weights) or 'none'}. One may be truncated (an interrupted copy or save): "
+            "copy or save it again"
+        ) from None

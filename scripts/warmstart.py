@@ -5,22 +5,26 @@ caches it for train.py (one per --out_dir, under a lock); `main` is `python trai
     python train.py warmstart --out out/warmstart --world out/world   # alone
 """
 
-import json
 import os
 import random
 import time
 from dataclasses import dataclass, replace
 from functools import partial
 
+from safetensors import SafetensorError
+
 from eval import evaluate
-from infra import data, flags, loaders, protocol
+from infra import data, files, flags, loaders, protocol
 from infra.engines import HFEngine, model_problem
 from infra.search import BM25Retriever, load_corpus
 from infra.warmstart import (
     RULES,
     WarmConfig,
+    cached_settings,
     copy_batch,
     fit,
+    free_mib,
+    save,
     settings,
     steps_rule,
     tiny_llama,
@@ -134,22 +138,21 @@ def train(
             "warm start: more",
         )
         steps += cfg.sft_steps
-    os.makedirs(out_dir, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
-    with open(os.path.join(out_dir, "warmstart.json"), "w") as f:
-        json.dump(
-            {
-                **settings(cfg, agent_cfg, seed),
-                "world": world_dir,
-                "final_loss": loss,
-                "copy_steps_done": copy_steps,
-                "sft_steps_done": steps,
-                **({"dev_em": m["em"]} if cfg.target_em else {}),
-            },
-            f,
-            indent=1,
-        )
+    record = {
+        **settings(cfg, agent_cfg, seed),
+        "world": world_dir,
+        "final_loss": loss,
+        "copy_steps_done": copy_steps,
+        "sft_steps_done": steps,
+        **({"dev_em": m["em"]} if cfg.target_em else {}),
+    }
+    try:  # whole or not at all: a full disk leaves no half warm start for a later run to read
+        files.write_dir(out_dir, partial(save, model, tok, record))
+    except (OSError, RuntimeError, SafetensorError) as e:  # torch: RuntimeError
+        raise OSError(
+            f"saving the warm start to {out_dir} failed ({type(e).__name__}: {e}); nothing was "
+            f"saved there. Free space on its disk ({free_mib(out_dir):.0f} MiB free), then rerun"
+        ) from e
     return out_dir
 
 
@@ -166,9 +169,8 @@ def ensure(
     for the first's warm start, then checks that its settings are this run's."""
     with data.claimed(out_dir.rstrip("/") + ".lock", f"the warm start {out_dir}"):
         saved = os.path.join(out_dir, "warmstart.json")  # written last: the warm start is complete
-        if os.path.exists(saved):
-            with open(saved) as f:
-                was = json.load(f)
+        was = cached_settings(saved)
+        if was is not None:
             differ = {
                 k: (was.get(k), v)
                 for k, v in settings(cfg, agent_cfg, seed).items()

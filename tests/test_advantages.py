@@ -8,6 +8,7 @@ expected values are written from the exact formula and compared with approx(abs=
 import json
 import math
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ from advantages import (
     tree_grpo,
     treeps,
 )
-from scripts.credit import demo, tree_grpo_budget
+from scripts.credit import demo, load_trees, tree_grpo_budget
 from tree import Node, Tree, step_credit, to_samples, walk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -786,3 +787,82 @@ def test_cli_refuses_bad_flags_saying_what_is_allowed(args, message):
         [sys.executable, "advantages.py", *args], cwd=ROOT, capture_output=True, text=True
     )
     assert out.returncode != 0 and message in out.stderr, out.stderr
+
+
+def chain_json(depth: int) -> str:
+    """A trees file holding one chain of `depth` steps, the last rewarded (written as text: a deep
+    chain is deeper than json.dumps may recurse)."""
+    node = f'{{"id": "r.{depth}", "reward": 1.0}}'
+    for i in range(depth - 1, 0, -1):
+        node = f'{{"id": "r.{i}", "children": [{node}]}}'
+    return f'[{{"id": "r", "children": [{node}]}}]'
+
+
+@pytest.mark.parametrize(
+    "trees, message",
+    [
+        # before: the second tree's a.0 replaced the first's in "nodes"
+        (
+            [
+                {"id": "a", "children": [{"id": "a.0", "reward": 1.0}, {"id": "a.1", "reward": 0}]},
+                {"id": "b", "children": [{"id": "a.0", "reward": 0.5}, {"id": "b.1", "reward": 0}]},
+            ],
+            "node id 'a.0' is used twice (child 0 of node 'a', and child 0 of node 'b')",
+        ),
+        # before: dropped from the group, every other advantage shifted (2.25 -> 1.573)
+        (
+            [{"id": "a", "children": [{"id": "a.0", "reward": 1}, {"id": "a.1"}]}],
+            "node 'a.1' is a leaf without 'reward'",
+        ),
+        # before: every advantage NaN, printed as invalid JSON
+        (
+            '[{"id": "a", "children": [{"id": "a.0", "reward": NaN}, {"id": "a.1", "reward": 0}]}]',
+            "node 'a.0': 'reward' must be a finite number, got nan",
+        ),
+        # before: raw tracebacks
+        (
+            [{"id": "a", "children": [{"id": "a.0", "reward": "1"}]}],
+            "node 'a.0': 'reward' must be a finite number, got '1'",
+        ),
+        (
+            [{"id": "a", "children": {"id": "a.0", "reward": 1}}],
+            "node 'a': 'children' must be a list of nodes, got a dict",
+        ),
+        (chain_json(150), "node 'r.101' is 101 steps deep; at most 100 are read"),
+        (chain_json(600), "is nested too deeply for Python's JSON reader"),
+        # before: nothing printed, exit 0
+        ([], "0 tree(s) and no step (a root is the prompt): nothing to credit"),
+        ([{"id": "a"}], "1 tree(s) and no step"),
+        ("[{", "cannot be read as JSON (JSONDecodeError"),
+    ],
+)
+def test_trees_files_that_cannot_be_credited_are_refused_naming_node_and_field(
+    tmp_path, trees, message
+):
+    f = tmp_path / "trees.json"
+    f.write_text(trees if isinstance(trees, str) else json.dumps(trees))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_trees(str(f), None, for_credit=True)
+
+
+def test_the_cli_says_why_it_cannot_credit_a_file_without_a_traceback(tmp_path):
+    f = tmp_path / "trees.json"
+    f.write_text('[{"id": "a", "children": [{"id": "a.0", "reward": NaN}]}]')
+    out = subprocess.run(
+        [sys.executable, "advantages.py", "--algo", "grpo", "--trees", str(f)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode != 0 and out.stdout == "" and "Traceback" not in out.stderr
+    assert f"--trees: {f}: node 'a.0': 'reward' must be a finite number, got nan" in out.stderr
+
+
+@pytest.mark.parametrize("algo", list(CREDITS))
+def test_a_chain_of_the_longest_depth_read_is_credited(tmp_path, algo):
+    # before: a chain of 500 steps raised RecursionError; 100 (the limit) is credited
+    f = tmp_path / "trees.json"
+    f.write_text(chain_json(100))
+    trees = load_trees(str(f), None, for_credit=True)
+    (trajectory,) = CREDITS[algo](trees)
+    assert len(trajectory.steps) == 100

@@ -314,6 +314,13 @@ def test_bad_parquet_row_names_file_and_row(tmp_path):
         load_rows(str(tmp_path / "bad.parquet"))
 
 
+def test_a_parquet_that_is_not_one_is_named(tmp_path):
+    # before: pyarrow's ArrowInvalid traceback
+    (tmp_path / "train.parquet").write_text('{"question": "a?"}\n')
+    with pytest.raises(DataError, match=r"train\.parquet is not a Parquet file that pyarrow reads"):
+        load_rows(str(tmp_path / "train.parquet"))
+
+
 def test_a_flashrag_jsonl_loads_with_ids_and_a_list_of_golden_answers(tmp_path):
     path = tmp_path / "dev.jsonl"
     path.write_text(

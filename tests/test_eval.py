@@ -2,6 +2,7 @@
 questions lost to retrieval errors; the eval.py script on a few questions."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,44 @@ def test_eval_script_prints_the_per_dataset_table_and_writes_the_report(env):
         and 1 <= report["turns"] <= 2
     )
     assert set(report["by_source"]) == {"world"}
+
+
+def eval_script(env, *args):
+    return subprocess.run(
+        [sys.executable, str(ROOT / "eval.py"), "--model", str(env / "tiny"), *args],
+        cwd=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_eval_checks_where_the_report_goes_before_the_work(env, tmp_path):
+    # before: the whole evaluation ran, then writing the report failed and it was lost
+    missing = tmp_path / "missing" / "r.json"
+    out = eval_script(env, "--n", "2", "--out", str(missing))
+    assert out.returncode != 0, out.stdout[-2000:]
+    assert f"--out '{missing}': the directory {missing.parent} does not exist" in out.stderr
+    assert "retriever:" not in out.stdout  # nothing was loaded
+
+
+def test_eval_names_a_truncated_weights_file(env, tmp_path):
+    # before: safetensors' "Error while deserializing header" named no file
+    model = tmp_path / "model"
+    shutil.copytree(env / "tiny", model)
+    weights = (model / "model.safetensors").read_bytes()
+    (model / "model.safetensors").write_bytes(weights[:100])
+    out = eval_script(env, "--model", str(model), "--n", "2", "--out", str(tmp_path / "r.json"))
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert f"loading the model {model} failed" in out.stderr
+    assert "model.safetensors (100 bytes)" in out.stderr
+
+
+def test_eval_says_when_n_is_more_than_the_split_and_its_table_header_is_readable(env, tmp_path):
+    out = eval_script(env, "--n", "100000", "--max_turns", "1", "--out", str(tmp_path / "r.json"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    n = json.loads((tmp_path / "r.json").read_text())["report"]["n"]
+    # before: capped at the split's size in silence
+    assert f"--n 100000: the test split has {n} questions; evaluating all of them" in out.stdout
+    header = next(line for line in out.stdout.splitlines() if line.startswith("dataset"))
+    assert header.split()[:3] == ["dataset", "n", "env_errors"], header  # before: "nenv_errors"

@@ -632,3 +632,75 @@ def test_serve_checks_its_flags_before_reading_the_corpus(tmp_path):
     assert out.returncode != 0 and "--max_topk 4 must be >= --topk 5" in out.stderr, out.stderr[
         -2000:
     ]
+
+
+def raw_post(server, head: bytes, body: bytes) -> bytes:
+    """Send one hand-made POST /retrieve and read the answer until the server closes."""
+    with socket.create_connection(server.server_address, timeout=10) as s:
+        s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n\r\n" + body)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_server_answers_400_to_a_non_ascii_length_and_to_json_nested_too_deep(bm25):
+    # before: "²".isdigit() passed and int("²") raised, and 100k-deep JSON raised RecursionError:
+    # each dropped the connection without an answer
+    server, url = serve(bm25, request_timeout_s=2)
+    try:
+        answer = raw_post(server, b"Content-Length: \xb2", b"{}")  # latin-1 superscript two
+        assert answer.startswith(b"HTTP/1.1 400"), answer
+        error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+        assert error == "Content-Length must be a non-negative integer, got '²'"
+        deep = b"[" * 100_000
+        answer = raw_post(server, b"Content-Length: " + str(len(deep)).encode(), deep)
+        assert answer.startswith(b"HTTP/1.1 400") and b"nested too deeply" in answer, answer
+        assert post(url, {"queries": ["kalo"], "topk": 1})[0] == 200  # and keeps serving
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_server_bounds_the_queries_of_a_request_and_answers_others_while_serving_a_large_one():
+    # before: any number of queries went into one search on the one search thread: 100,000 queries
+    # held it ~25 s, and another client's request timed out meanwhile
+    stub = Stub()
+    stub_search = stub.search
+    stub.search = lambda queries, k: (time.sleep(0.001 * len(queries)), stub_search(queries, k))[1]
+    server, url = serve(stub, max_queries=2000)
+    server.batcher.max_queries = 100  # queries per search call: a 2,000-query request takes 20
+    try:
+        status, body = post(url, {"queries": ["q"] * 2001, "topk": 1})
+        assert status == 413 and "at most 2000 queries per request" in body["error"]
+        assert "the server's --max_queries), got 2001" in body["error"]
+        big = threading.Thread(target=post, args=(url, {"queries": ["q"] * 2000, "topk": 1}))
+        big.start()
+        time.sleep(0.3)  # the large request is being searched (2 s in all)
+        t0 = time.perf_counter()
+        status, body = post(url, {"queries": ["small"], "topk": 1})
+        waited = time.perf_counter() - t0
+        big.join()
+        assert status == 200 and body["result"][0][0]["document"]["contents"] == "small\ntext"
+        assert waited < 1.0, waited  # one search call of ~0.1 s, not the rest of the large one
+        assert max(stub.batch_sizes) <= 100 and sum(stub.batch_sizes) == 2001
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_index_whose_meta_json_is_torn_is_named_and_refused(corpus, tmp_path):
+    # before: a bare "JSONDecodeError: Expecting value", naming no file
+    BM25Retriever(corpus, str(tmp_path / "index"))
+    (tmp_path / "index" / "meta.json").write_text("")
+    with pytest.raises(
+        ValueError, match=r"index: meta.json cannot be read \(JSONDecodeError.*delete"
+    ):
+        BM25Retriever(corpus, str(tmp_path / "index"))
+
+
+def test_a_corpus_whose_contents_are_all_empty_is_refused(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    path.write_text('{"id": "0", "contents": ""}\n{"id": "1", "contents": " \\n "}\n')
+    with pytest.raises(ValueError, match="every one of its 2 passages has empty 'contents'"):
+        load_corpus(str(path))
