@@ -64,8 +64,6 @@ from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from infra.inspection import tree_grpo_budget  # noqa: E402
-
 import train  # noqa: E402  (the project's modules, from the repository root)
 from advantages import CreditConfig  # noqa: E402
 from infra import data  # noqa: E402
@@ -73,6 +71,7 @@ from infra.flags import check, parse  # noqa: E402
 from infra.warmstart import WarmConfig  # noqa: E402
 from retriever import RetrieverConfig  # noqa: E402
 from rollout import AgentConfig, RolloutConfig  # noqa: E402
+from scripts.credit import tree_grpo_budget  # noqa: E402
 
 # -------------------------------------------------------------------------------------------------
 # The arms: each one's own train.py flags
@@ -930,7 +929,7 @@ def cost_table(runs: dict[str, list[dict]], walls: dict[str, list[float]]) -> li
 
 def nominal(flags: str) -> float | None:
     """Tree-GRPO's Table 3 budget in complete trajectories: G for GRPO, M (1 + LN/2) for a tree
-    (budget-formula in infra/inspection.py); None for the other methods."""
+    (budget-formula in scripts/credit.py); None for the other methods."""
     r, _ = algo_config(flags)
     if r.algo == "grpo":
         return r.grpo_G

@@ -1,5 +1,5 @@
 """advantages.py: every paper's credit assignment on small hand-built trees, with the arithmetic
-written out; its command line, with Tree-GRPO's budget and the worked demo (infra/inspection.py).
+written out; its command line, with Tree-GRPO's budget and the worked demo (scripts/credit.py).
 
 Group convention: (r - mean) / (std + 1e-6), unbiased std. The 1e-6 changes results below 1e-5, so
 expected values are written from the exact formula and compared with approx(abs=1e-5).

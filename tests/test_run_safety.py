@@ -188,7 +188,7 @@ def test_a_warm_start_save_cut_short_leaves_nothing_and_a_torn_cache_is_retraine
     # before: a full disk while writing warmstart.json left it empty, and every later run stopped
     # on a bare "JSONDecodeError: Expecting value" naming no file, never retraining
     import rollout
-    from eval import evaluate
+    from scripts import warmstart as driver  # the warm start's train and ensure
 
     class FullDisk:  # warmstart.json's writer: a few bytes, then the disk is full
         load = staticmethod(json.load)
@@ -202,7 +202,7 @@ def test_a_warm_start_save_cut_short_leaves_nothing_and_a_torn_cache_is_retraine
     world, out = str(env / "out" / "world"), str(tmp_path / "warmstart")
     monkeypatch.setattr(warmstart, "json", FullDisk)
     with pytest.raises(OSError, match="No space left"):
-        warmstart.train(out, world, cfg, rollout.AgentConfig(), 0, rollout, evaluate)
+        driver.train(out, world, cfg, rollout.AgentConfig(), 0)
     assert not os.path.exists(out)  # before: out/warmstart.json, 0 bytes
     monkeypatch.undo()
 
@@ -210,8 +210,8 @@ def test_a_warm_start_save_cut_short_leaves_nothing_and_a_torn_cache_is_retraine
     os.makedirs(out)
     Path(out, "warmstart.json").write_text("")
     trained = []
-    monkeypatch.setattr(warmstart, "train", lambda *a, **kw: trained.append(a[0]))
-    warmstart.ensure(out, world, cfg, rollout.AgentConfig(), 0, rollout, evaluate)
+    monkeypatch.setattr(driver, "train", lambda *a, **kw: trained.append(a[0]))
+    driver.ensure(out, world, cfg, rollout.AgentConfig(), 0)
     said = capsys.readouterr().out
     assert f"{out}/warmstart.json cannot be read (JSONDecodeError" in said, said
     assert "training it again" in said and trained == [out]

@@ -1,4 +1,4 @@
-"""tree.py: structure helpers, JSON round trip (and infra/inspection.py's dump files and drawing
+"""tree.py: structure helpers, JSON round trip (and scripts/credit.py's dump files and drawing
 data), rendering, and trees -> token-level training samples (TITO)."""
 
 import json
