@@ -236,10 +236,6 @@ def ppo_loss(logp, old_logp, ref_logp, rollout_logp, adv, mask, args: PPOConfig,
 # One RL step (the loop in main): grow -> credit -> samples -> log-probs -> PPO update -> sync
 
 
-# --------------------------------------------------------------------------------------------------
-# One RL step (the loop in main): grow -> credit -> samples -> log-probs -> PPO update -> sync
-
-
 def micro_batches(
     samples,
     counts,
@@ -456,17 +452,13 @@ def main(
         )  # 4. log-probs of pi_old and pi_ref
         book.lap("logprob")
         # ---- EDIT HERE: the loss (ppo_loss above) ----------------------------------------------
-        stats, grad_norms, losses, skipped = update(
-            minis, accelerator, model, optimizer, scheduler, args
-        )  # 5. the PPO update
+        updated = update(minis, accelerator, model, optimizer, scheduler, args)  # 5. PPO update
         book.lap("update")
         # 6. weight sync: each rank's engine samples from the new weights from the next step on
         weights = shard.gather(accelerator, model)
         engine.load_weights(weights)
-        # the step's metrics, the stop on non-finite weights, evaluation every --eval_every steps,
-        # the checkpoint (infra)
-        update_out = (stats, grad_norms, losses, skipped)
-        book.step_done(step, prompts, trajectories, samples, update_out, weights)
+        # the step's metrics and stops, evaluation every --eval_every steps, the checkpoint (infra)
+        book.step_done(step, prompts, trajectories, samples, updated, weights)
     weights = shard.gather(accelerator, model)  # every rank (under FSDP2 a collective)
     if (
         book.finished()

@@ -105,16 +105,16 @@ class Book:
         """This rank's refine agent's sums over the step: summaries, summary tokens, seconds."""
         return Counter(self.refiner.stats) - self.refined if self.refiner else Counter()
 
-    def step_done(self, step, prompts, trajectories, samples, update_out, weights):
+    def step_done(self, step, prompts, trajectories, samples, updated, weights):
         """After step `step` (0-based) of `prompts` (its trees), `trajectories` and `samples` (what
-        it trained), train.update's results (`update_out`: stats, gradient norms, losses, skipped
+        it trained), train.update's results (`updated`: stats, gradient norms, losses, skipped
         mini-batches) and the policy's `weights` after it (shard.gather's): the metrics over every
         rank's trees, samples and tokens (in rank order) logged, the env-error stop, the stop on
         non-finite weights, evaluation when due, a checkpoint when due (never of a step degraded
         by a retrieval outage) or asked for by a signal (on every rank alike), after which `steps`
         yields no more."""
         args, accelerator = self.args, self.accelerator
-        stats, grad_norms, losses, skipped = update_out
+        stats, grad_norms, losses, skipped = updated
         self.skipped, self.done = self.skipped + skipped, step + 1
         mine = {
             "prompts": prompts,
