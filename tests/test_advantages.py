@@ -864,5 +864,5 @@ def test_a_chain_of_the_longest_depth_read_is_credited(tmp_path, algo):
     f = tmp_path / "trees.json"
     f.write_text(chain_json(100))
     trees = load_trees(str(f), None, for_credit=True)
-    (trajectory,) = CREDITS[algo](trees)
+    (trajectory,) = CREDITS[algo](trees, CreditConfig())
     assert len(trajectory.steps) == 100
