@@ -409,11 +409,7 @@ def main(
             cfgs = (world, warm, agent_cfg, args.seed, search)
             startup.on_main(accelerator, warmstart.ensure, model_path, *cfgs)
     load = partial(engines.load_policy, model_path, args.gguf_file or None)  # (dtype): model, tok
-    model, tok = load()
-    if args.gradient_checkpointing:  # activations recomputed in the backward pass
-        model.activation_checkpointing_enable({"use_reentrant": False})
-    ref_model, _ = load(startup.ref_dtype(accelerator, args))  # frozen: the KL anchor
-    ref_model.requires_grad_(False).eval().to(accelerator.device)
+    model, ref_model, tok = startup.policies(accelerator, args, load)  # ref: frozen, the KL anchor
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scheduler = get_constant_schedule_with_warmup(optimizer, args.warmup_steps)
     # one process, DDP or FSDP2 (accelerate launch's config): infra/shard.py reads what it made
@@ -460,9 +456,7 @@ def main(
         # the step's metrics and stops, evaluation every --eval_every steps, the checkpoint (infra)
         book.step_done(step, prompts, trajectories, samples, updated, weights)
     weights = shard.gather(accelerator, model)  # every rank (under FSDP2 a collective)
-    if (
-        book.finished()
-    ):  # rank 0 of a run no signal stopped: the trained policy, whole or not at all
+    if book.finished():  # rank 0, no signal stopped the run: final/, whole or not at all
         rundir.save_final(accelerator.unwrap_model(model), weights, tok, run_dir)
     book.end(engine)  # the run's last word; every process ends together
 

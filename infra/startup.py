@@ -1,7 +1,7 @@
-"""What train.py asks of several processes (accelerate launch) besides its models: the questions
-(one rank writes the embedded world, the others wait for it) and each rank's share of a step's, a
-step on rank 0 alone, and each rank's rollout engine with the source of pi_old it implies
-(tis-old-policy).
+"""What train.py's init asks of several processes (accelerate launch): the questions (one rank
+writes the embedded world, the others wait for it) and each rank's share of a step's, a step on
+rank 0 alone, the policy and its frozen reference (checkpointing, the reference's dtype), and each
+rank's rollout engine with the source of pi_old it implies (tis-old-policy).
 """
 
 import torch
@@ -41,11 +41,18 @@ def on_main(accelerator, step, *args):
     accelerator.wait_for_everyone()
 
 
-def ref_dtype(accelerator, args) -> torch.dtype:
-    """The frozen reference's dtype (--ref_dtype): the mixed-precision dtype (bf16, fp16) with
-    "compute", else float32."""
+def policies(accelerator, args, load) -> tuple:
+    """The policy (float32; --gradient_checkpointing: its activations recomputed in the backward
+    pass), the frozen reference on this rank's device (--ref_dtype "compute": the mixed-precision
+    dtype, bf16 or fp16, else float32) and the tokenizer; `load(dtype)`: (model, tokenizer) from
+    the run's model path."""
+    model, tok = load()
+    if args.gradient_checkpointing:
+        model.activation_checkpointing_enable({"use_reentrant": False})
     compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision)
-    return compute if compute and args.ref_dtype == "compute" else torch.float32
+    ref_model, _ = load(compute if compute and args.ref_dtype == "compute" else torch.float32)
+    ref_model.requires_grad_(False).eval().to(accelerator.device)
+    return model, ref_model, tok
 
 
 def engine(accelerator, args, model, tokenizer, model_path: str, load):

@@ -9,7 +9,6 @@ turns an FSDP plugin into DDP, so this file's probe (run as a script under the l
 optimizer pointed at the new parameters. Everything else is train.py's own code."""
 
 import faulthandler
-import json
 import os
 import pickle
 import subprocess
@@ -23,29 +22,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # as a script (accelerate launch), for train, rollout, ...
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_multiprocess import CPU, WATCHDOG, launch_command, strip  # noqa: E402
+from test_multiprocess import CPU, WATCHDOG, launch_train, metrics, strip  # noqa: E402
 
 STEPS = "--eval_every 2 --eval_n 8 --prompts_per_step 4 --checkpoint_every 1".split()
 
 
 def launch(env, records: Path, *args) -> subprocess.CompletedProcess:
-    """train.py with the tests' fast flags and `args`, in two CPU processes, its policy sharded."""
-    from test_train import train_command
-
-    flags = train_command(env, *STEPS, *args)[2:]  # without "python train.py"
+    """train.py with the tests' fast flags and `args`, in two CPU processes, its policy sharded
+    (this file's probe, recording into `records`)."""
     records.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(
-        launch_command(Path(__file__), "train", records, *flags),
-        cwd=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=CPU,
-    )
-
-
-def metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return launch_train(env, *STEPS, *args, script=Path(__file__), before=("train", records))
 
 
 @pytest.fixture(scope="module")

@@ -55,13 +55,15 @@ def launch_command(script, *args, processes=2) -> list[str]:
 CPU = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
-def launch_train(env, *args) -> subprocess.CompletedProcess:
-    """train.py with the tests' fast flags and `args`, in two CPU processes; its output captured."""
+def launch_train(env, *args, script=ROOT / "train.py", before=()) -> subprocess.CompletedProcess:
+    """train.py's flags (the tests' fast ones, then `args`) given to `script` after `before` (a
+    probe: this file or test_fsdp.py, its mode and records), in two CPU processes; the output
+    captured."""
     from test_train import train_command
 
     flags = train_command(env, *args)[2:]  # without "python train.py"
     return subprocess.run(
-        launch_command(ROOT / "train.py", *flags),
+        launch_command(script, *before, *flags),
         cwd=env,
         capture_output=True,
         text=True,
