@@ -1,6 +1,6 @@
-"""benchmarks/compare.py: its statistics by hand, its arms, its result keys, step 0 measured once
-by eval.py, seeds of separate sittings merged, and the --quick smoke run (end to end, resumed,
-refused under other settings)."""
+"""benchmarks/compare.py with compare_arms.py and compare_report.py: the statistics by hand, the
+arms, the result keys, step 0 measured once by eval.py, seeds of separate sittings merged, and the
+--quick smoke run (end to end, resumed, refused under other settings)."""
 
 import json
 import math
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import compare
+from benchmarks import compare, compare_arms, compare_report
+from benchmarks.compare_report import cells, detectable, holm, paired, reading
 from infra import data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,15 +22,15 @@ def test_paired_difference_by_hand():
     # d = a - b = [0.1, 0.2, 0.2]: mean 1/6; std = sqrt(((-1/15)^2 + 2 (1/30)^2) / 2) = 0.05774;
     # se = 0.05774 / sqrt(3) = 1/30; t = (1/6) / (1/30) = 5 on 2 degrees of freedom: p = 0.0377
     # (with 2 df, p = 1 - t / sqrt(2 + t^2) = 1 - 5 / sqrt(27) = 0.0377)
-    x = compare.paired([0.5, 0.6, 0.7], [0.4, 0.4, 0.5])
+    x = paired([0.5, 0.6, 0.7], [0.4, 0.4, 0.5])
     assert x.mean == pytest.approx(1 / 6) and x.se == pytest.approx(1 / 30)
     assert x.p == pytest.approx(1 - 5 / math.sqrt(27))
-    assert compare.cells(x)[0] == "+0.167 ± 0.033" and compare.cells(x)[3] == "0.038"
+    assert cells(x)[0] == "+0.167 ± 0.033" and cells(x)[3] == "0.038"
     # one test in its family: Holm leaves p as it is; below 0.05 either way
-    assert compare.reading(x, x.p) == "higher" and compare.reading(x, x.p, sign=-1) == "disagrees"
-    x = compare.paired([0.7], [0.5])  # one seed: no test, never a verdict
-    assert math.isnan(x.p) and compare.reading(x, math.nan) == "no test (one seed or no spread)"
-    assert compare.cells(x)[0] == "+0.200 (1 seed)"
+    assert reading(x, x.p) == "higher" and reading(x, x.p, sign=-1) == "disagrees"
+    x = paired([0.7], [0.5])  # one seed: no test, never a verdict
+    assert math.isnan(x.p) and reading(x, math.nan) == "no test (one seed or no spread)"
+    assert cells(x)[0] == "+0.200 (1 seed)"
 
 
 def test_detectable_effect_and_holm_on_a_hand_made_table():
@@ -49,37 +50,37 @@ def test_detectable_effect_and_holm_on_a_hand_made_table():
         "C": [0.05, 0.03, 0.04, 0.06, 0.07],
     }
     zero = [0.0] * 5
-    x = {k: compare.paired(d, zero) for k, d in table.items()}
+    x = {k: paired(d, zero) for k, d in table.items()}
     for k, sd, p in (("A", 0.031623, 0.04743), ("B", 0.031623, 0.51852), ("C", 0.015811, 0.00211)):
         assert x[k].sd == pytest.approx(sd, abs=1e-6) and x[k].p == pytest.approx(p, abs=1e-5)
     # The minimum detectable effect at 80% power, alpha .05, 5 seeds: 3.761 standard errors (the
     # noncentral t's root; the normal-style approximation t_.975 + t_.80 = 2.776 + .941 = 3.717 is
     # 1% under it). A and B: 3.761 x .014142 = .0532; C: 3.761 x .0070711 = .0266.
-    assert compare.detectable(5) == pytest.approx(3.761, abs=1e-3)
-    assert 2.776 + 0.941 < compare.detectable(5) < 1.02 * (2.776 + 0.941)
+    assert detectable(5) == pytest.approx(3.761, abs=1e-3)
+    assert 2.776 + 0.941 < detectable(5) < 1.02 * (2.776 + 0.941)
     assert x["A"].mde == pytest.approx(0.0532, abs=1e-4) == x["B"].mde
     assert x["C"].mde == pytest.approx(0.0266, abs=1e-4)
     # The hard setting's paired sd at step 15, 0.038 on 5 seeds: 3.761 x .038 / sqrt(5) = .0639
-    assert compare.detectable(5) * 0.038 / math.sqrt(5) == pytest.approx(0.0639, abs=1e-4)
+    assert detectable(5) * 0.038 / math.sqrt(5) == pytest.approx(0.0639, abs=1e-4)
     # Holm over the three, smallest p first: C 3 x .00211 = .00633; A 2 x .04743 = .09486;
     # B 1 x .51852 = .51852 (never below the one before it). A nan (no test) is not counted.
-    adjusted = compare.holm([x["A"].p, x["B"].p, math.nan, x["C"].p])
+    adjusted = holm([x["A"].p, x["B"].p, math.nan, x["C"].p])
     assert adjusted[0] == pytest.approx(0.09486, abs=1e-4) and math.isnan(adjusted[2])
     assert adjusted[1] == pytest.approx(0.51852, abs=1e-4)
     assert adjusted[3] == pytest.approx(0.00633, abs=1e-4)
-    assert compare.holm([0.04, 0.01, 0.03]) == pytest.approx([0.06, 0.03, 0.06])  # 3x, 2x: .06
-    assert compare.holm([0.5, 0.9]) == [1.0, 1.0]  # 2 x .5 = 1; .9 is raised to the 1 before it
+    assert holm([0.04, 0.01, 0.03]) == pytest.approx([0.06, 0.03, 0.06])  # 3x, 2x: .06
+    assert holm([0.5, 0.9]) == [1.0, 1.0]  # 2 x .5 = 1; .9 is raised to the 1 before it
     # readings: C survives Holm; A only before it; B cannot be told from 0, or from .0532
-    assert compare.reading(x["C"], adjusted[3]) == "higher"
-    assert compare.reading(x["A"], adjusted[0]) == "higher before correction only"
-    assert compare.reading(x["B"], adjusted[1]) == "inconclusive: would detect ≥ 0.053"
-    assert compare.reading(x["A"], adjusted[0], sign=-1) == "disagrees before correction only"
+    assert reading(x["C"], adjusted[3]) == "higher"
+    assert reading(x["A"], adjusted[0]) == "higher before correction only"
+    assert reading(x["B"], adjusted[1]) == "inconclusive: would detect ≥ 0.053"
+    assert reading(x["A"], adjusted[0], sign=-1) == "disagrees before correction only"
 
 
 def test_report_regenerates_the_hard_settings_tables_byte_for_byte(tmp_path):
     # docs/comparison_hard.md is a preface, a line "---", then results.md as --report writes it
     # from docs/comparison_hard.json alone
-    text = compare.report_file(str(ROOT / "docs" / "comparison_hard.json"), str(tmp_path))
+    text = compare_report.report_file(str(ROOT / "docs" / "comparison_hard.json"), str(tmp_path))
     written = (tmp_path / "results.md").read_text()
     assert text.startswith(written.rstrip("\n"))
     preface, tables = (ROOT / "docs" / "comparison_hard.md").read_text().split("\n---\n\n", 1)
@@ -94,36 +95,38 @@ def test_report_reproduces_a_run_of_the_default_setting_as_written(tmp_path):
     # the default's results.json names no setting (as a run of the default writes it): a report
     # from it alone gives the run's results.md to the byte; the hard file stands in for its data
     d = json.loads((ROOT / "docs" / "comparison_hard.json").read_text())
-    named, seeds, flags, runs, walls, _ = compare.merge(
+    named, seeds, flags, runs, walls, _ = compare_report.merge(
         [str(ROOT / "docs" / "comparison_hard.json")], "hard"
     )
     how = "commit x. Wall time of the stored tasks as they ran: arms 1.0 min; 0.02 h in all."
-    compare.write_report(str(tmp_path / "run"), {}, seeds, flags, runs, walls, how)
+    compare_report.write_report(str(tmp_path / "run"), {}, seeds, flags, runs, walls, how)
     stored = json.loads((tmp_path / "run" / "results.json").read_text())
     assert (
         "setting" not in stored
         and stored["how"] == how
         and stored["runs"].keys() == d["runs"].keys()
     )
-    compare.report_file(str(tmp_path / "run" / "results.json"), str(tmp_path / "again"))
+    compare_report.report_file(str(tmp_path / "run" / "results.json"), str(tmp_path / "again"))
     run_md = (tmp_path / "run" / "results.md").read_text()
     assert (tmp_path / "again" / "results.md").read_text() == run_md and run_md.endswith(how + "\n")
 
 
 def test_every_arm_runs_once_under_its_own_name():
-    arms = compare.arms()
-    names = [compare.arm_name(f) for _, members in compare.GROUPS for f, _ in members]
+    arms = compare_arms.arms()
+    names = [compare_arms.arm_name(f) for _, members in compare_arms.GROUPS for f, _ in members]
     assert sorted(arms) == sorted(set(names)) and names.count("GRPO G=4") == 2  # run once
-    assert compare.arm_name(compare.TREE + " --tree_mode intra").endswith(" intra only")
-    assert compare.arm_name("--algo carl --carl_update_all") == "CARL (1,16) update-all"  # defaults
-    for algo, flags in compare.MATCHED.items():  # the committed knobs were calibrated
-        assert flags in compare.CANDIDATES[algo]
+    assert compare_arms.arm_name(compare_arms.TREE + " --tree_mode intra").endswith(" intra only")
+    assert (
+        compare_arms.arm_name("--algo carl --carl_update_all") == "CARL (1,16) update-all"
+    )  # defaults
+    for algo, flags in compare_arms.MATCHED.items():  # the committed knobs were calibrated
+        assert flags in compare_arms.CANDIDATES[algo]
     with pytest.raises(ValueError, match="both named"):  # a knob the name omits: refused
-        compare.GROUPS.append(("x", [(compare.G4 + " --tree_M 3", ())]))
+        compare_arms.GROUPS.append(("x", [(compare_arms.G4 + " --tree_M 3", ())]))
         try:
-            compare.arms()
+            compare_arms.arms()
         finally:
-            compare.GROUPS.pop()
+            compare_arms.GROUPS.pop()
 
 
 def test_settings_apply_to_every_arm_and_warm_start_and_leave_the_default_as_it_was():
@@ -134,7 +137,7 @@ def test_settings_apply_to_every_arm_and_warm_start_and_leave_the_default_as_it_
     assert (shared, a.warm_flags) == (compare.QUICK["train_flags"], compare.QUICK["warm_flags"])
     assert a.out.endswith("out/compare-quick")
     # hard: the agent's flags in the arms' and the warm start's, --train_flags / --warm_flags after
-    hard = compare.SETTINGS["hard"]
+    hard = compare_arms.SETTINGS["hard"]
     a, arms, shared = compare.configure(compare.Args(setting="hard", warm_flags="--val_n 10"))
     assert shared == hard["agent"] + " --eval_every 5" and len(arms) == 15
     assert a.warm_flags == hard["agent"] + " " + hard["warm"] + " --val_n 10"
@@ -145,7 +148,7 @@ def test_settings_apply_to_every_arm_and_warm_start_and_leave_the_default_as_it_
 
 
 def test_the_hard_world_has_six_hop_counts_and_twice_the_look_alikes():
-    hard = compare.parse(data.WorldConfig, args=compare.SETTINGS["hard"]["world"].split())[0]
+    hard = compare.parse(data.WorldConfig, args=compare_arms.SETTINGS["hard"]["world"].split())[0]
     world = data.build_world(hard)  # the full size, as the comparison builds it (seconds)
     # 500 test questions for each of 1..6 hops; a 6-hop chain names 7 entities and 6 relations
     assert Counter(r.hops for r in world.test) == {h: 500 for h in range(1, 7)}
@@ -183,7 +186,9 @@ def test_merge_joins_the_seeds_of_separate_sittings_in_order_and_refuses_what_do
             s["evals"]["15"]["eval/em"] += 1
     later_seeds = [s + 100 for s in original["seeds"]]
     later.write_text(json.dumps({**shifted, "seeds": later_seeds}))
-    named, seeds, flags, runs, walls, source = compare.merge([str(later), str(stored)], "hard")
+    named, seeds, flags, runs, walls, source = compare_report.merge(
+        [str(later), str(stored)], "hard"
+    )
     assert seeds == original["seeds"] + later_seeds and flags == original["train_flags"]
     assert named["world flags"] == "--max_hops 6 --distractor_fraction 0.6"
     for arm, summaries in runs.items():  # seed order, whatever the files' order; steps ints again
@@ -194,15 +199,17 @@ def test_merge_joins_the_seeds_of_separate_sittings_in_order_and_refuses_what_do
         assert walls[arm] == 2 * original["walls"][arm]
     assert f"seeds {', '.join(map(str, later_seeds))} from {later}" in source
     # the report over all the seeds; merged again on its own, the same numbers
-    text = compare.write_report(str(tmp_path / "all"), named, seeds, flags, runs, walls, "x.")
+    text = compare_report.write_report(
+        str(tmp_path / "all"), named, seeds, flags, runs, walls, "x."
+    )
     assert f"mean ± std over {len(seeds)} seed(s)" in text
-    again = compare.merge([str(tmp_path / "all" / "results.json")], "hard")
+    again = compare_report.merge([str(tmp_path / "all" / "results.json")], "hard")
     assert again[:5] == (named, seeds, flags, runs, walls)
     # refused, with every reason: a seed twice, other shared flags, the wrong --setting
     other = tmp_path / "other.json"
     other.write_text(json.dumps({**original, "seeds": [1], "train_flags": "--lr 1"}))
     with pytest.raises(SystemExit) as refused:
-        compare.merge([str(stored), str(other)], "default")
+        compare_report.merge([str(stored), str(other)], "default")
     for reason in (
         "a seed is in two files (seeds [",
         "train_flags '--lr 1', not",

@@ -1,0 +1,233 @@
+"""What benchmarks/compare.py compares: the arms (each one's train.py flags and its name in the
+tables), the groups each table sets side by side, the papers' claims set beside ours, the settings
+(worlds) every seed runs in, and which budget definition each pairing matches. A new arm or claim is
+an edit here; the running is compare.py's, the statistics and tables compare_report.py's."""
+
+import re
+
+from advantages import CreditConfig
+from infra.flags import parse
+from rollout import RolloutConfig
+from scripts.credit import tree_grpo_budget
+
+
+def grpo(G: int) -> str:
+    return f"--algo grpo --grpo_G {G}"
+
+
+def tree(M: int, N: int, L: int) -> str:
+    return f"--algo tree_grpo --tree_M {M} --tree_N {N} --tree_L {L}"
+
+
+# The matched budget: GRPO G=4's generated tokens per prompt per step, each method within +-15% of
+# it. Chosen among CANDIDATES with `--calibrate` on seed 0's warm start (README "Comparison"); the
+# comments give each against GRPO G=4 over 3 steps (every candidate) and 15 steps (the nearest
+# ones).
+MATCHED = {
+    "grpo": grpo(4),
+    "tree_grpo": tree(2, 1, 1),  # -12%, -15.2%; (2,2,1) +19%, +18%; M=1: intra = inter
+    "branpo": "--algo branpo --branpo_N 2",  # +21%, +6%; N=1 -45%, N=3 +85%
+    "carl": "--algo carl --carl_N0 1 --carl_N 6",  # -1%, -3%; (1,8) +19%, +21%
+    "treeps": "--algo treeps --treeps_N 3 --treeps_retain 2",  # +9%, +2%; (4,2) +28%, +18%
+}
+CANDIDATES = {  # --calibrate's knobs per method; the budget grows with G, trees, N, forks, nodes
+    "grpo": [grpo(4)],
+    "tree_grpo": [tree(2, 1, 1), tree(2, 1, 2), tree(2, 2, 1)],
+    "branpo": [f"--algo branpo --branpo_N {n}" for n in (1, 2, 3)],
+    "carl": [f"--algo carl --carl_N0 1 --carl_N {n}" for n in (4, 6, 8, 10)],
+    "treeps": [f"--algo treeps --treeps_N {n} --treeps_retain 2" for n in (3, 4, 5)],
+}
+TREE, G4 = MATCHED["tree_grpo"], grpo(4)
+GROUPS = [  # (title, [(an arm's flags, the arms it is compared with, paired by seed)])
+    (
+        "Tree-GRPO's budget sweep (its Table 3): chains against trees at ~2, 4, 8 trajectories",
+        [
+            (grpo(2), ()),
+            (grpo(4), ()),
+            (grpo(8), ()),
+            (tree(1, 2, 1), (grpo(2),)),
+            (tree(2, 2, 1), (grpo(4),)),
+            (tree(4, 2, 1), (grpo(8),)),
+        ],
+    ),
+    (
+        "the five methods at GRPO G=4's budget (Tree-GRPO at both of its matches: (2,1,1) in "
+        "generated tokens, (2,2,1) in its Table 3's budget M(1 + LN/2) = 4)",
+        [(G4, ()), (TREE, (G4,)), (tree(2, 2, 1), (G4,))]
+        + [(MATCHED[a], (G4,)) for a in ("branpo", "carl", "treeps")],
+    ),
+    (
+        "Tree-GRPO's advantage (its Table 4): intra-tree, inter-tree, both",
+        [
+            (TREE + " --tree_mode intra", (G4, TREE)),
+            (TREE + " --tree_mode inter", (G4, TREE)),
+            (TREE, (G4,)),
+        ],
+    ),
+    (
+        "each paper's own ablation at the matched budget",
+        [
+            (MATCHED["treeps"] + " --no_treeps_process", (MATCHED["treeps"], G4)),
+            (MATCHED["carl"] + " --carl_update_all", (MATCHED["carl"], G4)),
+            (MATCHED["branpo"] + " --no_branpo_rsm", (MATCHED["branpo"], G4)),
+        ],
+    ),
+]
+CLAIMS = [  # (a paper's claim, its numbers; arm; reference; measure(); the sign it claims)
+    (
+        "Tree-GRPO Table 3, budget ~2: tree (1,2,1) beats chains (multi-hop EM 31.6 vs 14.9)",
+        tree(1, 2, 1),
+        grpo(2),
+        "multihop",
+        +1,
+    ),
+    (
+        "Tree-GRPO Table 3, budget ~4: tree (2,2,1) beats chains (36.8 vs 31.8)",
+        tree(2, 2, 1),
+        grpo(4),
+        "multihop",
+        +1,
+    ),
+    (
+        "Tree-GRPO Table 3, budget ~8: tree (4,2,1) beats chains (35.1 vs 31.4)",
+        tree(4, 2, 1),
+        grpo(8),
+        "multihop",
+        +1,
+    ),
+    (
+        "Tree-GRPO Table 4: the intra-tree advantage alone collapses (1.2 vs GRPO 31.8), from a "
+        "base model over a full run; a warm-started 0.8M-parameter policy for 15 steps cannot "
+        "test that",
+        TREE + " --tree_mode intra",
+        G4,
+        "multihop",
+        -1,
+    ),
+    (
+        "Tree-GRPO Table 4: the inter-tree advantage alone is below both (33.8 vs 36.8)",
+        TREE + " --tree_mode inter",
+        TREE,
+        "multihop",
+        -1,
+    ),
+    (
+        "TreePS-RAG Table 2: the process advantage beats GRPO on its trees (multi-hop 0.448 vs "
+        "0.419)",
+        MATCHED["treeps"],
+        MATCHED["treeps"] + " --no_treeps_process",
+        "multihop",
+        +1,
+    ),
+    (
+        "CARL Table 4: updating only critical actions beats updating all (~1 point)",
+        MATCHED["carl"],
+        MATCHED["carl"] + " --carl_update_all",
+        "em",
+        +1,
+    ),
+    (
+        "CARL (its Eq. 15 and after): 60% fewer update actions than GRPO",
+        MATCHED["carl"],
+        G4,
+        "train/actions_trained",
+        -1,
+    ),
+    (
+        "BranPO Table 4: redundant step masking helps (multi-hop F1 54.6 vs 53.7)",
+        MATCHED["branpo"],
+        MATCHED["branpo"] + " --no_branpo_rsm",
+        "multihop",
+        +1,
+    ),
+    (
+        "BranPO Table 8: its rollout takes longer than GRPO's (191 vs 108 s a step)",
+        MATCHED["branpo"],
+        G4,
+        "train/time_rollout",
+        +1,
+    ),
+    (
+        "BranPO Table 8: its update takes less time than GRPO's (182 vs 251 s a step)",
+        MATCHED["branpo"],
+        G4,
+        "train/time_update",
+        -1,
+    ),
+]
+QUICK_ARMS = [grpo(2), tree(1, 2, 1)]
+
+# The worlds the comparison runs in; every seed's world, warm start and arm alike. Each setting:
+# flags of infra/data.py's WorldConfig (world), of protocol.AgentConfig (agent: the warm start's and
+# every arm's, before --warm_flags and --train_flags, which win) and of WarmConfig (warm). "hard"
+# (docs/comparison.md, "The hard setting"): 6 hops (a search round each), twice the look-alike
+# passages, and a demonstrator that stops after 4 searches on 5- and 6-hop questions.
+SETTINGS = {
+    "default": dict(world="", agent="", warm=""),
+    "hard": dict(
+        world="--max_hops 6 --distractor_fraction 0.6",
+        agent="--max_turns 6 --max_traj_tokens 1536",
+        warm="--search_budget 4",
+    ),
+}
+
+
+def algo_config(flags: str) -> tuple[RolloutConfig, CreditConfig]:
+    return parse(RolloutConfig, CreditConfig, args=flags.split())
+
+
+def arm_name(flags: str) -> str:
+    """An arm's name in the tables, from its method's knobs (the defaults where unset)."""
+    r, c = algo_config(flags)
+    mode = {"intra": " intra only", "inter": " inter only"}.get(c.tree_mode, "")
+    return {
+        "grpo": f"GRPO G={r.grpo_G}",
+        "tree_grpo": f"Tree-GRPO ({r.tree_M},{r.tree_N},{r.tree_L})" + mode,
+        "branpo": f"BranPO N={r.branpo_N}" + " no RSM" * (not r.branpo_rsm),
+        "carl": f"CARL ({r.carl_N0},{r.carl_N})" + " update-all" * c.carl_update_all,
+        "treeps": f"TreePS ({r.treeps_N},{r.treeps_retain})"
+        + " no process" * (not c.treeps_process),
+    }[r.algo]
+
+
+def arms() -> dict[str, str]:
+    """Every arm of GROUPS once: name -> flags; two arms of one name but other knobs: refused."""
+    out = {}
+    for flags in (f for _, members in GROUPS for arm, refs in members for f in (arm, *refs)):
+        name = arm_name(flags)
+        if algo_config(out.setdefault(name, flags)) != algo_config(flags):
+            raise ValueError(
+                f"arms {out[name]!r} and {flags!r} are both named {name!r}; extend "
+                f"arm_name so that the tables tell them apart"
+            )
+    return out
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def nominal(flags: str) -> float | None:
+    """Tree-GRPO's Table 3 budget in complete trajectories: G for GRPO, M (1 + LN/2) for a tree
+    (budget-formula in scripts/credit.py); None for the other methods."""
+    r, _ = algo_config(flags)
+    if r.algo == "grpo":
+        return r.grpo_G
+    return tree_grpo_budget(r.tree_M, r.tree_N, r.tree_L)[1] if r.algo == "tree_grpo" else None
+
+
+def matched_by(arm: str, ref: str) -> str:
+    """Which budget definition a pairing matches (arms as flags), in words."""
+    (r, _), (r_ref, _) = algo_config(arm), algo_config(ref)
+    if r == r_ref:
+        return "the same rollout"
+    b, b_ref = nominal(arm), nominal(ref)
+    words = "generated tokens (±15%, calibrated on the default)"
+    if b is not None and b == b_ref:
+        words = "Tree-GRPO Table 3: M(1 + LN/2) complete trajectories"
+    elif b is not None and b_ref is not None:
+        words += f"; M(1 + LN/2) = {b:g}, not {b_ref:g}"
+    if r.algo == "treeps":
+        trained = r.treeps_train or r.treeps_N
+        words += f"; not TreePS-RAG's own (trained paths = group size): {trained} vs {r_ref.grpo_G}"
+    return words

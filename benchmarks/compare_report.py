@@ -1,0 +1,588 @@
+"""The comparison's statistics, tables and figure (benchmarks/compare.py runs the arms): each arm's
+summary per seed, the paired differences with their minimum detectable effect and Holm-adjusted p,
+the claims, costs and budgets tables, the learning curves, and --merge / --report, which rebuild
+them from results.json files alone.
+
+Statistics: every paired difference is tested by a two-sided paired t-test over the seeds, beside
+the minimum detectable effect at 80% power for its sd and seed count (noncentral t) and its p
+adjusted by Holm over the tests of one table (one measure at one step); "higher" / "lower" /
+"agrees" / "disagrees" only where the adjusted p is below 0.05.
+"""
+
+import json
+import math
+import os
+import statistics
+import subprocess
+from dataclasses import dataclass
+
+from matplotlib.figure import Figure
+from scipy import optimize, stats
+
+from benchmarks.compare_arms import (
+    CANDIDATES,
+    CLAIMS,
+    G4,
+    GROUPS,
+    MATCHED,
+    arm_name,
+    arms,
+    matched_by,
+    nominal,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# -------------------------------------------------------------------------------------------------
+# Tables and the figure; runs: arm name -> one summary per seed, in seed order
+
+
+def summarize(rows: list[dict], step0: dict, prompts: int) -> dict:
+    """One arm on one seed: its evaluation rows by step (step 0: the seed's eval.py row), cumulative
+    generated tokens at each step, tool calls in all, and each step metric's mean over the steps."""
+    steps = sorted((r for r in rows if "train/loss" in r), key=lambda r: r["step"])
+    cum, tokens = 0.0, {0: 0.0}
+    for r in steps:
+        cum += r["rollout/tokens_per_prompt"] * prompts
+        tokens[r["step"]] = cum
+    return {
+        "evals": {0: step0, **{r["step"]: r for r in rows if "eval/em" in r}},
+        "tokens": tokens,
+        "calls": sum(r["rollout/tool_calls_per_prompt"] * prompts for r in steps),
+        "means": {k: statistics.mean(r[k] for r in steps) for k in steps[0] if k != "step"},
+    }
+
+
+def last(s: dict) -> dict:
+    return s["evals"][max(s["evals"])]
+
+
+def measure(s: dict, name: str) -> float:
+    """em: the last evaluation's greedy test EM; multihop: its EM on questions of 2 hops or more
+    (as many per hop count: the mean of theirs); any other name: that step metric's mean over the
+    run."""
+    if name == "em":
+        return last(s)["eval/em"]
+    if name == "multihop":
+        return statistics.mean(
+            v for k, v in last(s).items() if k.startswith("eval/em_hop") and k != "eval/em_hop1"
+        )
+    return s["means"][name]
+
+
+def mean_std(xs: list[float], fmt: str = ".3f") -> str:
+    if len(xs) < 2:
+        return f"{xs[0]:{fmt}}"
+    return f"{statistics.mean(xs):{fmt}} ± {statistics.stdev(xs):{fmt}}"
+
+
+ALPHA, POWER = 0.05, 0.8  # every test two-sided at ALPHA; the detectable effect at POWER
+
+
+@dataclass
+class Paired:
+    """The seeds' paired differences d = arm - reference of one measure (seed order)."""
+
+    d: list[float]
+
+    @property
+    def mean(self) -> float:
+        return statistics.mean(self.d)
+
+    @property
+    def sd(self) -> float:  # nan for one seed
+        return statistics.stdev(self.d) if len(self.d) > 1 else math.nan
+
+    @property
+    def se(self) -> float:
+        return self.sd / math.sqrt(len(self.d))
+
+    @property
+    def p(self) -> float:
+        """The paired t-test's two-sided p (t = mean / se, n - 1 degrees of freedom); nan for one
+        seed or no spread."""
+        if not self.se > 0:
+            return math.nan
+        return 2 * stats.t.sf(abs(self.mean / self.se), len(self.d) - 1)
+
+    @property
+    def mde(self) -> float:
+        """Minimum detectable effect: the true mean difference this test finds at ALPHA with
+        probability POWER, given the observed sd and seed count."""
+        return detectable(len(self.d)) * self.sd / math.sqrt(len(self.d))
+
+
+def paired(a: list[float], b: list[float]) -> Paired:
+    return Paired([x - y for x, y in zip(a, b)])
+
+
+def detectable(n: int) -> float:
+    """The true mean difference, in standard errors, that a two-sided paired t-test on n seeds
+    detects at ALPHA with probability POWER: the noncentrality delta where P(|T| > t_crit) = POWER
+    for T noncentral t (n - 1 degrees of freedom, delta). 3.761 for 5 seeds (the normal
+    approximation t_.975 + t_.80 = 2.776 + 0.941 = 3.717 is 1% short); nan for one seed."""
+    if n < 2:
+        return math.nan
+    df, crit = n - 1, stats.t.ppf(1 - ALPHA / 2, n - 1)
+    power = lambda nc: stats.nct.sf(crit, df, nc) + stats.nct.sf(crit, df, -nc)  # both tails
+    return optimize.brentq(lambda nc: power(nc) - POWER, 0.0, 1000.0)
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjustment of one family's p-values (nan: not a test, not counted): the
+    k-th smallest of m is multiplied by m - k + 1, capped at 1 and never below the one before."""
+    tests = sorted((p, i) for i, p in enumerate(ps) if not math.isnan(p))
+    out, floor = [math.nan] * len(ps), 0.0
+    for k, (p, i) in enumerate(tests):
+        floor = out[i] = max(floor, min(1.0, (len(tests) - k) * p))
+    return out
+
+
+def reading(x: Paired, holm_p: float, fmt: str = ".3f", sign: int = 0) -> str:
+    """One line: "higher" / "lower" (or, against a claimed sign, "agrees" / "disagrees") where the
+    Holm-adjusted p is below ALPHA; the same "before correction only" where only the raw p is; else
+    "inconclusive" with the smallest difference these seeds would detect."""
+    if math.isnan(x.p):
+        return "no test (one seed or no spread)"
+    word = ("higher", "lower")[x.mean < 0]
+    if sign:
+        word = ("agrees", "disagrees")[x.mean * sign < 0]
+    if holm_p < ALPHA:
+        return word
+    if x.p < ALPHA:
+        return f"{word} before correction only"
+    return f"inconclusive: would detect ≥ {x.mde:{fmt}}"
+
+
+def cells(x: Paired, fmt: str = ".3f") -> list[str]:
+    """Mean ± standard error, sd, minimum detectable effect, raw p; one seed: the difference."""
+    if len(x.d) < 2:
+        return [f"{x.mean:+{fmt}} (1 seed)", "-", "-", "-"]
+    p = "-" if math.isnan(x.p) else f"{x.p:.3f}"
+    return [f"{x.mean:+{fmt}} ± {x.se:{fmt}}", f"{x.sd:{fmt}}", f"{x.mde:{fmt}}", p]
+
+
+def row(*cells) -> str:
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def em_tables(runs: dict[str, list[dict]]) -> list[str]:
+    first = next(iter(runs.values()))
+    steps, end = sorted(first[0]["evals"]), max(first[0]["evals"])
+    hops = sorted(k for k in last(first[0]) if k.startswith("eval/em_hop"))
+    out = [f"### Greedy test EM, mean ± std over {len(first)} seed(s) (step 0: warm start)", ""]
+    for title, members in GROUPS:
+        names = [arm_name(f) for f, _ in members if arm_name(f) in runs]
+        if names:
+            out += [
+                f"**{title}**",
+                "",
+                row(
+                    "arm",
+                    *(f"step {t}" for t in steps),
+                    *(f"{h[len('eval/em_hop') :]}-hop @ {end}" for h in hops),
+                ),
+                row(*["---"] * (1 + len(steps) + len(hops))),
+            ]
+            for arm in names:
+                seeds = runs[arm]
+                out.append(
+                    row(
+                        arm,
+                        *(mean_std([s["evals"][t]["eval/em"] for s in seeds]) for t in steps),
+                        *(mean_std([last(s)[h] for s in seeds]) for h in hops),
+                    )
+                )
+            out.append("")
+    return out
+
+
+def pairs(runs: dict[str, list[dict]]) -> list[tuple[str, str]]:
+    """Every (arm, reference) of GROUPS once, both run."""
+    every = dict.fromkeys(
+        (arm_name(f), arm_name(r)) for _, members in GROUPS for f, refs in members for r in refs
+    )
+    return [p for p in every if p[0] in runs and p[1] in runs]
+
+
+SIGNIFICANCE = (
+    f"sd: of the seeds' differences; MDE: the difference a two-sided paired t-test on these seeds "
+    f"detects at p < {ALPHA} with {POWER:.0%} power, for that sd; p: the paired t-test's; Holm p: "
+    f"adjusted over the table's tests (Holm's step-down); arm > ref: seeds where the arm is ahead. "
+    f'"higher" / "lower" where the Holm p is below {ALPHA}'
+)
+
+
+def difference_table(runs: dict[str, list[dict]]) -> list[str]:
+    first = next(iter(runs.values()))[0]
+    steps, end = sorted(first["evals"]), max(first["evals"])
+    early = steps[1] if len(steps) > 2 else end  # the first evaluation after step 0
+    top = max(int(k[len("eval/em_hop") :]) for k in last(first) if k.startswith("eval/em_hop"))
+    picks = [
+        (f"EM @ step {early}", lambda s: s["evals"][early]["eval/em"]),
+        (f"EM @ step {end}", lambda s: measure(s, "em")),
+        (f"multi-hop EM @ step {end}", lambda s: measure(s, "multihop")),
+        (f"{top}-hop EM @ step {end}", lambda s: last(s)[f"eval/em_hop{top}"]),
+    ]
+    out = [
+        "### Paired differences, arm − reference on the same seeds: one table per measure, each "
+        "its own family of tests",
+        "",
+        SIGNIFICANCE + ".",
+        "",
+    ]
+    for title, pick in picks:
+        diffs = {
+            (arm, ref): paired([pick(s) for s in runs[arm]], [pick(s) for s in runs[ref]])
+            for arm, ref in pairs(runs)
+        }
+        adjusted = holm([x.p for x in diffs.values()])
+        out += [
+            f"**{title}**",
+            "",
+            row("arm", "reference", "Δ ± se", "sd", "MDE", "p", "Holm p", "arm > ref", "reading"),
+            row(*["---"] * 9),
+        ]
+        for ((arm, ref), x), h in zip(diffs.items(), adjusted):
+            ahead = f"{sum(v > 0 for v in x.d)}/{len(x.d)}"
+            h_text = "-" if math.isnan(h) else f"{h:.3f}"
+            out.append(row(arm, ref, *cells(x), h_text, ahead, reading(x, h)))
+        out.append("")
+    return out
+
+
+def claims_table(runs: dict[str, list[dict]]) -> list[str]:
+    claims = [
+        (claim, arm_name(arm), arm_name(ref), m, sign)
+        for claim, arm, ref, m, sign in CLAIMS
+        if arm_name(arm) in runs and arm_name(ref) in runs
+    ]
+    diffs = [
+        paired([measure(s, m) for s in runs[arm]], [measure(s, m) for s in runs[ref]])
+        for _, arm, ref, m, _ in claims
+    ]
+    adjusted = holm([x.p for x in diffs])
+    out = [
+        "### The papers' claims beside ours (EM: at the last evaluation; costs: per step, their "
+        "ratio of means in brackets); Holm p over the table's claims; "
+        '"agrees" / "disagrees" where the Holm p is below ' + f"{ALPHA}",
+        "",
+        row("claim", "measure", "ours: arm − reference", "Δ ± se", "MDE", "p", "Holm p", "here"),
+        row(*["---"] * 8),
+    ]
+    for (claim, arm, ref, m, sign), x, h in zip(claims, diffs, adjusted):
+        fmt = ".3f" if m in ("em", "multihop") else ".2f"
+        delta, _, mde, p = cells(x, fmt)
+        if m not in ("em", "multihop"):
+            ratio = statistics.mean(measure(s, m) for s in runs[arm]) / statistics.mean(
+                measure(s, m) for s in runs[ref]
+            )
+            delta += f" ({ratio - 1:+.0%})"
+        h_text = "-" if math.isnan(h) else f"{h:.3f}"
+        out.append(row(claim, m, f"{arm} − {ref}", delta, mde, p, h_text, reading(x, h, fmt, sign)))
+    return out + [""]
+
+
+COST = [
+    ("generated tokens / prompt / step", "rollout/tokens_per_prompt", ".0f"),
+    ("tool calls / prompt / step", "rollout/tool_calls_per_prompt", ".1f"),
+    ("leaves / prompt", "tree/leaves_per_prompt", ".1f"),
+    ("trained tokens / step", "train/tokens_trained", ".0f"),
+    ("update actions / step", "train/actions_trained", ".0f"),
+    ("samples / step", "train/samples", ".0f"),
+    ("rollout s", "train/time_rollout", ".2f"),
+    ("log-prob s", "train/time_logprob", ".2f"),
+    ("update s", "train/time_update", ".2f"),
+]
+
+
+def budget(runs: dict[str, list[dict]], arm: str) -> float:
+    """An arm's generated tokens per prompt per step: the mean over its steps and seeds."""
+    return statistics.mean(s["means"]["rollout/tokens_per_prompt"] for s in runs[arm])
+
+
+def cost_table(runs: dict[str, list[dict]], walls: dict[str, list[float]]) -> list[str]:
+    target = budget(runs, arm_name(G4)) if arm_name(G4) in runs else math.nan
+    out = [
+        "### Cost per arm: means over steps and seeds; seconds per RL step split as BranPO's "
+        "Table 8",
+        "",
+        row(
+            "arm",
+            COST[0][0],
+            "vs GRPO G=4",
+            *(c[0] for c in COST[1:]),
+            "step s",
+            "whole run: generated tokens, tool calls",
+            "arm wall min",
+        ),
+        row(*["---"] * (len(COST) + 5)),
+    ]
+    for arm, seeds in runs.items():
+        cells = [f"{statistics.mean(s['means'][k] for s in seeds):{fmt}}" for _, k, fmt in COST]
+        step_s = statistics.mean(
+            sum(s["means"][f"train/time_{x}"] for x in ("rollout", "logprob", "update"))
+            for s in seeds
+        )
+        total = statistics.mean(s["tokens"][max(s["tokens"])] for s in seeds)
+        calls = statistics.mean(s["calls"] for s in seeds)
+        vs = "-" if math.isnan(target) else f"{budget(runs, arm) / target - 1:+.0%}"
+        out.append(
+            row(
+                arm,
+                cells[0],
+                vs,
+                *cells[1:],
+                f"{step_s:.2f}",
+                f"{total / 1000:.1f}k, {calls:.0f}",
+                f"{statistics.mean(walls[arm]) / 60:.1f}",
+            )
+        )
+    matched = [
+        (n, budget(runs, n) / target - 1)
+        for n in map(arm_name, MATCHED.values())
+        if n in runs and n != arm_name(G4)
+    ]
+    if matched and not math.isnan(target):
+        out += [
+            "",
+            f"Matched budget: the target is GRPO G=4's {target:.0f} generated tokens per "
+            f"prompt per step; achieved: "
+            + "; ".join(f"{n} {d:+.0%}" + " (OUTSIDE ±15%)" * (abs(d) > 0.15) for n, d in matched),
+        ]
+    return out + [""]
+
+
+BUDGET = [  # (column, metric, format): each as the arm's value and its ratio to the reference's
+    ("leaves / prompt", "tree/leaves_per_prompt", ".1f"),
+    ("generated tokens / prompt", "rollout/tokens_per_prompt", ".0f"),
+    ("trained tokens / step", "train/tokens_trained", ".0f"),
+    ("rollout s / step", "train/time_rollout", ".2f"),
+]
+
+
+def budget_table(runs: dict[str, list[dict]]) -> list[str]:
+    """The budget sweep's and the matched methods' pairings (GROUPS' first two groups): which
+    definition each matches, and what each costs against its reference."""
+    flags = arms()
+    chosen = dict.fromkeys(
+        (arm_name(f), arm_name(r)) for _, members in GROUPS[:2] for f, refs in members for r in refs
+    )
+    out = [
+        "### Budgets: each arm against its reference, means over steps and seeds (ratio in "
+        "brackets; seconds on shared cores are noisy)",
+        "",
+        row("arm", "reference", "matched by", "nominal budget", *(c[0] for c in BUDGET)),
+        row(*["---"] * (4 + len(BUDGET))),
+    ]
+    for arm, ref in (p for p in chosen if p[0] in runs and p[1] in runs):
+        b, b_ref = nominal(flags[arm]), nominal(flags[ref])
+        mean = {
+            n: {k: statistics.mean(s["means"][k] for s in runs[n]) for _, k, _ in BUDGET}
+            for n in (arm, ref)
+        }
+        out.append(
+            row(
+                arm,
+                ref,
+                matched_by(flags[arm], flags[ref]),
+                "-" if b is None or b_ref is None else f"{b:g} vs {b_ref:g}",
+                *(
+                    f"{mean[arm][k]:{fmt}} ({mean[arm][k] / mean[ref][k] - 1:+.0%})"
+                    for _, k, fmt in BUDGET
+                ),
+            )
+        )
+    return out + [""]
+
+
+def figure(runs: dict[str, list[dict]], path: str):
+    """Test EM against step (left) and cumulative generated tokens (right), a row per group, a line
+    per arm (mean over seeds), the seeds' min-max as a band."""
+    groups = [(t, [arm_name(f) for f, _ in m if arm_name(f) in runs]) for t, m in GROUPS]
+    groups = [(t, names) for t, names in groups if names]
+    fig = Figure(figsize=(11, 3.2 * len(groups)))
+    for axes, (title, names) in zip(fig.subplots(len(groups), 2, squeeze=False), groups):
+        for i, arm in enumerate(names):
+            steps = sorted(runs[arm][0]["evals"])
+            em = [[s["evals"][t]["eval/em"] for s in runs[arm]] for t in steps]  # [step][seed]
+            tokens = [statistics.mean(s["tokens"][t] for s in runs[arm]) / 1000 for t in steps]
+            for ax, x in zip(axes, (steps, tokens)):
+                ax.plot(x, [statistics.mean(e) for e in em], "o-", ms=3, color=f"C{i}", label=arm)
+                ax.fill_between(
+                    x, [min(e) for e in em], [max(e) for e in em], color=f"C{i}", alpha=0.15
+                )
+        axes[0].set_title(title, fontsize=8, loc="left")
+        axes[0].set(xlabel="RL step", ylabel="greedy test EM")
+        axes[1].set(xlabel="generated tokens, cumulative (thousands)")
+        axes[0].legend(fontsize=7)
+        for ax in axes:
+            ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def calibration_table(rows: dict[str, list[dict]], steps: int) -> list[str]:
+    """Each candidate's generated tokens per prompt per step against GRPO G=4's (rows: flags ->
+    its run's metrics rows)."""
+    rows = {f: [r for r in rs if "train/loss" in r] for f, rs in rows.items()}
+    mean = {
+        f: statistics.mean(r["rollout/tokens_per_prompt"] for r in rs) for f, rs in rows.items()
+    }
+    if G4 not in rows:
+        raise SystemExit("--calibrate measures against GRPO G=4: add it to --arms")
+    out = [
+        f"### Calibration: generated tokens per prompt per step, {steps} RL steps from the warm "
+        f"start",
+        "",
+        row(
+            "method",
+            "knobs",
+            "per step",
+            "mean",
+            "vs GRPO G=4",
+            "within ±15%",
+            "s / step",
+            "committed",
+        ),
+        row(*["---"] * 8),
+    ]
+    for algo, candidates in CANDIDATES.items():
+        for f in (f for f in candidates if f in rows):
+            ratio = mean[f] / mean[G4] - 1
+            step_s = statistics.mean(
+                sum(r[f"train/time_{x}"] for x in ("rollout", "logprob", "update")) for r in rows[f]
+            )
+            out.append(
+                row(
+                    algo,
+                    arm_name(f),
+                    ", ".join(f"{r['rollout/tokens_per_prompt']:.0f}" for r in rows[f]),
+                    f"{mean[f]:.0f}",
+                    f"{ratio:+.0%}",
+                    "yes" if abs(ratio) <= 0.15 else "no",
+                    f"{step_s:.1f}",
+                    "yes" * (MATCHED[algo] == f),
+                )
+            )
+    return out + [""]
+
+
+# -------------------------------------------------------------------------------------------------
+# Reports: results.json written, merged and read back
+
+
+def commit() -> str:
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    )
+    return done.stdout.strip() or "unknown"
+
+
+def merge(paths: list[str], setting: str | None) -> tuple[dict, list[int], str, dict, dict, str]:
+    """Several results.json files as one run, seeds in order: their setting (`setting`'s; None:
+    any), shared flags and arms must agree and no seed may repeat. Returns what main() writes, and
+    where it came from."""
+    parts = [json.load(open(p)) for p in paths]
+    first, seeds = parts[0], [s for p in parts for s in p["seeds"]]
+    keys = ("setting", "world flags", "warm start flags", "train_flags")
+    problems = [
+        f"{path}: {k} {p.get(k)!r}, not {first.get(k)!r} as in {paths[0]}"
+        for path, p in zip(paths, parts)
+        for k in keys
+        if p.get(k) != first.get(k)
+    ] + [
+        f"{path}: arms {sorted(p['runs'])}, not {sorted(first['runs'])} as in {paths[0]}"
+        for path, p in zip(paths, parts)
+        if sorted(p["runs"]) != sorted(first["runs"])
+    ]
+    if setting is not None and first.get("setting", "default") != setting:
+        problems.append(
+            f"the files hold setting {first.get('setting', 'default')!r}: pass --setting"
+        )
+    if len(set(seeds)) < len(seeds):
+        problems.append(f"a seed is in two files (seeds {seeds})")
+    if problems:
+        raise SystemExit(
+            "--merge: the files do not make one run (nothing was written):\n  "
+            + "\n  ".join(problems)
+        )
+    order = sorted(range(len(seeds)), key=seeds.__getitem__)
+
+    def steps(d: dict) -> dict:  # JSON made the steps strings
+        return {int(k): v for k, v in d.items()}
+
+    runs, walls = {}, {}
+    for n in first["runs"]:
+        summaries = [s for p in parts for s in p["runs"][n]]
+        runs[n] = [
+            {**s, "evals": steps(s["evals"]), "tokens": steps(s["tokens"])}
+            for s in map(summaries.__getitem__, order)
+        ]
+        wall = [w for p in parts for w in p["walls"][n]]
+        walls[n] = [wall[i] for i in order]
+    named = {k: first[k] for k in keys[:3] if k in first}
+    source = "; ".join(
+        f"seed{'s' * (len(p['seeds']) > 1)} {', '.join(map(str, p['seeds']))} from {path} (commit "
+        f"{p.get('commit', 'not recorded')})"
+        for path, p in zip(paths, parts)
+    )
+    return named, sorted(seeds), first["train_flags"], runs, walls, source
+
+
+def render(named: dict, seeds: list[int], train_flags: str, runs: dict, walls: dict, how: str):
+    """Every table as results.md holds it: a function of results.json's contents alone."""
+    return "\n".join(
+        em_tables(runs)
+        + difference_table(runs)
+        + claims_table(runs)
+        + cost_table(runs, walls)
+        + budget_table(runs)
+        + [
+            "".join(f"{k} {v!r}; " for k, v in named.items())
+            + f"Seeds {', '.join(map(str, seeds))}; {len(runs)} arms; shared train.py "
+            f"flags {train_flags!r}; {how}"
+        ]
+    )
+
+
+def write_report(
+    out: str, named: dict, seeds: list[int], train_flags: str, runs: dict, walls: dict, how: str
+) -> str:
+    """Every table, the figure and results.json in `out`; the tables' text."""
+    text = render(named, seeds, train_flags, runs, walls, how)
+    os.makedirs(out, exist_ok=True)
+    outputs = [os.path.join(out, f) for f in ("results.md", "curves.png", "results.json")]
+    figure(runs, outputs[1])
+    with open(outputs[2], "w") as f:
+        json.dump(
+            {
+                **named,
+                "seeds": seeds,
+                "train_flags": train_flags,
+                "commit": commit(),
+                "how": how,
+                "runs": runs,
+                "walls": walls,
+            },
+            f,
+            indent=1,
+        )
+    with open(outputs[0], "w") as f:
+        f.write(text + "\n")
+    return text + "\n\noutputs: " + ", ".join(outputs)
+
+
+def report_file(path: str, out: str) -> str:
+    """The tables and the figure again from one results.json (a run's or a --merge's), in `out`:
+    results.md byte for byte as the run wrote it (its provenance line is stored in the file)."""
+    (named, seeds, train_flags, runs, walls, _), stored = merge([path], None), json.load(open(path))
+    how = stored.get("how") or f"from {path} (commit {stored.get('commit', 'not recorded')})."
+    text = render(named, seeds, train_flags, runs, walls, how)
+    os.makedirs(out, exist_ok=True)
+    outputs = [os.path.join(out, f) for f in ("results.md", "curves.png")]
+    figure(runs, outputs[1])
+    with open(outputs[0], "w") as f:
+        f.write(text + "\n")
+    return text + "\n\noutputs: " + ", ".join(outputs)
