@@ -11,6 +11,10 @@ budget sweep side by side over seeds, each arm a train.py run from the same warm
                                                 # one report over both files' seeds
     python benchmarks/compare.py --report docs/comparison_hard.json
                                                 # its results.md again, byte for byte
+    python benchmarks/compare.py --setting hard --arms matched --train_flags="" --seeds 5 6
+                                                # the five-method table's arms on more seeds,
+                                                # evaluated at steps 0 and 15: --merge them with
+                                                # docs/comparison_hard.json
 
 Per seed S, in OUT/seedS/: the embedded world (of --setting: SETTINGS); the warm start (`train.py
 warmstart --seed S`, once); its greedy test EM (`eval.py`, once: step 0 of every arm); then one
@@ -62,6 +66,7 @@ from advantages import CreditConfig  # noqa: E402
 from benchmarks.compare_arms import (  # noqa: E402
     CANDIDATES,
     QUICK_ARMS,
+    SETS,
     SETTINGS,
     arm_name,
     arms,
@@ -92,7 +97,8 @@ class Args:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
     """Seeds: each its own warm start, every arm trained from it."""
     arms: list[str] = field(default_factory=list)
-    """Only these arms (names as the tables print them, e.g. "GRPO G=4"); empty = every arm."""
+    """Only these arms (names as the tables print them, e.g. "GRPO G=4", or a set's: "matched",
+    the five methods at GRPO G=4's budget); empty = every arm."""
     train_flags: str = "--eval_every 5"
     """train.py flags of every arm, as --train_flags="..." (agent format: also --warm_flags)."""
     warm_flags: str = ""
@@ -173,6 +179,9 @@ def configure(a: Args) -> tuple[Args, dict[str, str], str]:
         warm_flags=" ".join(filter(None, (setting["agent"], setting["warm"], a.warm_flags))),
     )
     table = {arm_name(f): f for fs in CANDIDATES.values() for f in fs} if a.calibrate else arms()
+    if not a.calibrate:  # a set's name (SETS) stands for its arms
+        named = [[arm_name(f) for f in SETS[x]] if x in SETS else [x] for x in a.arms]
+        a = replace(a, arms=list(dict.fromkeys(n for names in named for n in names)))
     unknown, cores = [n for n in a.arms if n not in table], len(os.sched_getaffinity(0))
     own = {
         "seed",
@@ -203,7 +212,11 @@ def configure(a: Args) -> tuple[Args, dict[str, str], str]:
                 bool(a.warmstart) and not os.path.isdir(a.warmstart),
                 f"--warmstart {a.warmstart!r} is not a directory",
             ),
-            (bool(unknown), f"--arms: no arm is named {unknown}; the arms are {list(table)}"),
+            (
+                bool(unknown),
+                f"--arms: no arm is named {unknown}; the arms are {list(table)}, the sets "
+                f"{list(SETS) * (not a.calibrate)}",
+            ),
             (bool(taken), f"--train_flags sets {taken}: compare.py sets these per arm or per task"),
         ],
     )

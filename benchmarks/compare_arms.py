@@ -73,6 +73,9 @@ GROUPS = [  # (title, [(an arm's flags, the arms it is compared with, paired by 
         ],
     ),
 ]
+SETS = {  # --arms NAME: a group's arms (with "matched", 1 h per pair of hard-setting seeds)
+    "matched": [f for f, _ in GROUPS[1][1]],  # the five methods at GRPO G=4's budget
+}
 CLAIMS = [  # (a paper's claim, its numbers; arm; reference; measure(); the sign it claims)
     (
         "Tree-GRPO Table 3, budget ~2: tree (1,2,1) beats chains (multi-hop EM 31.6 vs 14.9)",

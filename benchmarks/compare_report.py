@@ -12,6 +12,7 @@ adjusted by Holm over the tests of one table (one measure at one step); "higher"
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 from dataclasses import dataclass
@@ -225,6 +226,7 @@ def difference_table(runs: dict[str, list[dict]]) -> list[str]:
         (f"multi-hop EM @ step {end}", lambda s: measure(s, "multihop")),
         (f"{top}-hop EM @ step {end}", lambda s: last(s)[f"eval/em_hop{top}"]),
     ]
+    picks = picks[early == end :]  # evaluated at step 0 and the end only: one table
     out = [
         "### Paired differences, arm − reference on the same seeds: one table per measure, each "
         "its own family of tests",
@@ -480,23 +482,29 @@ def commit() -> str:
     return done.stdout.strip() or "unknown"
 
 
+def without_eval_every(flags: str) -> str:
+    """Shared train.py flags less --eval_every: the one flag that files to merge may differ in."""
+    return re.sub(r"\s*--eval_every[ =]\S+", "", flags).strip()
+
+
 def merge(paths: list[str], setting: str | None) -> tuple[dict, list[int], str, dict, dict, str]:
     """Several results.json files as one run, seeds in order: their setting (`setting`'s; None:
-    any), shared flags and arms must agree and no seed may repeat. Returns what main() writes, and
-    where it came from."""
+    any) and shared flags must agree, except --eval_every (evaluating draws nothing from
+    training's random state: tests/test_train.py), and no seed may repeat. The arms every file
+    holds are kept, at the evaluation steps all their seeds share: a file of `--arms matched
+    --train_flags=""` (steps 0 and 15) adds seeds to the matched-budget tables. Returns what main()
+    writes, and where it came from."""
     parts = [json.load(open(p)) for p in paths]
     first, seeds = parts[0], [s for p in parts for s in p["seeds"]]
     keys = ("setting", "world flags", "warm start flags", "train_flags")
+    kept = [n for n in first["runs"] if all(n in p["runs"] for p in parts)]
     problems = [
         f"{path}: {k} {p.get(k)!r}, not {first.get(k)!r} as in {paths[0]}"
         for path, p in zip(paths, parts)
         for k in keys
         if p.get(k) != first.get(k)
-    ] + [
-        f"{path}: arms {sorted(p['runs'])}, not {sorted(first['runs'])} as in {paths[0]}"
-        for path, p in zip(paths, parts)
-        if sorted(p["runs"]) != sorted(first["runs"])
-    ]
+        and (k != "train_flags" or without_eval_every(p[k]) != without_eval_every(first[k]))
+    ] + [f"no arm is in every file ({', '.join(paths)})"] * (not kept)
     if setting is not None and first.get("setting", "default") != setting:
         problems.append(
             f"the files hold setting {first.get('setting', 'default')!r}: pass --setting"
@@ -513,22 +521,35 @@ def merge(paths: list[str], setting: str | None) -> tuple[dict, list[int], str, 
     def steps(d: dict) -> dict:  # JSON made the steps strings
         return {int(k): v for k, v in d.items()}
 
+    schedules = {frozenset(steps(s["evals"])) for p in parts for n in kept for s in p["runs"][n]}
+    shared = frozenset.intersection(*schedules)
     runs, walls = {}, {}
-    for n in first["runs"]:
+    for n in kept:
         summaries = [s for p in parts for s in p["runs"][n]]
         runs[n] = [
-            {**s, "evals": steps(s["evals"]), "tokens": steps(s["tokens"])}
+            {**s, "evals": {t: e for t, e in steps(s["evals"]).items() if t in shared}}
+            | {"tokens": steps(s["tokens"])}
             for s in map(summaries.__getitem__, order)
         ]
         wall = [w for p in parts for w in p["walls"][n]]
         walls[n] = [wall[i] for i in order]
     named = {k: first[k] for k in keys[:3] if k in first}
+    flags, every = {p["train_flags"] for p in parts}, {n for p in parts for n in p["runs"]}
     source = "; ".join(
         f"seed{'s' * (len(p['seeds']) > 1)} {', '.join(map(str, p['seeds']))} from {path} (commit "
-        f"{p.get('commit', 'not recorded')})"
+        f"{p.get('commit', 'not recorded')}"
+        + f", train.py flags {p['train_flags']!r}" * (len(flags) > 1)
+        + ")"
         for path, p in zip(paths, parts)
     )
-    return named, sorted(seeds), first["train_flags"], runs, walls, source
+    if every != set(kept):
+        source += f"; arms not in every file, left out: {', '.join(sorted(every - set(kept)))}"
+    if len(schedules) > 1:
+        source += f"; the evaluation steps every seed has: {', '.join(map(str, sorted(shared)))}"
+    train_flags = (
+        first["train_flags"] if len(flags) == 1 else without_eval_every(first["train_flags"])
+    )
+    return named, sorted(seeds), train_flags, runs, walls, source
 
 
 def render(named: dict, seeds: list[int], train_flags: str, runs: dict, walls: dict, how: str):

@@ -219,6 +219,47 @@ def test_merge_joins_the_seeds_of_separate_sittings_in_order_and_refuses_what_do
         assert reason in str(refused.value)
 
 
+def test_merge_adds_seeds_of_the_matched_arms_evaluated_at_0_and_15_only(tmp_path):
+    # `--arms matched --train_flags=""`: the matched set's 6 arms, train.py's --eval_every 15, so
+    # evaluated at steps 0 and 15; merged with the committed 5-seed file, which has every arm at
+    # steps 0, 5, 10, 15: the 6 arms on 7 seeds at steps 0 and 15, the other 9 arms left out
+    a, chosen, _ = compare.configure(compare.Args(setting="hard", arms=["matched"], train_flags=""))
+    matched = ["GRPO G=4", "Tree-GRPO (2,1,1)", "Tree-GRPO (2,2,1)", "BranPO N=2", "CARL (1,6)"]
+    assert list(chosen) == [*matched, "TreePS (3,2)"] and "--eval_every" not in a.train_flags
+    with pytest.raises(SystemExit, match=r"the sets \['matched'\]"):
+        compare.configure(compare.Args(arms=["matchd"]))
+    full = ROOT / "docs" / "comparison_hard.json"
+    d = json.loads(full.read_text())
+    assert d["train_flags"].endswith(" --eval_every 5") and len(d["runs"]) == 15
+    added = {
+        **d,
+        "seeds": [5, 6],
+        "train_flags": d["train_flags"].replace("--eval_every 5", "").strip(),
+        "runs": {
+            n: [{**s, "evals": {t: s["evals"][t] for t in ("0", "15")}} for s in d["runs"][n][:2]]
+            for n in chosen
+        },
+        "walls": {n: d["walls"][n][:2] for n in chosen},
+    }
+    path = tmp_path / "seeds5-6.json"
+    path.write_text(json.dumps(added))
+    named, seeds, flags, runs, walls, source = compare_report.merge([str(full), str(path)], "hard")
+    assert seeds == [0, 1, 2, 3, 4, 5, 6] and sorted(runs) == sorted(chosen)
+    assert flags == d["train_flags"].replace(" --eval_every 5", "")  # stated per file instead
+    assert all(sorted(s["evals"]) == [0, 15] for ss in runs.values() for s in ss)
+    assert "left out: BranPO N=2 no RSM, CARL (1,6) update-all, GRPO G=2, GRPO G=8" in source
+    assert source.endswith("; the evaluation steps every seed has: 0, 15")
+    text = compare_report.render(named, seeds, flags, runs, walls, source)
+    assert text.count("**EM @ step 15**") == 1  # step 0 and 15: no separate early table
+    assert (
+        "over 7 seed(s)" in text and "| Tree-GRPO (2,2,1) | GRPO G=4 | " in text and "/7 |" in text
+    )
+    # another flag differing is still refused
+    path.write_text(json.dumps({**added, "train_flags": added["train_flags"] + " --lr 1"}))
+    with pytest.raises(SystemExit, match="--lr 1', not"):
+        compare_report.merge([str(full), str(path)], "hard")
+
+
 def test_step_zero_from_eval_py_is_what_train_py_measures(env):
     # compare.py evaluates each warm start once, with eval.py, and trains every arm --no_eval_start
     small = ["--max_turns", "2", "--max_step_tokens", "12"]

@@ -5,6 +5,7 @@ anything loads."""
 
 import contextlib
 import math
+import re
 
 import pytest
 
@@ -104,6 +105,34 @@ def test_every_algo_trains_two_steps_evaluates_and_saves(env, algo):
         assert math.isfinite(r["train/loss"]) and r["train/time_rollout"] > 0
     assert (env / "out" / "runs" / f"smoke_{algo}" / "curve.png").stat().st_size > 0
     assert (env / "out" / "runs" / f"smoke_{algo}" / "final" / "config.json").exists()
+
+
+def test_evaluating_leaves_training_as_it_was(env):
+    # evaluation draws nothing from training's random state: a run evaluated at steps 0, 1 and 2
+    # trains exactly as one never evaluated (the same steps' metrics but their times, the same final
+    # weights), so benchmarks/compare.py --merge may join runs of other --eval_every
+    from safetensors.torch import load_file
+
+    for run, every in (("evaluated", "1"), ("not_evaluated", "0")):
+        out = train(
+            env, "--algo", "tree_grpo", "--steps", "2", "--run_name", run, "--eval_every", every
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+    rows = {
+        run: [
+            {k: v for k, v in r.items() if not re.search("time|second|eval/", k)}
+            for r in metrics(env, run)
+            if "train/loss" in r
+        ]
+        for run in ("evaluated", "not_evaluated")
+    }
+    assert len(rows["evaluated"]) == 2 and rows["evaluated"] == rows["not_evaluated"]
+    assert [r["step"] for r in metrics(env, "evaluated") if "eval/em" in r] == [0, 1, 2]
+    weights = [
+        load_file(env / "out" / "runs" / run / "final" / "model.safetensors")
+        for run in ("evaluated", "not_evaluated")
+    ]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
 def test_cut_the_bills_refine_agent_and_data_filter_run_end_to_end(env, tmp_path):
