@@ -91,6 +91,14 @@ def test_report_regenerates_the_hard_settings_tables_byte_for_byte(tmp_path):
     )
 
 
+def test_the_default_settings_committed_seeds_report_again(tmp_path):
+    # seeds 0-3 of the default's new draw, as the run stored them: every arm, steps 0, 5, 10, 15
+    path = ROOT / "docs" / "comparison_default_seeds0-3.json"
+    text = compare_report.report_file(str(path), str(tmp_path))
+    assert "mean ± std over 4 seed(s)" in text and "commit 0e8f85f" in text
+    assert len(json.loads(path.read_text())["runs"]) == 15 and "| step 10 |" in text
+
+
 def readme_rows() -> list[list[str]]:
     """The README Comparison table's rows, as cells."""
     text = (ROOT / "README.md").read_text()
