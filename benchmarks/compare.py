@@ -12,9 +12,7 @@ budget sweep side by side over seeds, each arm a train.py run from the same warm
     python benchmarks/compare.py --report docs/comparison_hard.json
                                                 # its results.md again, byte for byte
     python benchmarks/compare.py --setting hard --arms matched --train_flags="" --seeds 5 6
-                                                # the five-method table's arms on more seeds,
-                                                # evaluated at steps 0 and 15: --merge them with
-                                                # docs/comparison_hard.json
+                                                # more seeds to --merge (docs/comparison.md)
 
 Per seed S, in OUT/seedS/: the embedded world (of --setting: SETTINGS); the warm start (`train.py
 warmstart --seed S`, once); its greedy test EM (`eval.py`, once: step 0 of every arm); then one
@@ -49,6 +47,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -65,6 +64,8 @@ import train  # noqa: E402  (the project's modules, from the repository root)
 from advantages import CreditConfig  # noqa: E402
 from benchmarks.compare_arms import (  # noqa: E402
     CANDIDATES,
+    G4,
+    MATCHED,
     QUICK_ARMS,
     SETS,
     SETTINGS,
@@ -73,10 +74,10 @@ from benchmarks.compare_arms import (  # noqa: E402
     slug,
 )
 from benchmarks.compare_report import (  # noqa: E402
-    calibration_table,
     commit,
     merge,
     report_file,
+    row,
     summarize,
     write_report,
 )
@@ -183,16 +184,8 @@ def configure(a: Args) -> tuple[Args, dict[str, str], str]:
         named = [[arm_name(f) for f in SETS[x]] if x in SETS else [x] for x in a.arms]
         a = replace(a, arms=list(dict.fromkeys(n for names in named for n in names)))
     unknown, cores = [n for n in a.arms if n not in table], len(os.sched_getaffinity(0))
-    own = {
-        "seed",
-        "model",
-        "out_dir",
-        "run_name",
-        "overwrite",
-        "resume",
-        "eval_start",
-        "checkpoint_every",
-    } | {f.name for c in (RolloutConfig, CreditConfig) for f in fields(c)}  # per task or per arm
+    own = set("seed model out_dir run_name overwrite resume eval_start checkpoint_every".split())
+    own |= {f.name for c in (RolloutConfig, CreditConfig) for f in fields(c)}  # per task or per arm
     taken = [x for x in a.train_flags.split() if x.lstrip("-").removeprefix("no_") in own]
     check(
         a,
@@ -419,6 +412,52 @@ def run_task(t: Task, key: dict, slots: Queue, a: Args):
         os.replace(t.result + ".tmp", t.result)  # complete or absent, never torn
     finally:
         slots.put((slot, cores))
+
+
+def calibration_table(rows: dict[str, list[dict]], steps: int) -> list[str]:
+    """Each candidate's generated tokens per prompt per step against GRPO G=4's (rows: flags ->
+    its run's metrics rows)."""
+    rows = {f: [r for r in rs if "train/loss" in r] for f, rs in rows.items()}
+    mean = {
+        f: statistics.mean(r["rollout/tokens_per_prompt"] for r in rs) for f, rs in rows.items()
+    }
+    if G4 not in rows:
+        raise SystemExit("--calibrate measures against GRPO G=4: add it to --arms")
+    out = [
+        f"### Calibration: generated tokens per prompt per step, {steps} RL steps from the warm "
+        f"start",
+        "",
+        row(
+            "method",
+            "knobs",
+            "per step",
+            "mean",
+            "vs GRPO G=4",
+            "within ±15%",
+            "s / step",
+            "committed",
+        ),
+        row(*["---"] * 8),
+    ]
+    for algo, candidates in CANDIDATES.items():
+        for f in (f for f in candidates if f in rows):
+            ratio = mean[f] / mean[G4] - 1
+            step_s = statistics.mean(
+                sum(r[f"train/time_{x}"] for x in ("rollout", "logprob", "update")) for r in rows[f]
+            )
+            out.append(
+                row(
+                    algo,
+                    arm_name(f),
+                    ", ".join(f"{r['rollout/tokens_per_prompt']:.0f}" for r in rows[f]),
+                    f"{mean[f]:.0f}",
+                    f"{ratio:+.0%}",
+                    "yes" if abs(ratio) <= 0.15 else "no",
+                    f"{step_s:.1f}",
+                    "yes" * (MATCHED[algo] == f),
+                )
+            )
+    return out + [""]
 
 
 def main(a: Args):

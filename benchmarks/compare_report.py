@@ -21,7 +21,6 @@ from matplotlib.figure import Figure
 from scipy import optimize, stats
 
 from benchmarks.compare_arms import (
-    CANDIDATES,
     CLAIMS,
     G4,
     GROUPS,
@@ -215,6 +214,16 @@ SIGNIFICANCE = (
 )
 
 
+def family(runs: dict[str, list[dict]], pick) -> dict[tuple[str, str], tuple[Paired, float]]:
+    """One table's tests: every (arm, reference) of GROUPS -> the seeds' paired differences of
+    pick(summary) and their Holm-adjusted p over the family."""
+    diffs = {
+        (arm, ref): paired([pick(s) for s in runs[arm]], [pick(s) for s in runs[ref]])
+        for arm, ref in pairs(runs)
+    }
+    return dict(zip(diffs, zip(diffs.values(), holm([x.p for x in diffs.values()]))))
+
+
 def difference_table(runs: dict[str, list[dict]]) -> list[str]:
     first = next(iter(runs.values()))[0]
     steps, end = sorted(first["evals"]), max(first["evals"])
@@ -235,18 +244,13 @@ def difference_table(runs: dict[str, list[dict]]) -> list[str]:
         "",
     ]
     for title, pick in picks:
-        diffs = {
-            (arm, ref): paired([pick(s) for s in runs[arm]], [pick(s) for s in runs[ref]])
-            for arm, ref in pairs(runs)
-        }
-        adjusted = holm([x.p for x in diffs.values()])
         out += [
             f"**{title}**",
             "",
             row("arm", "reference", "Δ ± se", "sd", "MDE", "p", "Holm p", "arm > ref", "reading"),
             row(*["---"] * 9),
         ]
-        for ((arm, ref), x), h in zip(diffs.items(), adjusted):
+        for (arm, ref), (x, h) in family(runs, pick).items():
             ahead = f"{sum(v > 0 for v in x.d)}/{len(x.d)}"
             h_text = "-" if math.isnan(h) else f"{h:.3f}"
             out.append(row(arm, ref, *cells(x), h_text, ahead, reading(x, h)))
@@ -423,52 +427,6 @@ def figure(runs: dict[str, list[dict]], path: str):
             ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-
-
-def calibration_table(rows: dict[str, list[dict]], steps: int) -> list[str]:
-    """Each candidate's generated tokens per prompt per step against GRPO G=4's (rows: flags ->
-    its run's metrics rows)."""
-    rows = {f: [r for r in rs if "train/loss" in r] for f, rs in rows.items()}
-    mean = {
-        f: statistics.mean(r["rollout/tokens_per_prompt"] for r in rs) for f, rs in rows.items()
-    }
-    if G4 not in rows:
-        raise SystemExit("--calibrate measures against GRPO G=4: add it to --arms")
-    out = [
-        f"### Calibration: generated tokens per prompt per step, {steps} RL steps from the warm "
-        f"start",
-        "",
-        row(
-            "method",
-            "knobs",
-            "per step",
-            "mean",
-            "vs GRPO G=4",
-            "within ±15%",
-            "s / step",
-            "committed",
-        ),
-        row(*["---"] * 8),
-    ]
-    for algo, candidates in CANDIDATES.items():
-        for f in (f for f in candidates if f in rows):
-            ratio = mean[f] / mean[G4] - 1
-            step_s = statistics.mean(
-                sum(r[f"train/time_{x}"] for x in ("rollout", "logprob", "update")) for r in rows[f]
-            )
-            out.append(
-                row(
-                    algo,
-                    arm_name(f),
-                    ", ".join(f"{r['rollout/tokens_per_prompt']:.0f}" for r in rows[f]),
-                    f"{mean[f]:.0f}",
-                    f"{ratio:+.0%}",
-                    "yes" if abs(ratio) <= 0.15 else "no",
-                    f"{step_s:.1f}",
-                    "yes" * (MATCHED[algo] == f),
-                )
-            )
-    return out + [""]
 
 
 # -------------------------------------------------------------------------------------------------
