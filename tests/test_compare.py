@@ -77,26 +77,21 @@ def test_detectable_effect_and_holm_on_a_hand_made_table():
     assert reading(x["A"], adjusted[0], sign=-1) == "disagrees before correction only"
 
 
-def test_report_regenerates_the_hard_settings_tables_byte_for_byte(tmp_path):
-    # docs/comparison_hard.md is a preface, a line "---", then results.md as --report writes it
-    # from docs/comparison_hard.json alone
-    text = compare_report.report_file(str(ROOT / "docs" / "comparison_hard.json"), str(tmp_path))
+@pytest.mark.parametrize(
+    "doc, data",
+    [("comparison_results", "comparison_default"), ("comparison_hard", "comparison_hard")],
+)
+def test_report_regenerates_each_settings_tables_byte_for_byte(tmp_path, doc, data):
+    # docs/DOC.md is a preface, a line "---", then results.md as --report writes it from
+    # docs/DATA.json alone: five seeds, every arm, evaluations at steps 0, 5, 10, 15
+    text = compare_report.report_file(str(ROOT / "docs" / f"{data}.json"), str(tmp_path))
     written = (tmp_path / "results.md").read_text()
     assert text.startswith(written.rstrip("\n"))
-    preface, tables = (ROOT / "docs" / "comparison_hard.md").read_text().split("\n---\n\n", 1)
+    preface, tables = (ROOT / "docs" / f"{doc}.md").read_text().split("\n---\n\n", 1)
     assert tables == written
-    # the README's hard-setting figures come from these tables: Holm p over the 17 step-15 tests
-    assert "| Tree-GRPO (1,2,1) | GRPO G=2 | +0.044 ± 0.015 | 0.034 | 0.058 | 0.044 | 0.752 |" in (
-        written
-    )
-
-
-def test_the_default_settings_committed_seeds_report_again(tmp_path):
-    # seeds 0-3 of the default's new draw, as the run stored them: every arm, steps 0, 5, 10, 15
-    path = ROOT / "docs" / "comparison_default_seeds0-3.json"
-    text = compare_report.report_file(str(path), str(tmp_path))
-    assert "mean ± std over 4 seed(s)" in text and "commit 0e8f85f" in text
-    assert len(json.loads(path.read_text())["runs"]) == 15 and "| step 10 |" in text
+    assert "mean ± std over 5 seed(s)" in written and "| step 10 |" in written
+    runs = json.loads((ROOT / "docs" / f"{data}.json").read_text())["runs"]
+    assert len(runs) == 15 and {len(seeds) for seeds in runs.values()} == {5}
 
 
 def readme_rows() -> list[list[str]]:
@@ -107,23 +102,39 @@ def readme_rows() -> list[list[str]]:
 
 
 def test_the_readmes_comparison_table_is_the_committed_numbers():
-    # the hard setting's cells of every row, recomputed from docs/comparison_hard.json: the tokens
-    # ratio (mean over steps and seeds, against the reference), the paired Δ EM at step 15 ± se
-    # (MDE), its p / Holm p over the 17 step-15 tests, and the multi-hop Δ
-    runs = compare_report.merge([str(ROOT / "docs" / "comparison_hard.json")], "hard")[3]
-    em = compare_report.family(runs, lambda s: compare_report.measure(s, "em"))
-    multihop = compare_report.family(runs, lambda s: compare_report.measure(s, "multihop"))
+    # every cell of every row but the labels, recomputed from docs/comparison_default.json and
+    # docs/comparison_hard.json: the tokens ratio in each setting (mean over steps and seeds,
+    # against the reference), the paired Δ EM at step 15 ± se (MDE) in each, and on hard its p /
+    # Holm p over the 17 step-15 tests and the multi-hop Δ
+    def ratio(runs, arm, ref) -> str:
+        x = compare_report.budget(runs, arm) / compare_report.budget(runs, ref) - 1
+        return "±0%" if round(100 * x) == 0 else f"{x:+.0%}"
+
+    em, multihop, runs = {}, {}, {}
+    for setting in ("default", "hard"):
+        path = str(ROOT / "docs" / f"comparison_{setting}.json")
+        runs[setting] = compare_report.merge([path], setting)[3]
+        em[setting] = compare_report.family(
+            runs[setting], lambda s: compare_report.measure(s, "em")
+        )
+        multihop[setting] = compare_report.family(
+            runs[setting], lambda s: compare_report.measure(s, "multihop")
+        )
     rows = readme_rows()
     assert len(rows) == 9
-    for label, ref, _, tokens, _, hard, p_holm, multi in rows:
+    for label, ref, _, tokens, default, hard, p_holm, multi in rows:
         arm = label if label[0] != "(" else "Tree-GRPO " + label
-        ratio = compare_report.budget(runs, arm) / compare_report.budget(runs, ref) - 1
-        assert tokens.split(", ")[1] == ("±0%" if round(100 * ratio) == 0 else f"{ratio:+.0%}")
-        x, h = em[arm, ref]
-        assert hard == f"{x.mean:+.3f} ± {x.se:.3f} ({x.mde:.3f})"
+        assert tokens == f"{ratio(runs['default'], arm, ref)}, {ratio(runs['hard'], arm, ref)}"
+        for setting, cell in (("default", default), ("hard", hard)):
+            x = em[setting][arm, ref][0]
+            assert cell == f"{x.mean:+.3f} ± {x.se:.3f} ({x.mde:.3f})", (setting, arm)
+        x, h = em["hard"][arm, ref]
         assert p_holm == f"{x.p:.3f} / " + ("1" if h > 0.9995 else f"{h:.2f}")
-        y = multihop[arm, ref][0]
+        y = multihop["hard"][arm, ref][0]
         assert multi == f"{y.mean:+.3f} ± {y.se:.3f}"
+    # the text's "no comparison survives Holm": the smallest adjusted p at step 15 per setting
+    assert min(h for _, h in em["default"].values()) > 0.9995
+    assert round(min(h for _, h in em["hard"].values()), 2) == 0.75
 
 
 def test_report_reproduces_a_run_of_the_default_setting_as_written(tmp_path):
