@@ -78,20 +78,28 @@ def test_detectable_effect_and_holm_on_a_hand_made_table():
 
 
 @pytest.mark.parametrize(
-    "doc, data",
-    [("comparison_results", "comparison_default"), ("comparison_hard", "comparison_hard")],
+    "doc, data, seeds, arms, steps",
+    [
+        ("comparison_results", "comparison_default", 5, 15, "0, 5, 10, 15"),
+        ("comparison_hard", "comparison_hard", 5, 15, "0, 5, 10, 15"),
+        ("comparison_hard_matched", "comparison_hard_matched", 8, 6, "0, 15"),
+    ],
 )
-def test_report_regenerates_each_settings_tables_byte_for_byte(tmp_path, doc, data):
+def test_report_regenerates_each_settings_tables_byte_for_byte(
+    tmp_path, doc, data, seeds, arms, steps
+):
     # docs/DOC.md is a preface, a line "---", then results.md as --report writes it from
-    # docs/DATA.json alone: five seeds, every arm, evaluations at steps 0, 5, 10, 15
+    # docs/DATA.json alone: its seeds, its arms, evaluated at its steps
     text = compare_report.report_file(str(ROOT / "docs" / f"{data}.json"), str(tmp_path))
     written = (tmp_path / "results.md").read_text()
     assert text.startswith(written.rstrip("\n"))
     preface, tables = (ROOT / "docs" / f"{doc}.md").read_text().split("\n---\n\n", 1)
     assert tables == written
-    assert "mean ± std over 5 seed(s)" in written and "| step 10 |" in written
+    assert f"mean ± std over {seeds} seed(s)" in written
+    header = " | ".join(f"step {t}" for t in steps.split(", "))
+    assert f"| arm | {header} |" in written
     runs = json.loads((ROOT / "docs" / f"{data}.json").read_text())["runs"]
-    assert len(runs) == 15 and {len(seeds) for seeds in runs.values()} == {5}
+    assert len(runs) == arms and {len(s) for s in runs.values()} == {seeds}
 
 
 def readme_rows() -> list[list[str]]:
