@@ -78,27 +78,50 @@ def test_detectable_effect_and_holm_on_a_hand_made_table():
 
 
 @pytest.mark.parametrize(
-    "doc, data, seeds, arms, steps",
+    "doc, inputs, seeds, arms, steps, line",
     [
-        ("comparison_results", "comparison_default", 5, 15, "0, 5, 10, 15"),
-        ("comparison_hard", "comparison_hard", 5, 15, "0, 5, 10, 15"),
-        ("comparison_hard_matched", "comparison_hard_matched", 8, 6, "0, 15"),
+        ("comparison_results", ["comparison_default"], 5, 15, "0, 5, 10, 15", "commit 0e8f85f"),
+        # the README's hard-setting figures come from these tables: Holm p over the 17 step-15 tests
+        (
+            "comparison_hard",
+            ["comparison_hard"],
+            5,
+            15,
+            "0, 5, 10, 15",
+            "| Tree-GRPO (1,2,1) | GRPO G=2 | +0.044 ± 0.015 | 0.034 | 0.058 | 0.044 | 0.752 |",
+        ),
+        # seeds 5-7 of the matched arms (steps 0 and 15) merged with the five: 6 arms, 2 steps
+        (
+            "comparison_hard_matched",
+            ["comparison_hard", "comparison_hard_seeds5-7"],
+            8,
+            6,
+            "0, 15",
+            "seeds 5, 6, 7 from docs/comparison_hard_seeds5-7.json (commit 13b7278",
+        ),
     ],
 )
 def test_report_regenerates_each_settings_tables_byte_for_byte(
-    tmp_path, doc, data, seeds, arms, steps
+    tmp_path, monkeypatch, doc, inputs, seeds, arms, steps, line
 ):
-    # docs/DOC.md is a preface, a line "---", then results.md as --report writes it from
-    # docs/DATA.json alone: its seeds, its arms, evaluated at its steps
-    text = compare_report.report_file(str(ROOT / "docs" / f"{data}.json"), str(tmp_path))
+    # docs/DOC.md is a preface, a line "---", then results.md as written from the committed
+    # results.json alone: --report of one file, or the --merge of several (paths as typed in the
+    # repository root, as its provenance line names them)
+    monkeypatch.chdir(ROOT)
+    paths = [f"docs/{name}.json" for name in inputs]
+    if len(paths) == 1:
+        text = compare_report.report_file(paths[0], str(tmp_path))
+    else:
+        *merged, source = compare_report.merge(paths, "hard")
+        text = compare_report.write_report(str(tmp_path), *merged, f"merged by --merge: {source}.")
     written = (tmp_path / "results.md").read_text()
     assert text.startswith(written.rstrip("\n"))
     preface, tables = (ROOT / "docs" / f"{doc}.md").read_text().split("\n---\n\n", 1)
     assert tables == written
-    assert f"mean ± std over {seeds} seed(s)" in written
+    assert f"mean ± std over {seeds} seed(s)" in written and line in written
     header = " | ".join(f"step {t}" for t in steps.split(", "))
     assert f"| arm | {header} |" in written
-    runs = json.loads((ROOT / "docs" / f"{data}.json").read_text())["runs"]
+    runs = compare_report.merge(paths, None)[3]
     assert len(runs) == arms and {len(s) for s in runs.values()} == {seeds}
 
 
@@ -118,16 +141,15 @@ def test_the_readmes_comparison_table_is_the_committed_numbers():
         x = compare_report.budget(runs, arm) / compare_report.budget(runs, ref) - 1
         return "±0%" if round(100 * x) == 0 else f"{x:+.0%}"
 
-    em, multihop, runs = {}, {}, {}
-    for setting in ("default", "hard"):
-        path = str(ROOT / "docs" / f"comparison_{setting}.json")
-        runs[setting] = compare_report.merge([path], setting)[3]
-        em[setting] = compare_report.family(
-            runs[setting], lambda s: compare_report.measure(s, "em")
-        )
-        multihop[setting] = compare_report.family(
-            runs[setting], lambda s: compare_report.measure(s, "multihop")
-        )
+    def family(setting: str, measure: str) -> dict:
+        return compare_report.family(runs[setting], lambda s: compare_report.measure(s, measure))
+
+    docs = ROOT / "docs"
+    runs = {
+        s: compare_report.merge([str(docs / f"comparison_{s}.json")], s)[3]
+        for s in ("default", "hard")
+    }
+    em, multihop = {s: family(s, "em") for s in runs}, family("hard", "multihop")
     rows = readme_rows()
     assert len(rows) == 9
     for label, ref, _, tokens, default, hard, p_holm, multi in rows:
@@ -138,7 +160,7 @@ def test_the_readmes_comparison_table_is_the_committed_numbers():
             assert cell == f"{x.mean:+.3f} ± {x.se:.3f} ({x.mde:.3f})", (setting, arm)
         x, h = em["hard"][arm, ref]
         assert p_holm == f"{x.p:.3f} / " + ("1" if h > 0.9995 else f"{h:.2f}")
-        y = multihop["hard"][arm, ref][0]
+        y = multihop[arm, ref][0]
         assert multi == f"{y.mean:+.3f} ± {y.se:.3f}"
     # the text's "no comparison survives Holm": the smallest adjusted p at step 15 per setting
     assert min(h for _, h in em["default"].values()) > 0.9995
