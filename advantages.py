@@ -1,41 +1,29 @@
-"""Credit assignment: one pure function per paper, from the rollout trees of ONE prompt to per-step
+"""Credit assignment: one function per paper, from the rollout trees of ONE prompt to per-step
 advantages.
 
-Each function (grpo, tree_grpo, branpo, carl, treeps) fills the nodes' `value` / `advantage` where
-its method defines them per node (never `reward`) and returns one `Trajectory` per trained leaf: the
-advantage multiplying each step's tokens in that trajectory's loss, None where the step is not
-trained there. No model or optimizer code here.
+Each function (grpo, tree_grpo, branpo, carl, treeps) returns one `Trajectory` per trained leaf:
+the advantage multiplying each step's tokens in that trajectory's loss, None where the step is not
+trained there. They are not pure: each also writes, on the trees it is given, and nothing else,
+- `value` on every node: its method's V(n) where it defines one (BranPO's r_base on a prefix end,
+  CARL's V on every node, TreePS-RAG's V on every node), else None;
+- `advantage` on every node: the one advantage every trajectory that trains it uses, else None;
+for tree.render, the command line and the pictures. Never `reward`. No model or optimizer code.
 
-Deviations from the papers, each cited by its name:
-- group-of-one: a group of one reward gets advantage 0 (its std is undefined); verl returns r
-  itself.
-- rsm-excluded: BranPO Eq. 14 multiplies redundant steps' branch advantage by 0; we leave them out
-  of the loss (None), as §4.4 says ("masked and excluded from gradient computation"), so they count
-  in neither the token mean nor the KL term.
-- branch-norm: BranPO's Algorithm 1 normalizes branch rewards per (prompt, trajectory), its Eq. 12
-  per prompt. We follow Eq. 12; `branpo_norm="prefix"` gives Algorithm 1.
-- carl-defined-children: CARL's V(s) averages over the children with a defined value: a child whose
-  every leaf was discarded (retrieval failure) is left out rather than counted as 0.
-- carl-phase1: CARL App. C.1 leaves the N0 first-phase chains (sampled before any fork) untrained;
-  Eq. 13 (every action with a sibling) and Eq. 15's lower bound N + 1 count them. We follow
-  Eqs. 13/15; `carl_train_phase1=False` gives App. C.1.
-- first-untruncated: a step trained once (CARL's forked action, BranPO's prefix) is trained in the
-  first trajectory through it that is not `truncated` (tree.to_samples drops those); the papers,
-  which truncate nothing, just say "once".
-- treeps-sampled: TreePS-RAG trains the N paths the rollout drew (leaves marked `sampled`, §2.3), or
-  every leaf of an unmarked tree (hand-built, the CLI); V(n) always averages over every leaf of the
-  tree.
-- empty-prefix-stats: BranPO's Eq. 11 normalizes r_base over the N prefixes of the prompt, an empty
-  one (k = 0, the whole trajectory resampled) included, and so do we; its official code leaves empty
-  prefixes out of those statistics (their base mask is empty): `branpo_skip_empty_base`.
-- preference-mask: BranPO's official code replaces Eq. 14 by a preference mask: the losing
-  continuation of a pair (the original of a redundancy pair; the lower reward of a contrastive one)
-  takes min(A_branch, 0) on every suffix step, all kept in the loss; we follow Eq. 14
-  (rsm-excluded): `branpo_clip_losers`. With both switches BranPO's advantages are its official
-  code's, apart from group-of-one and first-untruncated.
+Deviations from the papers, each cited by its name (argued in docs/paper_code.md):
+- group-of-one: a group of one reward gets advantage 0 (verl: r itself)
+- rsm-excluded: redundant steps are left out of the loss, not multiplied by 0 (BranPO Eq. 14)
+- branch-norm: BranPO's branch rewards are normalised per prompt (Eq. 12), not per trajectory
+- empty-prefix-stats: an empty BranPO prefix counts in Eq. 11's statistics (official code: not)
+- preference-mask: BranPO follows Eq. 14, not its official code's min(A_branch, 0) on the loser
+- tree-all-leaves: Tree-GRPO trains every leaf; its official code subsamples `ts_k` per tree
+- carl-defined-children: CARL's V(s) averages over the children with a defined value only
+- carl-phase1: CARL's first-phase chains are trained (Eqs. 13/15), not left out (App. C.1)
+- first-untruncated: a step trained once is trained in the first trajectory not `truncated`
+- treeps-sampled: TreePS-RAG trains the drawn paths (every leaf of an unmarked tree)
 """
 
 import math
+import runpy
 from dataclasses import dataclass
 from typing import Literal
 
@@ -75,9 +63,8 @@ def group_normalize(rewards: list[float]) -> list[float]:
 
 def _reset(trees: list[Tree]) -> list[Node]:
     """Clear an earlier method's value/advantage; return all trees' scored leaves, in order."""
-    for t in trees:
-        for n in walk(t.root):
-            n.value = n.advantage = None
+    for n in [n for t in trees for n in walk(t.root)]:
+        n.value = n.advantage = None
     return [leaf for t in trees for leaf in scored_leaves(t.root)]
 
 
@@ -94,14 +81,12 @@ def _first_trained(ends: list[Node]) -> dict[Node, Node]:
 
 def _mark_node_advantages(trajectories: list[Trajectory]) -> list[Trajectory]:
     """Write node.advantage where every trajectory that trains the node uses the same advantage."""
-    seen: dict[Node, set[float]] = {}
+    seen: dict[Node, set[float]] = {}  # step -> the advantages it is trained with
     for traj in trajectories:
         for step, a in zip(path(traj.leaf), traj.advantages):
-            if a is not None:
-                seen.setdefault(step, set()).add(a)
+            seen.setdefault(step, set()).update([] if a is None else [a])
     for step, values in seen.items():
-        if len(values) == 1:
-            step.advantage = values.pop()
+        step.advantage = values.pop() if len(values) == 1 else None
     return trajectories
 
 
@@ -293,6 +278,4 @@ def treeps(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
 if (
     __name__ == "__main__"
 ):  # python advantages.py --demo | --algo ALGO --trees FILE | --budget M,N,L
-    from scripts import credit  # the command line, given this file's credit functions
-
-    credit.main(CreditConfig, [grpo, tree_grpo, branpo, carl, treeps])
+    runpy.run_module("scripts.credit", run_name="__main__")  # the command line, run by name

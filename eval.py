@@ -4,18 +4,15 @@ answer extraction, the format check.
 
     python eval.py --model out/runs/tree_grpo-seed0/final --n 400  # scripts/eval_cli.py: flags
 
-Deviations from the papers' code, each cited by its name:
-- cover-em-tokens: cover EM matches whole tokens: gold "art" is in "modern art" but not in "party"
-  (Search-R1 tests substrings).
-- last-answer: `extract_answer` takes the last <answer> of the response; Search-R1's returns None
-  when there is at most one match, because its text still contains the prompt's example answer.
-  Pass only the response here.
-- think-optional: the format check (FORMAT_RULES) does not require <think> blocks: a tiny model may
-  act without them.
+Deviations from the papers' code, each cited by its name (argued in docs/paper_code.md):
+- cover-em-tokens: cover EM matches whole tokens (Search-R1 tests substrings)
+- last-answer: `extract_answer` takes the response's last <answer> (Search-R1: None for one)
+- think-optional: the format check (FORMAT_RULES) does not require <think> blocks
 """
 
 import random
 import re
+import runpy
 from collections import Counter
 from dataclasses import dataclass
 
@@ -248,7 +245,5 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None, processes=None):
     }
 
 
-if __name__ == "__main__":  # the command line (scripts/eval_cli.py), given this file's scoring
-    from scripts import eval_cli
-
-    eval_cli.main(evaluate, judge)
+if __name__ == "__main__":  # the command line, scripts/eval_cli.py, run by name
+    runpy.run_module("scripts.eval_cli", run_name="__main__")

@@ -2,7 +2,8 @@
 strategy.
 
 The agent speaks Search-R1's protocol (<think>, <search> query </search>, <information> ...
-</information>, <answer> ... </answer>; its settings, texts and parsing: infra/protocol.py).
+</information>, <answer> ... </answer>; its settings and texts: infra/protocol.py; `parse_action`
+below reads a step's text into its action).
 `Agent.step` advances a frontier of nodes across all prompts by one step with ONE batched engine
 call and ONE batched retriever call; `Agent.run` steps until every branch has ended. A strategy
 (chain for GRPO, tree_grpo, branpo, carl, treeps) picks the nodes to continue from; a chain is the
@@ -14,46 +15,25 @@ parse_error, repeated_query (5.4.1) and max_turns (5.4.3) stop with reward 0; en
 failed or timed out) is discarded, neither trained nor in group statistics (5.4.2); truncated (token
 budget exceeded) stops, its reward counts in statistics, its tokens are not trained (5.4.4).
 
-Deviations from the papers, each cited by its name:
-- branch-waves: BranPO samples the Bran(r, acc) branches of one truncation point together and keeps
-  the first contrastive one in sampling order; Algorithm 1 samples them one by one and stops at the
-  first. Same kept branch, fewer waves, but sometimes one more branch is generated and dropped.
-- rsm-fallback-split: BranPO's redundancy check runs instead of the default branching for correct
-  trajectories longer than the group's mean correct length when acc > 0.5 (App. A.1); if none of its
-  up-to-5 branches is a shorter correct answer, the trajectory keeps only its original suffix, split
-  at k = T - 2 like any original whose branching found nothing (Algorithm 1: B = τ≤k_d,
-  C = {(τ>k_d, R)}, k_d the last tried).
-- rsm-threshold: BranPO's RSM check runs for r >= 0.8 (§4.4: "correct trajectories", with App. A.1's
-  correctness threshold); App. A.1 writes r = 1. A trajectory of T <= Recur steps is also truncated
-  at k = 0 (resampled from the prompt; its prefix is empty, so A_base trains nothing there); the
-  paper only says "near the tail".
-- carl-entropy: CARL's entropy H(s) uses the rollout engine's log-probs of the sampled action tokens
-  (length-normalised NLL, Eq. 8). Forks of different prompts run in one batch, one fork per prompt
-  per wave.
-- treeps-pruning: TreePS-RAG keeps, per cluster of search children, the first sampled member. Search
-  children at the depth limit D = max_turns + 1 were ended by the agent (max_turns, reward 0)
-  without retrieval: with no documents their distances all tie and the clustering's merge order
-  picks the kept ones (Alg. 1 l. 15 retrieves for them only to choose which reward-0 leaves stay).
-  With D <= max_turns they are retrieved, pruned, then ended. With --retry_invalid a step that broke
-  the format is retried, not ended: neither search nor answer, it is not pruned (Alg. 1 l. 11
-  clusters search children only) and continues in the next layer. The N training paths (§2.3) are
-  drawn among the scored leaves; a drawn `truncated` one is then not trained (Cut the Bill §5.4.4).
-- format-penalty: with the format penalty on (BranPO App. A.3), tag-format breaks and answers given
-  without any search get -0.5 instead of their reward; repeated queries, max turns and truncation
-  keep reward 0.
-- expand-without-replacement: Tree-GRPO draws the N expansion nodes without replacement (the text's
-  "N nodes are randomly selected"); the official code uses random.choices, with replacement:
-  `with_replacement=True`.
-- squad-reward: the outcome reward follows SQuAD's official script (normalisation, EM, token F1:
-  infra/squad.py) and scores the best-matching golden answer; normalisation also removes Unicode
-  punctuation (categories P*) after Unicode NFC, and token F1 adds HotpotQA's rule: yes / no /
-  noanswer get no partial credit. Each leaf records both EM and F1.
+Deviations from the papers, each cited by its name (argued in docs/paper_code.md):
+- branch-waves: a truncation point's Bran(r, acc) branches are sampled together, not one by one
+- rsm-fallback-split: a redundancy check that keeps no branch splits the original at k = T - 2
+- rsm-threshold: RSM runs for r >= 0.8 (App. A.1: r = 1); a short trajectory may truncate at k = 0
+- truncated-loser: a branch cut by the token budget can be a contrastive pair's losing side
+- rsm-any-reward: the redundancy check keeps any shorter correct branch, whatever its reward
+- acc-mean-f1: BranPO's acc is the initial rollouts' mean F1, not the share of rewards >= 0.8
+- carl-entropy: H(s) from the rollout engine's log-probs; forks of different prompts in one batch
+- treeps-pruning: the first sampled member of each cluster is kept; depth-limit children tie
+- format-penalty: -0.5 for format breaks and answers without search; other abnormal ends keep 0
+- expand-without-replacement: N expansion nodes drawn without replacement (`--tree_replace`: with)
+- squad-reward: SQuAD's EM / F1 on the best golden answer, Unicode punctuation, HotpotQA's yes / no
 """
 
 from __future__ import annotations
 
 import math
 import random
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -72,36 +52,51 @@ from infra.protocol import (
     encode,
     format_passages,
     instruction_template,
-    parse_action,
-    query_key,
     user_turn_ids,
 )
 from infra.squad import exact_match, token_f1  # the outcome reward's EM and F1 (squad-reward)
 from retriever import RetrievalError
 from tree import Node, Tree, context_ids, path, scored_leaves, walk
 
+Algorithm = Literal["grpo", "tree_grpo", "branpo", "carl", "treeps"]  # --algo: ALGOS's names
 CORRECT_F1 = 0.8  # BranPO App. A.1: "an F1 score of 0.8 is used as a threshold" for correctness
 
 
 # --------------------------------------------------------------------------------------------------
-# The agent
+# The agent: how a step's text is read, and the step
+
+
+def parse_action(text: str, think: str, max_calls: int) -> tuple[str, str | None, str | None]:
+    """One step's (action, content, abnormal flag): "search" or "answer" for the FIRST complete tag,
+    else "invalid" with too_many_calls (> max_calls <search> tags) or parse_error (no tag, unclosed
+    tag, empty, unbalanced think)."""
+    if text.count("<search>") > max_calls:
+        return "invalid", None, "too_many_calls"
+    found = [(text.find(f"<{tag}>"), tag) for tag in ("search", "answer") if f"<{tag}>" in text]
+    if text.count(f"<{think}>") != text.count(f"</{think}>") or not found:
+        return "invalid", None, "parse_error"
+    start, tag = min(found)
+    end = text.find(f"</{tag}>", start)
+    content = text[start + len(tag) + 2 : end].strip()
+    if end < 0 or not content:
+        return "invalid", None, "parse_error"
+    return tag, content, None
+
+
+def query_key(query: str) -> str:
+    """A query as the repeated_query check compares it: lowercased, whitespace collapsed."""
+    return re.sub(r"\s+", " ", query.strip().lower())
 
 
 class Agent:
-    """Generates, parses, executes and scores agent steps for frontiers of nodes, batched across
-    prompts (`refiner`: a retriever.Refiner, or None)."""
+    """Generates, parses, executes and scores the steps of frontiers of nodes of many prompts."""
 
     def __init__(self, engine, retriever, tokenizer, cfg: AgentConfig, seed: int, refiner=None):
         self.engine, self.retriever, self.tok = engine, retriever, tokenizer
         self.cfg, self.seed, self.refiner = cfg, seed, refiner
         self.template = instruction_template(cfg.instruction, tokenizer)
-        self.sampling = Sampling(
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            max_tokens=cfg.max_step_tokens,
-            stop=["</search>", "</answer>"],
-            seed=seed,
-        )
+        kw = dict(temperature=cfg.temperature, top_p=cfg.top_p, stop=["</search>", "</answer>"])
+        self.sampling = Sampling(max_tokens=cfg.max_step_tokens, seed=seed, **kw)
         self.counters = Counter()  # abnormal/<flag>, rollout/steps, rollout/waves, ...
         self.obs_open = encode(tokenizer, "\n\n<information>")
         self.obs_close = encode(tokenizer, "</information>\n\n")
@@ -130,11 +125,8 @@ class Agent:
         total_tokens = sum(len(o.token_ids) for o in outs) or 1
         children, searching = [], []  # searching: (tree, child, query)
         for (tree, node), out in zip(frontier, outs):
-            child = node.add_child(
-                tokens=list(out.token_ids),
-                logprobs=list(out.logprobs),
-                text=self.tok.decode(out.token_ids),
-            )
+            ids, logprobs = list(out.token_ids), list(out.logprobs)
+            child = node.add_child(tokens=ids, logprobs=logprobs, text=self.tok.decode(ids))
             children.append((tree, child))
             tree.stats["generated_tokens"] += len(out.token_ids)
             # a wave is one engine call: its time is shared among prompts by generated tokens
@@ -226,7 +218,7 @@ class Agent:
 class RolloutConfig:
     """Which paper, and every paper's rollout knobs (the credit options: CreditConfig)."""
 
-    algo: Literal[*ALGOS] = "tree_grpo"
+    algo: Algorithm = "tree_grpo"
     """Which paper: its rollout strategy below and its credit function (ALGOS, the registry)."""
     grpo_G: int = 8
     """GRPO: trajectories per prompt (Search-R1: 5; Cut the Bill: 8)."""

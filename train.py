@@ -9,25 +9,13 @@ Accelerate.
 With no --model it runs the embedded default: the generated world (infra/data.py), BM25 and a tiny
 Llama warm-started on gold trajectories (infra/warmstart.py); CPU only, no downloads.
 
-Deviations from the papers, each cited by its name:
-- loss-form: PPO clipped surrogate per token with the per-token advantage, token-mean over the
-  mini-batch (verl's default; "seq-mean-token-mean" optional), k3 KL to the frozen initial policy on
-  the trained tokens as a loss term (GRPO style), not a reward penalty.
-- tis-old-policy: TIS ("Cut the Bill" §5.5.2) weighs the policy-gradient term per token by
-  min(pi_old / pi_rollout, tis_cap); pi_rollout is the engine's log-prob of each sampled token.
-  pi_theta, pi_old and pi_ref share one forward and precision (the accelerator's autocast under
-  mixed precision). A float32 run on the HF engine takes pi_old from the engine, whose log-probs are
-  the trainer's (`exact_logprobs`, tested; TIS weight 1); otherwise (vLLM, or mixed precision: the
-  engine's incremental forward rounds differently) the trainer recomputes pi_old and TIS corrects
-  the engine/trainer difference. BranPO Table 5's "rollout IS batch normalize" (mean-1 weights per
-  batch) is not applied: Cut the Bill has none.
-- dual-clip (`--dual_clip c`, 0 = off by default): a token with A < 0 loses at most -A c (Ye et
-  al. 2020; verl's clip_ratio_c, always on there, 3). The papers' objective has no such cap.
-- log-ratio-bound: every log ratio is clamped to [-20, 20] before its exp, as verl does: the loss
-  changes only past a 4.9e8-fold ratio, where float32 overflows, and has no gradient there.
-- k3-unclamped: verl's low_var_kl also clamps k3 to [-10, 10]; we do not: that takes the KL's
-  gradient from exactly the tokens that moved furthest from pi_ref (ref - logp > 2.61 or < -11),
-  where the anchor matters most; log-ratio-bound keeps k3 finite, grad_clip bounds the step.
+Deviations from the papers, each cited by its name (argued in docs/paper_code.md):
+- loss-form: per-token PPO clip, token-mean over the mini-batch, k3 KL as a loss term, not a reward
+- tis-old-policy: pi_old is the engine's on a float32 HF run, else the trainer's; no IS batch norm
+- dual-clip: `--dual_clip c` caps a token with A < 0 at -A c (verl: always 3); off by default
+- log-ratio-bound: every log ratio is clamped to [-20, 20] before its exp, as verl does
+- k3-unclamped: k3 is not clamped to [-10, 10] as verl's low_var_kl does
+- filter-run-questions: the data filter rolls out only the run's questions, not the whole pool
 """
 
 import math
@@ -50,7 +38,6 @@ from advantages import CreditConfig
 from eval import evaluate
 from infra import data, engines, flags, protocol, run, rundir, shard, startup
 from infra.bookkeeping import Book
-from infra.logprobs import TokenLogp, collate
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
 from rollout import AgentConfig, RolloutConfig
@@ -82,12 +69,6 @@ class PPOConfig:
     """How per-token losses are averaged."""
     grad_clip: float = 1.0
     """Gradient-norm clip."""
-    gradient_checkpointing: bool = False
-    """Recompute each decoder layer's activations in the backward pass instead of keeping them
-    (same gradients, ~1/3 more compute; what a 3 B policy needs to fit an 80 GB GPU)."""
-    ref_dtype: Literal["compute", "float32"] = "compute"
-    """The frozen reference's weights: the mixed-precision dtype (bf16 under --mixed_precision
-    bf16: half the memory; float32 without mixed precision), or float32 always."""
 
 
 @dataclass
@@ -100,6 +81,12 @@ class Args(PPOConfig):
     Llama)."""
     gguf_file: str = ""
     """A GGUF file inside --model's directory to load (transformers dequantizes it)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (same gradients, ~1/3 more compute; what a 3 B policy needs to fit an 80 GB GPU)."""
+    ref_dtype: Literal["compute", "float32"] = "compute"
+    """The frozen reference's weights: the mixed-precision dtype (bf16 under --mixed_precision
+    bf16: half the memory; float32 without mixed precision), or float32 always."""
     data: str = ""
     """Train questions: .parquet / .jsonl / a directory with train.* / a datasets name; empty = the
     embedded world."""
@@ -181,11 +168,45 @@ def validate(args: Args, *configs):
 
 
 LOG_RATIO_BOUND = 20.0  # log-ratio-bound: |log ratio| <= 20 before any exp (verl's); e^20 = 4.9e8
+LOGP_CHUNK = 2**24  # logits per chunk in TokenLogp: 64 MiB of float32, 110 Qwen positions
+
+
+class TokenLogp(torch.autograd.Function):
+    """log_softmax(logits)[target] per row (and the entropy, asked), LOGP_CHUNK logits at a time:
+    (N, V) logits of any float dtype in, (N,) float32 out. Backward recomputes each chunk's
+    log-softmax, so only the logits are kept, never a float32 copy of the vocabulary; values and
+    gradients are bit for bit one log_softmax's. The entropy has no gradient (it is only logged)."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, with_entropy: bool):  # (N, V), (N,)
+        rows = max(1, LOGP_CHUNK // logits.shape[1])
+        logp = torch.empty(len(logits), device=logits.device)  # (N,)
+        entropy = torch.empty(len(logits) if with_entropy else 0, device=logits.device)  # (N,)|(0,)
+        for s in range(0, len(logits), rows):
+            logp_all = logits[s : s + rows].float().log_softmax(-1)  # (c, V)
+            logp[s : s + rows] = logp_all.gather(1, targets[s : s + rows, None])[:, 0]  # (c,)
+            if with_entropy:
+                entropy[s : s + rows] = -(logp_all.exp() * logp_all).sum(-1)  # (c,)
+        ctx.save_for_backward(logits, targets)
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad, _):  # (N,): d loss / d logp
+        logits, targets = ctx.saved_tensors  # (N, V), (N,)
+        rows = max(1, LOGP_CHUNK // logits.shape[1])
+        out = torch.empty_like(logits)  # (N, V)
+        for s in range(0, len(logits), rows):
+            with torch.enable_grad():  # the chunk's forward again, differentiated on its own
+                x = logits[s : s + rows].detach().requires_grad_()  # (c, V)
+                logp = x.float().log_softmax(-1).gather(1, targets[s : s + rows, None])[:, 0]
+                (out[s : s + rows],) = torch.autograd.grad(logp, x, grad[s : s + rows])  # (c, V)
+        return out, None, None
 
 
 def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, entropy: bool = False):
     """Per-token log pi(token_t | tokens_<t), aligned with `ids` (entry 0 is 0); with `entropy`,
-    also the policy's entropy at t (no gradient), else None. Chunk by chunk (infra/logprobs.py)."""
+    also the policy's entropy at t (no gradient), else None. Chunk by chunk (TokenLogp)."""
     logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits  # (B, T, V)
     B, T, V = logits.shape
     targets = ids.roll(-1, 1)  # (B, T): the next token; each row's last is a dummy, dropped below
@@ -207,8 +228,7 @@ def ppo_loss(logp, old_logp, ref_logp, rollout_logp, adv, mask, args: PPOConfig,
     # Untrained positions (prompt, observations, padding) may hold anything, inf or NaN: their log
     # ratios become 0 before any exp and torch.where drops their loss (x mask would make inf x 0 =
     # NaN in the loss or its gradient). log-ratio-bound then clamps each log ratio to +-20.
-    bound = LOG_RATIO_BOUND
-    bounded = lambda x: torch.where(m, x, 0.0).clamp(-bound, bound)
+    bounded = lambda x: torch.where(m, x, 0.0).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     ratio = torch.exp(bounded(logp - old_logp))  # (B, T)
     # (B, T)
     unclipped, clipped = -adv * ratio, -adv * ratio.clamp(1 - args.clip_low, 1 + args.clip_high)
@@ -236,43 +256,34 @@ def ppo_loss(logp, old_logp, ref_logp, rollout_logp, adv, mask, args: PPOConfig,
 # One RL step (the loop in main): grow -> credit -> samples -> log-probs -> PPO update -> sync
 
 
-def micro_batches(
-    samples,
-    counts,
-    accelerator,
-    model,
-    ref_model,
-    args: PPOConfig,
-    pad_id: int,
-    old_from_engine: bool,
-):
-    """This rank's samples as mini-batches of micro-batches, with pi_old (the trainer's before this
-    step's updates, or the engine's: tis-old-policy) and pi_ref log-probs by the policy's forward
-    and precision.
+def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad tree.Samples into one micro-batch of (B, T) tensors."""
+    T = max(len(s.input_ids) for s in samples)
+    pad = lambda rows, v: torch.tensor([row + [v] * (T - len(row)) for row in rows])  # (B, T)
+    return {
+        "ids": pad([s.input_ids for s in samples], pad_id),
+        "attn": pad([[1] * len(s.input_ids) for s in samples], 0),
+        "mask": pad([s.loss_mask for s in samples], 0).float(),
+        "adv": pad([s.advantages for s in samples], 0.0),
+        "rollout_logp": pad([s.logprobs for s in samples], 0.0),
+    }
 
-    The mini-batches are one process's, however many ranks share the step: the step's samples in
-    rank order (`counts`: every rank's number of samples; rank r rolled out the r-th contiguous
-    share of the step's prompts) cut into micro-batches of micro_batch_size rows, dealt round-robin
-    into min(ppo_mini_batches, micro-batches) mini-batches. Each rank takes its own rows of each
-    mini-batch, micro_batch_size at a time, and adds zero-weight one-token rows up to the count of
-    the rank with the most (DDP's collectives need the same number of backward passes on every
-    rank); `update` divides by the mini-batch's count over all ranks. With one process these are
-    exactly its micro-batches, in its order."""
-    size, first = args.micro_batch_size, sum(counts[: accelerator.process_index])
-    n_mini = max(1, min(args.ppo_mini_batches, math.ceil(sum(counts) / size)))
-    # the step's samples g in [lo, lo + n) that fall in mini-batch j
-    rows = lambda lo, n, j: [g for g in range(lo, lo + n) if g // size % n_mini == j]
-    starts = [sum(counts[:r]) for r in range(len(counts))]
-    padding = Sample([pad_id], [0], [0.0], [0.0], "padding")
-    minis = []
+
+def micro_batches(
+    samples, counts, accelerator, model, ref_model, args: PPOConfig, pad_id, old_from_engine
+):
+    """The step's samples in mini-batches of micro_batch_size-row micro-batches (shard.deal: one
+    process's cut and dealt round-robin; with several, each rank's own rows, padded to the same
+    count), each with pi_old (the trainer's, or the engine's: tis-old-policy) and pi_ref log-probs
+    by the policy's forward and precision."""
+    minis, padding = [], Sample([pad_id], [0], [0.0], [0.0], "padding")
     model.eval()
-    for j in range(n_mini):
-        mine = [samples[g - first] for g in rows(first, len(samples), j)]
-        most = max(math.ceil(len(rows(lo, n, j)) / size) for lo, n in zip(starts, counts))
+    size, n_mini = args.micro_batch_size, args.ppo_mini_batches
+    for rows in shard.deal(counts, accelerator.process_index, size, n_mini):  # this rank's rows
         mini = []
-        for i in range(0, most * size, size):
-            chunk = mine[i : i + size] or [padding]
-            b = {k: v.to(accelerator.device) for k, v in collate(chunk, pad_id).items()}
+        for micro in rows:
+            chunk = [samples[i] for i in micro] or [padding]
+            b = {k: v.to(accelerator.device) for k, v in collate(chunk, pad_id).items()}  # (B, T)
             with torch.no_grad():
                 b["old_logp"] = (
                     b["rollout_logp"]
@@ -287,50 +298,32 @@ def micro_batches(
 
 
 def update(minis, accelerator, model, optimizer, scheduler, args: PPOConfig):
-    """PPO epochs x mini-batches of micro-batches (`micro_batches`). Each rank's loss is its
-    tokens' (or rows') sum over the mini-batch's count on all ranks, times the number of ranks:
-    Accelerate's gradient mean over ranks then gives one process's token-mean (or
-    seq-mean-token-mean) over the whole mini-batch. Returns per-micro-batch stats, the gradient
-    norms and losses (over all ranks) of the applied optimizer steps, and how many were skipped for
-    a non-finite loss or norm (never applied; every rank decides alike)."""
+    """PPO epochs x mini-batches: each micro-batch's share of its mini-batch's token-mean (or
+    seq-mean-token-mean) loss, backward, one clipped optimizer step per mini-batch (ranks: the
+    count is all ranks', the loss scaled by their number, as Accelerate averages gradients).
+    Returns per-micro-batch stats, the applied steps' gradient norms and losses, and the number
+    skipped for a non-finite loss or norm (never applied)."""
+    token_mean = args.loss_agg == "token-mean"
+    count = lambda b: b["mask"].sum() if token_mean else (b["mask"].sum(-1) > 0).sum()  # ()
     model.train()
     stats, grad_norms, losses = [], [], []
     for _ in range(args.ppo_epochs):
         for mb in minis:
-            total = sum(
-                b["mask"].sum().item()
-                if args.loss_agg == "token-mean"
-                else (b["mask"].sum(-1) > 0).sum().item()
-                for b in mb
-            )
-            total = accelerator.reduce(
-                torch.tensor(float(total), device=accelerator.device), "sum"
-            ).item()
+            n = shard.total(accelerator, sum(count(b).item() for b in mb))  # over all ranks
+            denom = max(n, 1.0) / accelerator.num_processes  # Accelerate averages over ranks
             loss_sum = 0.0
             for i, b in enumerate(mb):
                 # gradients reduced over ranks once, at the mini-batch's last micro-batch
                 with shard.accumulate(accelerator, model, sync=i == len(mb) - 1):
                     logp, entropy = token_logprobs(model, b["ids"], b["attn"], entropy=True)
-                    loss, s = ppo_loss(
-                        logp,
-                        b["old_logp"],
-                        b["ref_logp"],
-                        b["rollout_logp"],
-                        b["adv"],
-                        b["mask"],
-                        args,
-                        max(total, 1.0) / accelerator.num_processes,
-                    )
+                    logps = logp, b["old_logp"], b["ref_logp"], b["rollout_logp"]  # (B, T) each
+                    loss, s = ppo_loss(*logps, b["adv"], b["mask"], args, denom)
                     accelerator.backward(loss)
                 s["entropy"] = entropy[b["mask"].bool()].detach()
                 loss_sum += loss.item()
                 stats.append(s)
             norm = shard.full(accelerator.clip_grad_norm_(model.parameters(), args.grad_clip))
-            # the mini-batch's loss: the mean of the ranks' (float64: one process's sum, unrounded)
-            loss_sum = accelerator.reduce(
-                torch.tensor(loss_sum, dtype=torch.float64, device=accelerator.device), "mean"
-            ).item()
-            # else NaN/inf: skipped
+            loss_sum = shard.mean(accelerator, loss_sum)  # the ranks' mean: one process's sum
             if math.isfinite(loss_sum) and torch.isfinite(torch.as_tensor(norm)).all():
                 optimizer.step()
                 scheduler.step()
@@ -338,6 +331,15 @@ def update(minis, accelerator, model, optimizer, scheduler, args: PPOConfig):
                 losses.append(loss_sum)
             optimizer.zero_grad()  # a skipped mini-batch's gradients are dropped, never applied
     return stats, grad_norms, losses, args.ppo_epochs * len(minis) - len(grad_norms)
+
+
+def share(rows: list, order: list[int], step: int, prompts_per_step: int, accelerator) -> list:
+    """This rank's contiguous share of step `step`'s prompts, taken from `rows` in the run's
+    `order` (wrapping around). A prompt's trees are all grown on one rank, so every group
+    statistic is computed where its leaves are."""
+    n = prompts_per_step // accelerator.num_processes
+    at = step * prompts_per_step + accelerator.process_index * n
+    return [rows[order[(at + i) % len(order)]] for i in range(n)]
 
 
 def reject_sampling(agent, rows: list, order: list[int], accelerator, book: Book):
@@ -393,7 +395,9 @@ def main(
     run_dir = os.path.join(args.out_dir, "runs", name)
     world = os.path.join(args.out_dir, "world") if not (args.data and args.corpus) else ""
     model_path = args.model or os.path.join(args.out_dir, "warmstart")  # no --model: the warm start
-    accelerator = Accelerator(log_with=args.log_with or None, project_dir=run_dir)
+    # the schedule counts optimizer steps: a prepared scheduler would step once per process
+    kw = dict(log_with=args.log_with or None, step_scheduler_with_optimizer=False)
+    accelerator = Accelerator(project_dir=run_dir, **kw)
     book = Book(accelerator, run_dir, args, rollout_cfg.algo)  # metrics, eval, checkpoints (infra)
     configs = (args, rollout_cfg, credit_cfg, agent_cfg, retriever_cfg)
     lock = run.start(accelerator, run_dir, args, configs, warm)  # noqa: F841 (held while main runs)
@@ -430,11 +434,11 @@ def main(
     evaluator = partial(evaluate, eval_agent, test_rows, processes=accelerator)
     parts = (model, optimizer, scheduler)  # what a checkpoint holds, with the sampling streams
     book.resume(rng, agent.counters, engine, parts, evaluator, where, refiner)
-    # ---- loop: six phases (SIGTERM, Ctrl-C: the step finishes, a checkpoint is saved, it exits)
-    for step in book.steps():  # (evaluates the starting policy first: --eval_start)
-        # this rank's contiguous share of the step's prompts (a prompt's trees stay on one rank)
-        batch = startup.share(train_rows, order, step, args.prompts_per_step, accelerator)
-        algo = rollout.ALGOS[rollout_cfg.algo]  # the paper: its strategy and credit function
+    book.begin()  # evaluates the starting policy (--eval_start), starts the progress bar
+    algo = rollout.ALGOS[rollout_cfg.algo]  # the paper: its rollout strategy and credit function
+    # ---- loop: six phases (SIGTERM, Ctrl-C: the step finishes, a checkpoint is saved, it stops)
+    for step in range(book.start, args.steps):  # book.start: a resumed run's checkpoint, else 0
+        batch = share(train_rows, order, step, args.prompts_per_step, accelerator)
         with torch.no_grad():  # 1. grow the trees (rollout.py)
             prompts = algo.grow(agent, batch, rng, rollout_cfg)
         engine.sleep()  # --vllm_sleep: vLLM's memory goes to the update until the weight sync
@@ -453,8 +457,10 @@ def main(
         # 6. weight sync: each rank's engine samples from the new weights from the next step on
         weights = shard.gather(accelerator, model)
         engine.load_weights(weights)
-        # the step's metrics and stops, evaluation every --eval_every steps, the checkpoint (infra)
-        book.step_done(step, prompts, trajectories, samples, updated, weights)
+        book.step_done(step, prompts, trajectories, samples, updated, weights)  # log, eval, save
+        del weights  # under FSDP2 a full copy of the policy: never kept into the next step
+        if book.stopped:  # by a signal, after its checkpoint
+            break
     weights = shard.gather(accelerator, model)  # every rank (under FSDP2 a collective)
     if book.finished():  # rank 0, no signal stopped the run: final/, whole or not at all
         rundir.save_final(accelerator.unwrap_model(model), weights, tok, run_dir)

@@ -10,20 +10,26 @@ Static: it parses the repository's code with `ast` and imports none of it. What 
   strategy and credit function, with their helpers). The core must stay within CORE_MAX.
 - The loop is the first `for` statement in train.py's `main` whose loop variable is `step`, searched
   in all of `main` (nested blocks included), so it is found wherever the loop moves inside `main`.
-  Its lines count as one definition, "main (the loop)". A `main` without such a loop is an error.
+  Its lines, and those of `main`'s lookups in an algorithm registry (`algo = ALGOS[...]`, before
+  the loop), count as one definition, "main (the loop)". A `main` without the loop is an error.
 - The path is the loop, the definitions (functions, classes, methods) it refers to, the ones those
-  refer to, and so on, inside the top-level modules of the repository. It stops at PACKAGE: the
-  infrastructure package infra/ (engines, world and loaders, warm start, flags, the run's
-  directory and bookkeeping, search indexes and server) and the command lines in scripts/; and
-  at installed code.
-- Names resolve through their module's imports (`import rollout`, `from tree import path`).
+  refer to, and so on, in the top-level modules and in the infrastructure package infra/ alike.
+  It stops only at MACHINERY, the infra/ modules another RL project could reuse unchanged (each
+  named below with why), at the command lines in scripts/ and at installed code; every stop is
+  printed with the code lines it skipped. A paper's rule is never machinery: the reward, action
+  parsing, abnormal outcomes, TITO contexts, log-probs and entropy, the loss are all counted.
+- Names resolve through their module's imports (`import rollout`, `from tree import path`,
+  `from infra import protocol`). A name of `main` bound by calling a class (`book = Book(...)`)
+  or annotated with one (`args: Args`) has that class's type: `book.lap` reaches `Book.lap`.
   Annotations count: `args: Args` puts the dataclass Args on the path. A module-level variable is
-  followed into its value and not counted. An algorithm registry (a module-level dict with string
-  keys that the code indexes with `algo` or `X.algo`) is followed only into the chosen algo's entry.
-- Reaching a class counts its own lines (fields, class attributes; not its methods) and reaches its
-  `__init__` / `__post_init__`. `self.name` reaches that method of the class; `x.name` on any other
-  object reaches the method or property `name` of every class on the path, unless x is a parameter
-  annotated with a builtin type (`text: str`). No other type is inferred: it errs on more.
+  followed into its value and not counted. An algorithm registry (a module-level dict with
+  string keys that the code indexes with `algo` or `X.algo`) is followed only into the chosen
+  algo's entry.
+- Reaching a class counts its own lines (fields, class attributes; not its methods) and reaches
+  what making or calling an instance runs (CALLED: `__init__`, `__post_init__`, `forward`, ...).
+  `self.name` reaches that method of the class; `x.name` on any other object reaches the method
+  or property `name` of every class on the path, unless x is a parameter annotated with a
+  builtin type (`text: str`). No other type is inferred: it errs on more.
 """
 
 import argparse
@@ -33,12 +39,32 @@ import pathlib
 from dataclasses import dataclass
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-# The infrastructure package, where the path stops
-PACKAGE = ("infra", "scripts")
-CORE_MAX = {"code lines": 500, "definitions": 37, "files": 4}  # the shared core's bounds
+PACKAGE = "infra"  # the infrastructure package: walked, but for its MACHINERY
+SCRIPTS = "scripts"  # the command lines: never on a step's path
+# Where the path stops: machinery another RL project could reuse unchanged
+MACHINERY = {
+    "infra.engines": "the rollout engines' generate (HF, vLLM) and their sampling settings",
+    "infra.search": "search indexes (BM25, dense)",
+    "infra.server": "the retrieval server and its client",
+    "infra.run": "the run's start, checks, metrics log and checkpoints",
+    "infra.rundir": "run directories, locks, final/",
+    "infra.bookkeeping": "the loop's bookkeeping: metrics, timing, evaluation, checkpoints",
+    "infra.health": "metrics",
+    "infra.flags": "flag parsing",
+    "infra.shard": "DDP / FSDP2: collectives, gathering, the ranks' padding",
+    "infra.startup": "start-up on several processes",
+    "infra.data": "the embedded world",
+    "infra.loaders": "data loaders",
+    "infra.warmstart": "the embedded default's warm start",
+    "infra.files": "atomic file writes",
+    "infra.draw": "pictures",
+}
+CORE_MAX = {"code lines": 600, "definitions": 60, "files": 6}  # the shared core's bounds
 LOOP_MODULE, LOOP_FUNCTION, LOOP_VARIABLE = "train", "main", "step"
 MAX_LINE = 100  # characters: pyproject.toml's line-length
 FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef)
+# what making or calling an instance runs: reaching a class reaches these methods of it
+CALLED = {"__init__", "__post_init__", "__call__", "forward", "backward"}
 
 
 @dataclass(frozen=True)
@@ -111,8 +137,13 @@ class Module:
 
 
 def load_modules(root: pathlib.Path = ROOT) -> dict[str, Module]:
-    """The modules a path may enter: every *.py at `root` but the PACKAGE ones."""
-    return {p.stem: Module(p) for p in sorted(root.glob("*.py")) if p.stem not in PACKAGE}
+    """The modules a path may enter: every *.py at `root` and in its PACKAGE folder ("infra.x")."""
+    top = {p.stem: Module(p) for p in sorted(root.glob("*.py"))}
+    package = sorted((root / PACKAGE).glob("*.py"))
+    inner = {f"{PACKAGE}.{p.stem}": Module(p) for p in package if p.stem != "__init__"}
+    for name, module in inner.items():
+        module.name = name
+    return {**top, **inner}
 
 
 def find_loop(modules: dict[str, Module]) -> ast.For:
@@ -186,13 +217,14 @@ def algos(modules: dict[str, Module]) -> list[str]:
 class Walker:
     """One algo's path: visits definitions and variables, and what they refer to, once each."""
 
-    def __init__(self, modules: dict[str, Module], algo: str):
+    def __init__(self, modules: dict[str, Module], algo: str, types=None):
         self.modules, self.algo, self.registries = modules, algo, registries(modules)
+        self.types = types or {}  # main's names bound by calling a class: name -> (module, class)
         self.reached: dict[tuple[str, str], Definition] = {}
         self.variables: set[tuple[str, str]] = set()
         self.classes: set[tuple[str, str]] = set()
         self.attributes: set[str] = set()  # the `name`s of x.name with x of unknown type
-        self.stops: set[str] = set()  # where the path met PACKAGE
+        self.stops: set[str] = set()  # where the path met MACHINERY or SCRIPTS
 
     def lookup(self, module: str, name: str):
         """`name` in `module`: ("def" or "var", module, name), ("module", dotted name) or None."""
@@ -205,8 +237,11 @@ class Walker:
         return None  # a builtin
 
     def member(self, module: str, name: str):
-        """`module.name`: its lookup in a top-level module; None at PACKAGE and installed code."""
-        if module.split(".")[0] in PACKAGE:
+        """`module.name`: a module of the package, or its lookup; None (a stop) at MACHINERY and
+        SCRIPTS, None at installed code."""
+        if f"{module}.{name}" in self.modules:  # from infra import protocol
+            return "module", f"{module}.{name}"
+        if module in MACHINERY or module.split(".")[0] == SCRIPTS:
             self.stops.add(f"{module}.{name}")
         elif module in self.modules:
             return self.lookup(module, name)
@@ -232,7 +267,7 @@ class Walker:
                 self.follow(module, [node], cls=name.split(".")[0] if "." in name else None)
                 return
             self.classes.add((module, name))
-            for method in self.attributes | {"__init__", "__post_init__"}:
+            for method in self.attributes | CALLED:
                 self.visit(self.method(module, name, method))
             own = [s for s in node.body if not isinstance(s, FUNCTION)]
             self.follow(module, [*node.bases, *node.keywords, *node.decorator_list, *own])
@@ -251,6 +286,13 @@ class Walker:
                 if cls and owner in ("self", "cls"):
                     self.visit(self.method(module, cls, node.attr))
                     continue
+                if module == LOOP_MODULE and owner in self.types:  # book.lap: Book.lap
+                    home, name = self.types[owner]
+                    if home in MACHINERY:
+                        self.stops.add(f"{home}.{name}.{node.attr}")
+                    else:  # that method only: main's own lines are the loop's
+                        self.visit(self.method(home, name, node.attr))
+                    continue
                 target = self.lookup(module, owner) if owner and owner not in local else None
                 if target and target[0] == "module":  # m.name
                     self.visit(self.member(target[1], node.attr))
@@ -262,15 +304,80 @@ class Walker:
                         self.visit(self.method(m, c, node.attr))
 
 
+def locate(modules: dict[str, Module], module: str, dotted: str):
+    """Where the definition `dotted` ("Book", "rollout.Agent") used in `module` lives, following
+    imports through MACHINERY too: (module, name), or None (installed code, a variable)."""
+    head, _, rest = dotted.partition(".")
+    m = modules[module]
+    if not rest and head in m.defs:
+        return module, head
+    source, member = m.imports.get(head, (None, None))
+    if source is None:
+        return None
+    if member is None or f"{source}.{member}" in modules:  # a module: look `rest` up there
+        home = source if member is None else f"{source}.{member}"
+        return locate(modules, home, rest) if rest and home in modules else None
+    return locate(modules, source, member) if source in modules and not rest else None
+
+
+def class_locals(modules: dict[str, Module]) -> dict[str, tuple[str, str]]:
+    """`main`'s names bound by calling a class (`book = Book(...)`) or annotated with one (`args:
+    Args`): name -> (module, class)."""
+    main, types = modules[LOOP_MODULE].defs[LOOP_FUNCTION], {}
+    for arg in main.args.args:
+        home = locate(modules, LOOP_MODULE, ast.unparse(arg.annotation)) if arg.annotation else None
+        if home and isinstance(modules[home[0]].defs.get(home[1]), ast.ClassDef):
+            types[arg.arg] = home
+    for node in ast.walk(main):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            home = locate(modules, LOOP_MODULE, ast.unparse(node.value.func))
+            if home and isinstance(modules[home[0]].defs.get(home[1]), ast.ClassDef):
+                types.update({t.id: home for t in node.targets if isinstance(t, ast.Name)})
+    return types
+
+
+def registry_lookups(modules: dict[str, Module], found) -> list[ast.Assign]:
+    """`main`'s assignments from an algorithm registry outside the loop (`algo = ALGOS[...]`)."""
+    loop, main = find_loop(modules), modules[LOOP_MODULE].defs[LOOP_FUNCTION]
+    inside = {id(n) for n in ast.walk(loop)}
+    names = {name for _, name in found}
+    return [
+        n
+        for n in ast.walk(main)
+        if isinstance(n, ast.Assign)
+        and id(n) not in inside
+        and isinstance(n.value, ast.Subscript)
+        and getattr(n.value.value, "id", getattr(n.value.value, "attr", None)) in names
+    ]
+
+
 def reading_path(modules: dict[str, Module], algo: str) -> tuple[list[Definition], list[str]]:
-    """`algo`'s path, in file and line order, and the names where it met PACKAGE."""
+    """`algo`'s path, in file and line order, and the names where it stopped (MACHINERY)."""
     if algo not in algos(modules):
         raise SystemExit(f"reading_path: unknown algo {algo!r}; the registries: {algos(modules)}")
-    loop, train, walker = find_loop(modules), modules[LOOP_MODULE], Walker(modules, algo)
-    name, lines = f"{LOOP_FUNCTION} (the loop)", code_lines(train.lines, *span(loop))
+    loop, train = find_loop(modules), modules[LOOP_MODULE]
+    walker = Walker(modules, algo, class_locals(modules))
+    lookups = registry_lookups(modules, walker.registries)  # `algo = ALGOS[...]` before the loop
+    lines = code_lines(train.lines, *span(loop)) + sum(
+        code_lines(train.lines, *span(n)) for n in lookups
+    )
+    name = f"{LOOP_FUNCTION} (the loop)"
     walker.reached[LOOP_MODULE, ""] = Definition(LOOP_MODULE, name, loop.lineno, lines)
-    walker.follow(LOOP_MODULE, [loop], local=bound_names([train.defs[LOOP_FUNCTION]]))
+    local = bound_names([train.defs[LOOP_FUNCTION]])
+    walker.follow(LOOP_MODULE, [loop, *(n.value for n in lookups)], local=local)
     return sorted(walker.reached.values(), key=lambda d: (d.module, d.line)), sorted(walker.stops)
+
+
+def skipped(modules: dict[str, Module], stop: str) -> int:
+    """The code lines of the definition where the path stopped ("infra.shard.gather",
+    "infra.bookkeeping.Book.lap"); 0 for a value or a module of SCRIPTS."""
+    for cut in (2, 3):
+        module, name = ".".join(stop.split(".")[:cut]), ".".join(stop.split(".")[cut:])
+        if module in modules:
+            home = locate(modules, module, name) if "." not in name else (module, name)
+            if home and home[1] in modules[home[0]].defs:
+                return modules[home[0]].definition(home[1]).code_lines
+    return 0
 
 
 def core_and_own(modules: dict[str, Module]) -> tuple[list[Definition], dict[str, list]]:
@@ -279,6 +386,11 @@ def core_and_own(modules: dict[str, Module]) -> tuple[list[Definition], dict[str
     core = set.intersection(*(set(path) for path in paths.values()))
     own = {algo: [d for d in path if d not in core] for algo, path in paths.items()}
     return sorted(core, key=lambda d: (d.module, d.line)), own
+
+
+def files(definitions: list[Definition]) -> list[str]:
+    """The files that hold `definitions`, in path order."""
+    return sorted({d.module.replace(".", "/") + ".py" for d in definitions})
 
 
 def size(definitions: list[Definition]) -> dict[str, int]:
@@ -312,34 +424,38 @@ def main():
     root = pathlib.Path(args.root)
     modules = load_modules(root)
     start = f"{LOOP_MODULE}.py's loop (line {find_loop(modules).lineno})"
-    print(f"one step's reading path: from {start}, stopping at {', '.join(PACKAGE)} and libraries")
+    print(f"one step's reading path: from {start}, into {PACKAGE}/ too, stopping at machinery")
     core, own = core_and_own(modules)
-    listing = lambda defs: [
-        f"    {f'{d.module}.py:{d.line}':17} {d.name:30} {d.code_lines:4}" for d in defs
-    ]
+    where = lambda d: f"{d.module.replace('.', '/')}.py:{d.line}"
+    listing = lambda defs: [f"    {where(d):24} {d.name:30} {d.code_lines:4}" for d in defs]
     bounds = " / ".join(f"<= {v}" for v in CORE_MAX.values())
     c = size(core)
-    print(
-        f"shared core (every algo): {c['code lines']} code lines, {c['definitions']} definitions,",
-        end=" ",
-    )
-    print(f"{c['files']} files (bounds {bounds})")
+    print(f"shared core (every algo): {c['code lines']} code lines, {c['definitions']} definitions")
+    print(f"    {c['files']} files: {', '.join(files(core))} (bounds {bounds})")
     for line in listing(core) if args.verbose else []:
         print(line)
     print(f"{'algo':12} {'own lines':>9} {'own definitions':>15} {'path lines':>10} {'files':>5}")
+    stops = set()
     for algo, defs in own.items():
-        o, stops = size(defs), reading_path(modules, algo)[1]
-        files = len({d.module for d in [*core, *defs]})
+        o = size(defs)
+        stops |= set(reading_path(modules, algo)[1])
         total = c["code lines"] + o["code lines"]
-        print(f"{algo:12} {o['code lines']:>9} {o['definitions']:>15} {total:>10} {files:>5}")
-        for line in [*listing(defs), f"    stops at: {', '.join(stops)}"] if args.verbose else []:
+        n = len(files([*core, *defs]))
+        print(f"{algo:12} {o['code lines']:>9} {o['definitions']:>15} {total:>10} {n:>5}")
+        for line in listing(defs) if args.verbose else []:
             print(line)
+    print("machinery, where every path stops (code lines skipped):")
+    home = lambda stop: next((m for m in MACHINERY if stop.startswith(m + ".")), SCRIPTS)
+    for module in sorted({home(stop) for stop in stops}):
+        mine = sorted(stop for stop in stops if home(stop) == module)
+        names = ", ".join(f"{stop[len(module) + 1 :]} {skipped(modules, stop)}" for stop in mine)
+        print(f"    {module}: {names} ({MACHINERY.get(module, 'the command lines')})")
     s = line_stats(root)
-    top, (longest, where) = s["top"], s["longest"]
+    top, (longest, at) = s["top"], s["longest"]
     largest = max(top, key=top.get)
     print(f"top level: {sum(top.values()):,} code lines in {len(top)} files", end=" ")
     print(f"(largest {largest}, {top[largest]})")
-    print(f"longest line: {longest} characters ({where});", end=" ")
+    print(f"longest line: {longest} characters ({at});", end=" ")
     print(f"{s['over']:,} lines over {MAX_LINE} in {s['files']} .py files")
 
 

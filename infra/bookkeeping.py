@@ -20,8 +20,9 @@ from infra import flags, health, run
 
 class Book:
     """One run's bookkeeping: made right after the run starts (`run.start`), then `resume`d once
-    the policy, engine and agent exist; the loop iterates `steps()`, marks each `lap` and ends each
-    step with `step_done`; `end` closes the run."""
+    the policy, engine and agent exist; `begin` before the loop, which goes from `start` to
+    --steps, marks each `lap` and ends each step with `step_done` (and ends early when a signal
+    set `stopped`); `end` closes the run."""
 
     def __init__(self, accelerator, run_dir: str, args, desc: str):
         self.accelerator, self.run_dir, self.args, self.desc = accelerator, run_dir, args, desc
@@ -73,28 +74,27 @@ class Book:
             row = {f"eval/{k}": v for k, v in m.items() if isinstance(v, (int, float))}
             self.log({"step": step, **row})
 
-    def steps(self):
-        """The steps left (from the checkpoint's), under a progress bar. First the starting policy
-        is evaluated (--eval_start) and SIGTERM / Ctrl-C set to stop the run after its step (with
-        a checkpoint); each step's clock starts as it is yielded; none follows a stopped one."""
+    def begin(self):
+        """Before the loop's first step: the starting policy evaluated (--eval_start) unless the run
+        resumes, SIGTERM / Ctrl-C set to stop the run after its step (with a checkpoint), the
+        progress bar, the first step's clock."""
         args = self.args
         if self.start == 0 and args.eval_every and args.eval_start:
             self.eval(0)
         self.asked = run.stop_on_signals()
-        main_proc = self.accelerator.is_main_process
         self.bar = flags.progress(
-            range(self.start, args.steps),
+            None,
             desc=self.desc,
-            disable=not main_proc,
+            disable=not self.accelerator.is_main_process,
             initial=self.start,
             total=args.steps,
         )
-        for step in self.bar:
-            self.clock = time.perf_counter()
-            self.refined = Counter(self.refiner.stats) if self.refiner else Counter()
-            yield step
-            if self.stopped:
-                return
+        self.next_clock()
+
+    def next_clock(self):
+        """A step starts: its phases' clock, the refine agent's sums so far."""
+        self.clock = time.perf_counter()
+        self.refined = Counter(self.refiner.stats) if self.refiner else Counter()
 
     def lap(self, phase: str):
         """End the step's `phase` (rollout, logprob, update): its wall time is train/time_PHASE."""
@@ -112,7 +112,7 @@ class Book:
         rank's trees, samples and tokens (in rank order) logged, the env-error stop, the stop on
         non-finite weights, evaluation when due, a checkpoint when due (never of a step degraded
         by a retrieval outage) or asked for by a signal (on every rank alike), after which `steps`
-        yields no more."""
+        sets `stopped`: the loop ends."""
         args, accelerator = self.args, self.accelerator
         stats, grad_norms, losses, skipped = updated
         self.skipped, self.done = self.skipped + skipped, step + 1
@@ -155,8 +155,10 @@ class Book:
             run.checkpoint(accelerator, *a)
         if stop:
             self.stopped = self.asked.get("signal", signal.SIGTERM)  # SIGTERM: another rank's
-            self.bar.n = step + 1  # the steps done (tqdm counts them lazily, at each redraw)
+        self.bar.update(1)
+        if stop or step + 1 == args.steps:
             self.bar.close()
+        self.next_clock()
 
     def finished(self) -> bool:
         """Whether this is rank 0 of a run that was not stopped by a signal: it saves final/."""

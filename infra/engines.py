@@ -5,11 +5,8 @@ in-process weight update) and `HFEngine` (batched `model.generate`, the CPU / no
 implement it, and `make_engine` picks one and says which and why. Completions are the exact sampled
 ids: a context is extended, never re-tokenized.
 
-Deviations from the papers, each cited by its name:
-- raw-logprobs: log-probs are log_softmax(raw logits)[sampled id] whatever temperature / top_p
-  sampled the token (vLLM's "raw_logprobs", HF's `output_logits`), as the trainer recomputes them.
-  At T=1, top_p=1 (the papers' setting) that is log pi_old; otherwise the PPO ratio is taken at T=1
-  (verl divides the trainer's logits by T instead).
+Deviations from the papers, each cited by its name (argued in docs/paper_code.md):
+- raw-logprobs: log-probs of the raw logits whatever temperature / top_p (verl divides by T)
 """
 
 import fnmatch
@@ -39,10 +36,10 @@ from infra import shard
 class Sampling:
     """How to sample one batch of completions."""
 
+    max_tokens: int  # most generated tokens per completion (the agent's: --max_step_tokens)
     temperature: float = 1.0  # softmax temperature; 0 = greedy
     # nucleus mass in (0, 1]; 1 keeps the whole distribution; ignored when greedy
     top_p: float = 1.0
-    max_tokens: int = 512  # most generated tokens per completion
     # Stop strings, matched on the decoded completion alone (prompt excluded), across tokens, as
     # vLLM does; the token that completes one is kept.
     stop: list[str] = field(default_factory=list)

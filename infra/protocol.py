@@ -1,12 +1,12 @@
 """Search-R1's agent protocol, shared by rollout.py's agent, the warm start's demonstrator,
 evaluation and dumps: the agent's settings (`AgentConfig`, the same in every script), the
 instruction it is prompted with (Search-R1's, or a short one for the embedded default's tokenizer),
-how its text is read into an action (`parse_action`), the message that follows an invalid action
-(--retry_invalid), the observation body made of retrieved passages, a user turn through the
-tokenizer's chat template, and the abnormal outcomes a step can end with (FLAGS).
+the message that follows an invalid action (--retry_invalid), the observation body made of
+retrieved passages, a user turn through the tokenizer's chat template, and the abnormal outcomes a
+step can end with (FLAGS). How a step's text is read into an action is rollout.py's
+(`parse_action`, beside the agent's step).
 """
 
-import re
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -41,36 +41,30 @@ INSTRUCTIONS = {"search_r1": INSTRUCTION, "short": SHORT_INSTRUCTION}
 
 @dataclass
 class AgentConfig:
-    """How an agent step is generated, parsed, executed and scored, the same in training, eval, warm
-    start, dumps."""
+    """How an agent step is generated, parsed, executed and scored: one config for every script."""
 
     instruction: Literal["auto", "search_r1", "short"] = "auto"
     """Prompt: auto = the short one for the embedded default's tokenizer, else Search-R1's."""
     think_tag: str = "think"
-    """Reasoning tag name: "think" (Search-R1), "thinking" or "reason" (the Qwen3 runs in the
-    papers)."""
+    """Reasoning tag: "think" (Search-R1); "thinking" or "reason" (the papers' Qwen3 runs)."""
     max_turns: int = 4
-    """Search rounds (Search-R1's max_turns); step max_turns + 1 may only answer (a search there:
-    reward 0)."""
+    """Search rounds (Search-R1's); step max_turns + 1 may only answer (a search: reward 0)."""
     max_step_tokens: int = 64
     """Tokens generated per step."""
     max_traj_tokens: int = 1024
-    """Token budget per trajectory after the prompt; exceeding it truncates (reward counts, tokens
-    not trained)."""
+    """Trajectory token budget after the prompt; past it: truncated (reward counts, untrained)."""
     max_obs_tokens: int = 160
     """Observation tokens appended per search (the passages are cut, the closing tag kept)."""
     topk: int = 3
     """Passages retrieved per query."""
     max_calls: int = 1
-    """Tool calls allowed in one step; more is too_many_calls (Cut the Bill uses 5 or 10 with
-    parallel calls)."""
+    """Tool calls allowed in one step; more: too_many_calls (Cut the Bill: 5 or 10, in parallel)."""
     temperature: float = 1.0
     """Rollout sampling temperature."""
     top_p: float = 1.0
     """Rollout nucleus mass."""
     eval_temperature: float = 0.0
-    """Evaluation sampling temperature (0 = greedy, deterministic; for the seeds' protocol: 0.7 with
-    top-p 0.8)."""
+    """Evaluation temperature (0 = greedy; the seeds' protocol: 0.7 with top-p 0.8)."""
     eval_top_p: float = 1.0
     """Evaluation nucleus mass."""
     reward: Literal["f1", "em"] = "f1"
@@ -78,8 +72,7 @@ class AgentConfig:
     format_penalty: bool = False
     """BranPO's -0.5 for a broken tag format or an answer without any search."""
     retry_invalid: bool = False
-    """Search-R1's behaviour: on a parse error, append "invalid action, try again" instead of
-    stopping."""
+    """Search-R1's: a parse error appends a retry message (RETRY) instead of ending the step."""
 
 
 RULES = [  # flags.check: (flags, what is allowed, test)
@@ -99,47 +92,18 @@ def for_eval(cfg: AgentConfig) -> AgentConfig:
     return replace(cfg, temperature=cfg.eval_temperature, top_p=cfg.eval_top_p)
 
 
-def is_world_tokenizer(tokenizer) -> bool:
-    """Whether `tokenizer` is the embedded default's (its syllable continuation pieces are in the
-    vocabulary)."""
-    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-    return all("##" + s in vocab for s in data.SYLLABLES)
-
-
 def instruction_template(choice: str, tokenizer) -> str:
-    """AgentConfig.instruction's template ("auto": short for the embedded default's tokenizer, else
-    Search-R1's)."""
-    return (
-        INSTRUCTIONS.get(choice)
-        or INSTRUCTIONS["short" if is_world_tokenizer(tokenizer) else "search_r1"]
-    )
-
-
-def parse_action(text: str, think: str, max_calls: int) -> tuple[str, str | None, str | None]:
-    """One step's (action, content, abnormal flag): "search" or "answer" for the FIRST complete tag,
-    else "invalid" with too_many_calls (> max_calls <search> tags) or parse_error (no tag, unclosed
-    tag, empty, unbalanced think)."""
-    if text.count("<search>") > max_calls:
-        return "invalid", None, "too_many_calls"
-    found = [(text.find(f"<{tag}>"), tag) for tag in ("search", "answer") if f"<{tag}>" in text]
-    if text.count(f"<{think}>") != text.count(f"</{think}>") or not found:
-        return "invalid", None, "parse_error"
-    start, tag = min(found)
-    end = text.find(f"</{tag}>", start)
-    content = text[start + len(tag) + 2 : end].strip()
-    if end < 0 or not content:
-        return "invalid", None, "parse_error"
-    return tag, content, None
+    """AgentConfig.instruction's template; "auto": the short one for the embedded default's
+    tokenizer (its syllable continuation pieces are in the vocabulary), else Search-R1's."""
+    if choice == "auto":
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        choice = "short" if all("##" + s in vocab for s in data.SYLLABLES) else "search_r1"
+    return INSTRUCTIONS[choice]
 
 
 def encode(tokenizer, text: str) -> list[int]:
     """`text`'s token ids, without the special tokens a tokenizer may add around it."""
     return tokenizer.encode(text, add_special_tokens=False)
-
-
-def query_key(query: str) -> str:
-    """A query as the repeated_query check compares it: lowercased, whitespace collapsed."""
-    return re.sub(r"\s+", " ", query.strip().lower())
 
 
 def format_passages(passages) -> str:
@@ -150,13 +114,8 @@ def format_passages(passages) -> str:
 def user_turn_ids(tokenizer, text: str) -> list[int]:
     """`text` as a user turn: the chat template (generation prompt added) if the tokenizer has one,
     else plain."""
-    if getattr(tokenizer, "chat_template", None):
-        return list(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}],
-                tokenize=True,
-                add_generation_prompt=True,
-                return_dict=False,
-            )
-        )
-    return tokenizer.encode(text, add_special_tokens=False)
+    if not getattr(tokenizer, "chat_template", None):
+        return encode(tokenizer, text)
+    turn = [{"role": "user", "content": text}]
+    kw = {"tokenize": True, "add_generation_prompt": True, "return_dict": False}
+    return list(tokenizer.apply_chat_template(turn, **kw))

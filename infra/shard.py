@@ -6,6 +6,8 @@ torch's `fully_shard` per decoder layer); this module only reads and writes what
 - `gather`: the full state dict, once a step, for the engine's weight sync and for `final/`;
 - `accumulate`: gradients reduced once per mini-batch, not per micro-batch (DDP's `no_sync`,
   FSDP2's `set_requires_gradient_sync`);
+- `deal`: each rank's rows of a step's mini-batches, padded so that every rank makes as many
+  backward passes; `total` and `mean`: a number summed or averaged over ranks;
 - `save_state` / `load_state`: a checkpoint of the sharded policy and its optimizer (every rank
   writes its own shards: torch.distributed.checkpoint), the scheduler and the RNG states; a whole
   policy goes through `accelerator.save_state` as before.
@@ -19,6 +21,7 @@ float32); `benchmarks/gpu_memory.py` counts it.
 """
 
 import contextlib
+import math
 import os
 import pickle
 import random
@@ -85,6 +88,38 @@ def accumulate(accelerator, model: torch.nn.Module, sync: bool):
     else:
         with accelerator.no_sync(model):
             yield
+
+
+def deal(counts: list[int], rank: int, size: int, mini_batches: int) -> list[list[list[int]]]:
+    """A step's samples (`counts`: every rank's number, in rank order; rank r holds the r-th
+    contiguous share) cut into micro-batches of `size` rows, dealt round-robin into
+    min(mini_batches, micro-batches) mini-batches, as one process would. For each mini-batch,
+    `rank`'s own rows of it (indices into its samples), `size` at a time, with as many micro-batches
+    as the rank that has the most (DDP's collectives need the same number of backward passes on
+    every rank): an empty one is the caller's zero-weight padding row. One process: exactly its
+    micro-batches, in its order."""
+    first = sum(counts[:rank])
+    n_mini = max(1, min(mini_batches, math.ceil(sum(counts) / size)))
+    # the step's samples g in [lo, lo + n) that fall in mini-batch j
+    rows = lambda lo, n, j: [g for g in range(lo, lo + n) if g // size % n_mini == j]
+    starts = [sum(counts[:r]) for r in range(len(counts))]
+    dealt = []
+    for j in range(n_mini):
+        mine = [g - first for g in rows(first, counts[rank], j)]
+        most = max(math.ceil(len(rows(lo, n, j)) / size) for lo, n in zip(starts, counts))
+        dealt.append([mine[i : i + size] for i in range(0, most * size, size)])
+    return dealt
+
+
+def total(accelerator, x: float) -> float:
+    """`x` summed over ranks (float32, as a count of tokens or rows; itself with one process)."""
+    return accelerator.reduce(torch.tensor(float(x), device=accelerator.device), "sum").item()
+
+
+def mean(accelerator, x: float) -> float:
+    """`x` averaged over ranks, in float64 (itself with one process)."""
+    t = torch.tensor(x, dtype=torch.float64, device=accelerator.device)
+    return accelerator.reduce(t, "mean").item()
 
 
 def _optimizer(optimizer):

@@ -1,7 +1,7 @@
 """What train.py's init asks of several processes (accelerate launch): the questions (one rank
-writes the embedded world, the others wait for it) and each rank's share of a step's, a step on
-rank 0 alone, the policy and its frozen reference (checkpointing, the reference's dtype), and each
-rank's rollout engine with the source of pi_old it implies (tis-old-policy).
+writes the embedded world, the others wait for it), a step on rank 0 alone, the policy and its
+frozen reference (checkpointing, the reference's dtype), and each rank's rollout engine with the
+source of pi_old it implies (tis-old-policy).
 """
 
 import torch
@@ -23,15 +23,6 @@ def questions(accelerator, args, world: str) -> tuple[list, list]:
         else []
     )  # train.validate made sure this is a real test split, never the training rows
     return train_rows, test_rows
-
-
-def share(rows: list, order: list[int], step: int, prompts_per_step: int, accelerator) -> list:
-    """This rank's contiguous share of step `step`'s prompts, taken from `rows` in the run's
-    `order` (wrapping around). A prompt's trees are all grown on one rank, so every group
-    statistic is computed where its leaves are."""
-    share = prompts_per_step // accelerator.num_processes
-    at = step * prompts_per_step + accelerator.process_index * share
-    return [rows[order[(at + i) % len(order)]] for i in range(share)]
 
 
 def on_main(accelerator, step, *args):

@@ -20,13 +20,9 @@ next query. Two stages:
    most questions of more than --search_budget hops after that many searches, so the warm-started
    policy answers early: the error RL is to fix.
 
-Deviations from the papers, each cited by its name:
-- gold-cold-start: BranPO's cold start keeps correct trajectories of a zero-RL run of the model
-  itself; a model trained from scratch has no such run, so its trajectories come from the gold
-  chains, with a thought format of our own.
-- lowercase-tokenizer: the tokenizer lowercases (the world is lowercase) and splits on whitespace
-  and punctuation; decoding joins words with single spaces. Decoded text is for parsing tags and
-  reading only: the rollout never re-encodes it.
+Deviations from the papers, each cited by its name (argued in docs/paper_code.md):
+- gold-cold-start: the warm start learns the world's gold chains, not the model's zero-RL run
+- lowercase-tokenizer: the tokenizer lowercases and splits on whitespace and punctuation
 """
 
 import json

@@ -1,13 +1,11 @@
-"""`python advantages.py`'s command line: one prompt's trees -> every step's credit as JSON, the
-worked demo with every method side by side, Tree-GRPO's budget; with what only it and the rollout
-dump (scripts/dump.py) use: trees on disk, trees as `infra.draw` data. advantages.py's `__main__`
-block calls `main` with its CreditConfig and its credit functions, each named after its algo (this
-file imports tree.py, never advantages.py, which then runs once, as the script).
+"""`python advantages.py`'s command line (advantages.py runs this file by name; `python -m
+scripts.credit` is the same): one prompt's trees -> every step's credit as JSON, the worked demo
+with every method side by side, Tree-GRPO's budget; with what only it and the rollout dump
+(scripts/dump.py) use: trees on disk, trees as `infra.draw` data. The credit functions are the
+registry's, `rollout.ALGOS`.
 
-Deviations from the papers, each cited by its name:
-- budget-formula: Tree-GRPO's text prints the expected budget E[B] = M*B + L*N*B/2; its Tables 3
-  and 7 fit M*B + M*L*N*B/2 (N expansions in each of the M trees), which `tree_grpo_budget`
-  implements.
+Deviations from the papers, each cited by its name (argued in docs/paper_code.md):
+- budget-formula: Tree-GRPO's E[B] = M*B + M*L*N*B/2 (its Tables 3, 7); its text: M*B + L*N*B/2
 """
 
 import json
@@ -15,7 +13,9 @@ import math
 import sys
 from dataclasses import dataclass
 
+import rollout
 import tree
+from advantages import CreditConfig
 from infra import draw, flags
 
 # --------------------------------------------------------------------------------------------------
@@ -292,8 +292,8 @@ class CreditArgs:
     """`python advantages.py --algo ALGO --trees FILE.json`: per-step advantages of one prompt's
     rollout trees (the credit flags: CreditConfig)."""
 
-    algo: str = "tree_grpo"
-    """Whose credit function: grpo, tree_grpo, branpo, carl or treeps (with --trees or --budget)."""
+    algo: rollout.Algorithm = "tree_grpo"
+    """Whose credit function (rollout.ALGOS; with --trees or --budget)."""
     trees: str = ""
     """JSON list of trees for ONE prompt (see tree.py for the node format), or a rollout dump (with
     --prompt)."""
@@ -309,17 +309,15 @@ class CreditArgs:
     """With --demo: also draw the tree under each method, steps coloured by credit, to this PNG."""
 
 
-def main(config_class, functions: list):
-    """`python advantages.py ...`: `config_class`, CreditConfig; `functions`, the credit functions,
-    each named after its algo."""
-    args, cfg = flags.parse(CreditArgs, config_class)
-    credits = {fn.__name__: fn for fn in functions}
+def main():
+    """`python advantages.py ...`: CreditArgs and CreditConfig from the command line."""
+    args, cfg = flags.parse(CreditArgs, CreditConfig)
+    credits = {name: algo.credit for name, algo in rollout.ALGOS.items()}
     modes = [m for m in ("trees", "budget", "demo") if getattr(args, m)]
     flags.check(
         args,
         [],
         [
-            (args.algo not in credits, f"--algo {args.algo!r}: must be one of {list(credits)}"),
             (len(modes) > 1, f"give one of --trees, --budget, --demo, not {len(modes)}"),
             (args.plot and not args.demo, "--plot goes with --demo"),
             (args.render and not args.trees, "--render goes with --trees"),
@@ -370,3 +368,7 @@ def main(config_class, functions: list):
             print("\n\n".join(t.render() for t in trees), file=sys.stderr)
     else:
         raise SystemExit("give --trees FILE (and --algo), or --budget, or --demo")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,7 @@
 """`python eval.py`'s command line: its flags (EvalArgs), the run (a policy, its retriever and agent
 under train.py's settings; an optional judge model) and the report it prints (`table`) and writes.
-eval.py's `__main__` block calls `main` with its own `evaluate` and `judge` (this file imports
-rollout.py and retriever.py, never eval.py, which then runs once, as the script).
+eval.py runs this file by name (`python -m scripts.eval_cli` is the same), which scores with
+eval.py's `evaluate` and `judge`.
 """
 
 import os
@@ -13,6 +13,7 @@ from safetensors import SafetensorError
 
 import retriever
 import rollout
+from eval import evaluate, judge
 from infra import data, engines, files, flags, health, loaders, protocol
 
 
@@ -63,9 +64,9 @@ class EvalArgs:
     """Seed of the engine's sampling (with --eval_temperature > 0), as train.py's --seed."""
 
 
-def main(evaluate, judge):
-    """Evaluate a policy (EvalArgs, AgentConfig, RetrieverConfig from the command line): `evaluate`
-    and `judge` are eval.py's; print the per-dataset table and write the JSON report."""
+def main():
+    """Evaluate a policy (EvalArgs, AgentConfig, RetrieverConfig from the command line) with
+    eval.py's `evaluate` and `judge`; print the per-dataset table and write the JSON report."""
     a, agent_cfg, retriever_cfg = flags.parse(
         EvalArgs, protocol.AgentConfig, retriever.RetrieverConfig
     )
@@ -153,3 +154,7 @@ def load(model: str, gguf_file: str):
             f"{', '.join(weights) or 'none'}. One may be truncated (an interrupted copy or save): "
             "copy or save it again"
         ) from None
+
+
+if __name__ == "__main__":
+    main()

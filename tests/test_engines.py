@@ -88,11 +88,11 @@ def teacher_forced_logprobs(model, prompt: list[int], completion: list[int]) -> 
 
 def test_sampling_rejects_bad_values():
     with pytest.raises(ValueError, match="temperature"):
-        Sampling(temperature=-1)
+        Sampling(temperature=-1, max_tokens=8)
     with pytest.raises(ValueError, match="top_p"):
-        Sampling(top_p=0)
+        Sampling(top_p=0, max_tokens=8)
     with pytest.raises(ValueError, match="stop"):
-        Sampling(stop="</search>")
+        Sampling(stop="</search>", max_tokens=8)
 
 
 def test_hf_left_padding_matches_single_prompts(hf):

@@ -9,10 +9,12 @@ turns an FSDP plugin into DDP, so this file's probe (run as a script under the l
 optimizer pointed at the new parameters. Everything else is train.py's own code."""
 
 import faulthandler
+import gc
 import os
 import pickle
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # as a script (accelerate launch), for train, rollout, ...
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_multiprocess import CPU, WATCHDOG, launch_train, metrics, strip  # noqa: E402
+from test_multiprocess import CPU, WATCHDOG, check_lr, launch_train, metrics, strip  # noqa: E402
 
 STEPS = "--eval_every 2 --eval_n 8 --prompts_per_step 4 --checkpoint_every 1".split()
 
@@ -55,6 +57,10 @@ def test_fsdp2_shards_the_policy_trains_and_syncs_every_rank_engine(straight):
     assert "pi_old: the trainer's forward" in out.stdout  # the engine samples from a copy
     rows = [r for r in metrics(run) if "train/loss" in r]
     assert [r["step"] for r in rows] == [1, 2] and all(r["train/skipped_steps"] == 0 for r in rows)
+    check_lr(rows, ranks[0]["steps"])  # the warmup counts optimizer steps, as one process's
+    # the gathered state dict (a full copy of the policy under FSDP2) is dropped after its step:
+    # nothing of one gather lives at the next (steps 1, 2, then final/'s)
+    assert all(rank["alive_at_gather"] == [0, 0, 0] for rank in ranks), ranks
     # the engine's copy on each rank, after the last sync, holds the weights final/ holds: the
     # gathered state dict (one gather a step serves both)
     final = load_file(run / "final" / "model.safetensors")
@@ -168,7 +174,7 @@ def train_probe(records: Path, argv: list[str]):
 
     import train
     from advantages import CreditConfig
-    from infra import flags, protocol, run
+    from infra import flags, protocol, run, shard
     from infra.warmstart import WarmConfig
     from retriever import RetrieverConfig
     from rollout import RolloutConfig
@@ -176,7 +182,8 @@ def train_probe(records: Path, argv: list[str]):
     shard_in_prepare()
     rank = int(os.environ.get("RANK", "0"))
     mine = {}
-    prepare, end = train.Accelerator.prepare, run.end
+    prepare, end, update = train.Accelerator.prepare, run.end, train.update
+    gather = shard.gather
 
     def recording_prepare(self, *objects):
         out = prepare(self, *objects)
@@ -196,7 +203,22 @@ def train_probe(records: Path, argv: list[str]):
         (records / f"rank{rank}.pkl").write_bytes(pickle.dumps(mine))
         end(accelerator, engine, stopped)
 
+    def recording_update(*args):  # each step's applied optimizer steps (their gradient norms)
+        out = update(*args)
+        mine.setdefault("steps", []).append({"grad_norms": out[1]})
+        return out
+
+    refs = []  # weak references to the last gathered state dict's tensors
+
+    def recording_gather(accelerator, model):  # how much of the last gather still lives
+        gc.collect()
+        mine.setdefault("alive_at_gather", []).append(sum(r() is not None for r in refs))
+        weights = gather(accelerator, model)
+        refs[:] = [weakref.ref(t) for t in weights.values()]
+        return weights
+
     train.Accelerator.prepare, run.end = recording_prepare, recording_end
+    train.update, shard.gather = recording_update, recording_gather
     sys.argv = [str(ROOT / "train.py"), *argv]
     train.main(
         *flags.parse(

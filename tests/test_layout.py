@@ -1,6 +1,7 @@
-"""The core's shape: the top level holds exactly the six core modules; imports between them and the
-scripts/ layer flow one way, with no circle (every import statement counts, wherever it sits, a
-script's command-line block included); infra/ never imports the top level or scripts/; no module is
+"""The core's shape: the top level holds exactly the six core modules; imports flow one way, file by
+file and folder by folder (infra/ <- the top level <- scripts/ <- train.py, the one top-level module
+that drives a script; every import statement counts, wherever it sits, a command-line block
+included), with no circle; advantages.py and eval.py run their command lines by name; no module is
 passed as an argument; one algorithm registry pairs each rollout strategy with a credit function of
 advantages.py, each reading its knobs from the config it is given; the shared core of the reading
 path stays within its bounds; no file over 600 lines."""
@@ -52,6 +53,12 @@ def test_imports_flow_one_way_with_no_circle_at_all():
         visit(name, [])
     # leaves: they stand on the infra package only
     assert graph["tree"] == graph["retriever"] == set()
+    # by folder: scripts/ stand on the top level, which never imports them (but for train.py, the
+    # top of the stack: its `warmstart` command), and no script imports train.py
+    for name in MODULES:
+        scripts = {m for m in graph[name] if m.startswith("scripts")}
+        assert not scripts or name == "train", f"{name}.py imports {scripts}"
+    assert not any("train" in graph[s] for s in SCRIPTS)
     assert "rollout" not in graph["advantages"] | graph["tree"] and "eval" not in graph["rollout"]
 
 

@@ -10,11 +10,10 @@ import torch
 import advantages
 import rollout
 from advantages import CreditConfig
-from infra.logprobs import collate
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
 from rollout import AgentConfig, RolloutConfig
-from train import Args, ppo_loss
+from train import Args, collate, ppo_loss
 from tree import Sample
 
 ARGS = Args(clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=0.0)
@@ -170,14 +169,11 @@ def test_token_logprobs_equal_the_full_log_softmax(env, monkeypatch):
     # (log_softmax over all positions at once, entropy from it): log-probs, entropy and the gradient
     # reaching the weights are bit for bit the same, so default runs do not move
     import train
-    from infra import logprobs
     from infra.engines import load_policy
 
     model, _ = load_policy(str(env / "tiny"))
     V = model.config.vocab_size
-    monkeypatch.setattr(
-        logprobs, "LOGP_CHUNK", 3 * V
-    )  # 3 positions a chunk: many, a short last one
+    monkeypatch.setattr(train, "LOGP_CHUNK", 3 * V)  # 3 positions a chunk: many, a short last one
     torch.manual_seed(0)
     ids = torch.randint(0, V, (2, 11))  # (B, T)
     attn, weights = torch.ones_like(ids), torch.linspace(-1, 1, 22).view(2, 11)  # (B, T), (B, T)

@@ -76,6 +76,20 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+def check_lr(rows: list[dict], steps: list[dict]):
+    """`train/lr` after every step is one process's: the warmup counts the applied optimizer steps
+    (`steps`: a rank's records, each step's gradient norms one per applied step), never processes
+    (Accelerate's prepared scheduler steps once per process per call unless told not to)."""
+    import train
+
+    args, applied = train.Args(), 0
+    assert len(rows) == len(steps) > 0
+    for row, step in zip(rows, steps):
+        applied += len(step["grad_norms"])
+        want = args.lr * min(1.0, applied / args.warmup_steps)  # constant after linear warmup
+        assert row["train/lr"] == pytest.approx(want, rel=1e-6), (row["step"], applied)
+
+
 def strip(rows):
     return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in rows]
 
@@ -155,6 +169,7 @@ def test_two_processes_split_every_step_and_log_the_whole_of_it(env, launched, a
         n = len(mine[0]["losses"])
         loss = sum(sum(rec["loss_items"]) for rec in mine) / 2 / n
         assert row["train/loss"] == pytest.approx(loss, rel=1e-6, abs=1e-9)
+    check_lr([r for r in rows if "train/loss" in r], ranks[0]["steps"])
     # every rank holds the logged row (timings aside), so every rank takes the env-error stop's
     # decision alike
     assert ranks[0]["checked"] == ranks[1]["checked"] == strip(r for r in rows if "train/loss" in r)

@@ -1,7 +1,7 @@
-"""benchmarks/reading_path.py: it finds train.py's loop, follows only the chosen algo's registry
-entries, stops at the infrastructure package and the scripts, counts what it reaches (comments as
-docstrings) and splits it into the shared core and each algo's own code (on a hand-built
-repository, then on this one)."""
+"""benchmarks/reading_path.py: it finds train.py's loop and the registry lookup before it, follows
+only the chosen algo's registry entries, walks into infra/ but for its machinery (where it stops and
+says what it skipped), counts what it reaches (comments as docstrings) and splits it into the shared
+core and each algo's own code (on a hand-built repository, then on this one)."""
 
 import importlib.util
 import pathlib
@@ -18,14 +18,23 @@ reading_path = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(reading_path)
 
 TRAIN = """import credit
-from infra import engines
+from infra import engines, parse
+from infra.run import Book
 
 
 def main(args):
+    book = Book()
+    chosen = credit.ALGOS[args.algo]
     for step in range(3):
         # one step
-        credit.step(args, engines.load())
+        credit.step(args, engines.load(), parse.words(chosen))
+        book.log(step)
 """
+PARSE = '''def words(text):
+    """Split."""
+    return text.split()
+'''
+RUN = "class Book:\n    def log(self, step):\n        return step\n"
 CREDIT = '''from dataclasses import dataclass
 
 ALGOS = {"a": lambda: first(), "b": lambda: second()}
@@ -58,24 +67,31 @@ def test_a_hand_built_repository_gives_the_hand_counted_path(tmp_path):
     (tmp_path / "train.py").write_text(TRAIN)
     (tmp_path / "credit.py").write_text(CREDIT)
     (tmp_path / "infra").mkdir()
+    # machinery (engines, run): the path stops there; infra/parse.py is not machinery: walked
     (tmp_path / "infra" / "engines.py").write_text("def load():\n    return credit.first()\n")
+    (tmp_path / "infra" / "parse.py").write_text(PARSE)
+    (tmp_path / "infra" / "run.py").write_text(RUN)
     modules = reading_path.load_modules(tmp_path)
     assert reading_path.algos(modules) == ["a", "b"]
     for algo, fn in (("a", "first"), ("b", "second")):
         path, stops = reading_path.reading_path(modules, algo)
-        # the loop 3 lines (for, a comment, the call), step 3 (def, docstring, return), Config 3
-        # (decorator, class, field), the algo's function 2 (not the other's, nor unused, nor
-        # engines.load, which would reach `first`): 4 definitions, 11 lines, 2 files
+        # the loop 4 lines (for, a comment, two calls) + the registry lookup before it 1, step 3
+        # (def, docstring, return), Config 3 (decorator, class, field), the algo's function 2 (not
+        # the other's, nor unused, nor engines.load, which would reach `first`), parse.words 3:
+        # 5 definitions, 16 lines, 3 files; `book.log` is Book.log, a stop in infra.run
         assert [(d.module, d.name, d.code_lines) for d in path] == [
             ("credit", "Config", 3),
             ("credit", "step", 3),
             ("credit", fn, 2),
-            ("train", "main (the loop)", 3),
+            ("infra.parse", "words", 3),
+            ("train", "main (the loop)", 5),
         ]
-        assert stops == ["infra.engines"]
+        assert stops == ["infra.engines.load", "infra.run.Book.log"]
+        assert reading_path.skipped(modules, "infra.engines.load") == 2
+        assert reading_path.skipped(modules, "infra.run.Book.log") == 2
     # the core: what both paths hold; each algo owns its function
     core, own = reading_path.core_and_own(modules)
-    assert reading_path.size(core) == {"code lines": 9, "definitions": 3, "files": 2}
+    assert reading_path.size(core) == {"code lines": 14, "definitions": 4, "files": 3}
     assert {a: [d.name for d in defs] for a, defs in own.items()} == {
         "a": ["first"],
         "b": ["second"],
@@ -113,7 +129,10 @@ def test_each_algo_path_holds_its_own_strategy_and_credit_and_no_other_credit(al
     assert {n for m, n in names if m == "advantages"} & credits == {
         rollout.ALGOS[algo].credit.__name__
     }
-    assert stops and all(s.split(".")[0] in reading_path.PACKAGE for s in stops)
+    assert stops and all(s.rsplit(".", 1)[0].split(".")[0] == "infra" for s in stops)
+    # where it stops is machinery only: never a paper's rule (reward, parsing, log-probs, loss)
+    assert {s.split(".")[1] for s in stops} <= {m.split(".")[1] for m in reading_path.MACHINERY}
+    assert not {"infra.protocol", "infra.squad"} & {m for m in reading_path.MACHINERY}
 
 
 def test_the_shared_core_is_within_its_bounds_and_each_algo_owns_its_paper():
@@ -123,6 +142,13 @@ def test_the_shared_core_is_within_its_bounds_and_each_algo_owns_its_paper():
     names = {(d.module, d.name) for d in core}
     assert ("train", "main (the loop)") in names and ("train", "ppo_loss") in names
     assert ("rollout", "Agent.step") in names and ("tree", "to_samples") in names
+    # the step's own code is home: log-probs beside the update, the parser beside the agent
+    assert {
+        ("train", "TokenLogp.forward"),
+        ("train", "collate"),
+        ("rollout", "parse_action"),
+    } <= names
+    assert ("infra.squad", "token_f1") in names  # the reward is counted, wherever it lives
     for algo, entry in rollout.ALGOS.items():  # the paper's strategy and credit: its own
         mine = {(d.module, d.name) for d in own[algo]}
         assert ("rollout", entry.grow.__name__) in mine and ("advantages", algo) in mine

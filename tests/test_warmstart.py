@@ -69,7 +69,7 @@ def steps_of(agent, ids, mask):
         if i == len(ids) or mask[i] != mask[start]:
             runs.append((mask[start], ids[start:i]))
             start = i
-    actions = [protocol.parse_action(agent.tok.decode(seg), "think", 1) for m, seg in runs if m]
+    actions = [rollout.parse_action(agent.tok.decode(seg), "think", 1) for m, seg in runs if m]
     observations = [seg for m, seg in runs[1:] if not m]
     return runs, actions, observations
 
@@ -147,7 +147,7 @@ def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, c
     assert saved["sft_steps"] == 2 and saved["topk"] == 2 and saved["max_obs_tokens"] == 60
     assert saved["copy_steps_done"] == 50 and saved["sft_steps_done"] == 2
     model, tok = load_policy(out)
-    assert protocol.is_world_tokenizer(tok)
+    assert protocol.instruction_template("auto", tok) == protocol.SHORT_INSTRUCTION
     driver.ensure(out, world, cfg, agent.cfg, 0)
     assert "cached" in capsys.readouterr().out
     # another observation format: the checkpoint does not fit
@@ -162,6 +162,15 @@ def test_ensure_trains_once_then_insists_on_the_same_settings(setup, tmp_path, c
     # another seed: neither (the seed is the run's, kept in warmstart.json as "seed")
     with pytest.raises(ValueError, match=r"\{'seed': \(0, 1\)\}"):
         driver.ensure(out, world, cfg, agent.cfg, 1)
+    # a truncated model file: before, a SafetensorError that named no file at the policy's load
+    weights = tmp_path / "warm" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(
+        ValueError,
+        match=r"warm start in \S+warm is incomplete: \S+warm/model.safetensors cannot be read "
+        r"\(SafetensorError: .*; truncated\?\); delete \S+warm to retrain it",
+    ):
+        driver.ensure(out, world, cfg, agent.cfg, 0)
     (tmp_path / "warm" / "tokenizer.json").unlink()  # a cache that lost a file: said before loading
     with pytest.raises(
         ValueError,
@@ -227,3 +236,24 @@ def test_the_demonstrator_stops_at_its_search_budget_on_longer_questions_only(se
     )
     counts = [len(searches(four, cfg, rng)[0]) for _ in range(300)]
     assert set(counts) == {3, 4} and 178 <= counts.count(3) <= 242
+
+
+def test_the_warm_start_command_refuses_an_out_that_is_not_a_warm_start(tmp_path):
+    # before: `train.py warmstart --out out --world out/world` replaced out/ with the warm start,
+    # deleting its runs and its world
+    out = tmp_path / "out"
+    (out / "world").mkdir(parents=True)
+    (out / "world" / "train.jsonl").write_text("{}\n")
+    (out / "runs" / "grpo-seed0").mkdir(parents=True)
+    (out / "runs" / "grpo-seed0" / "metrics.jsonl").write_text('{"step": 1}\n')
+    tiny = "--copy_steps 1 --sft_steps 1 --warm_batch_size 2 --target_em 0".split()
+    with pytest.raises(SystemExit, match=r"--out '\S+/out' holds --world '\S+/out/world'"):
+        driver.main(["--out", str(out), "--world", str(out / "world"), *tiny])
+    with pytest.raises(SystemExit, match=r"is not empty and is not a warm start .*it holds runs"):
+        driver.main(["--out", str(out), "--world", str(tmp_path / "world"), *tiny])
+    (out / "warmstart.json").write_text("{}")
+    with pytest.raises(SystemExit, match=r"holds a run \(\S+/runs/grpo-seed0\)"):
+        driver.main(["--out", str(out), "--world", str(tmp_path / "world"), *tiny])
+    assert (out / "runs" / "grpo-seed0" / "metrics.jsonl").exists()
+    assert (out / "world" / "train.jsonl").exists() and not (tmp_path / "world").exists()
+    assert driver.out_problem(str(tmp_path / "new"), str(tmp_path / "world")) == ""
