@@ -29,6 +29,7 @@ from typing import Literal
 
 import torch
 
+from infra import flags
 from tree import Node, Trajectory, Tree, leaves, path, scored_leaves, truncated, walk
 
 
@@ -50,6 +51,8 @@ class CreditConfig:
     """CARL: train the forked actions of the N0 first chains (Eqs. 13, 15); False: App. C.1."""
     treeps_process: bool = True
     """TreePS-RAG: process advantage (False = GRPO over its trajectories, Table 2 ablation)."""
+
+    __post_init__ = flags.check_choices  # a choice no field has: refused, in Python calls too
 
 
 def group_normalize(rewards: list[float]) -> list[float]:
@@ -278,4 +281,6 @@ def treeps(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
 if (
     __name__ == "__main__"
 ):  # python advantages.py --demo | --algo ALGO --trees FILE | --budget M,N,L
-    runpy.run_module("scripts.credit", run_name="__main__")  # the command line, run by name
+    runpy.run_module(
+        "scripts.credit", run_name="__main__", alter_sys=True
+    )  # the command line, run by name

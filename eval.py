@@ -246,4 +246,4 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None, processes=None):
 
 
 if __name__ == "__main__":  # the command line, scripts/eval_cli.py, run by name
-    runpy.run_module("scripts.eval_cli", run_name="__main__")
+    runpy.run_module("scripts.eval_cli", run_name="__main__", alter_sys=True)

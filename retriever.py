@@ -2,12 +2,12 @@
 over HTTP.
 
 `connect` picks it: the retrieval server at --retriever_url (infra/server.py's `RemoteRetriever`: a
-timeout, retries with backoff, a concurrency cap), else an in-process index over the corpus file
-(infra/search.py: BM25 through bm25s, or a Hugging Face encoder with FAISS; --retriever chooses),
-and checks it with one query. Queries the server could not answer raise `RetrievalError`, which the
-agent counts ("Cut the Bill" §5.4.2: environment errors are discarded). `Refiner`, the optional
-refine agent (Cut the Bill §6, --refine_model), summarises each query's passages with a frozen
-model.
+deadline per request, retries with backoff, a concurrency cap), else an in-process index over the
+corpus file (infra/search.py: BM25 through bm25s, or a Hugging Face encoder with FAISS; --retriever
+chooses), and checks it with one query. Queries the server could not answer raise `RetrievalError`,
+which the agent counts ("Cut the Bill" §5.4.2: environment errors are discarded). `Refiner`, the
+optional refine agent (Cut the Bill §6, --refine_model), summarises each query's passages with a
+frozen model.
 
     python retriever.py serve --corpus FILE --port 8000  # Search-R1's POST /retrieve
                                                          # (infra/server.py)
@@ -36,7 +36,8 @@ class RetrieverConfig:
     retriever_url: str = ""
     """A Search-R1 retrieval server (python retriever.py serve ...); empty = in-process."""
     retriever_timeout_s: float = 10.0
-    """Seconds the retrieval server gets per request (--retriever_url)."""
+    """Seconds the retrieval server gets to answer a request in full, first byte to last
+    (--retriever_url)."""
     retriever_retries: int = 2
     """Further tries of a failed retrieval request, after 0.5 s, 1 s, ... (--retriever_url)."""
     encoder: str = ""

@@ -115,8 +115,7 @@ class Agent:
         """Sample one child for every (tree, node) entry (repeat an entry for several children) and
         return them in frontier order. A child that ended carries its reward and flags; an open one
         has its observation."""
-        cfg = self.cfg
-        t0 = time.perf_counter()
+        cfg, t0 = self.cfg, time.perf_counter()
         # fresh per wave
         sampling = replace(self.sampling, seed=self.seed + 7919 * self.counters["rollout/waves"])
         outs = self.engine.generate([context_ids(node) for _, node in frontier], sampling)

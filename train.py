@@ -36,7 +36,7 @@ import retriever
 import rollout
 from advantages import CreditConfig
 from eval import evaluate
-from infra import data, engines, flags, protocol, run, rundir, shard, startup
+from infra import data, engines, flags, health, protocol, run, rundir, shard, startup
 from infra.bookkeeping import Book
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
@@ -147,7 +147,7 @@ class Args(PPOConfig):
     """Delete what the run directory holds and start fresh (without --resume or this, a run there is
     refused)."""
     log_with: Literal["", *run.TRACKERS] = ""
-    """An accelerate tracker to log to as well (pip install it: README, Metrics); empty = none."""
+    """An accelerate tracker to log to as well (pip install it: docs/metrics.md); empty = none."""
     filter_rollouts: int = 0
     """Cut the Bill §3's data filter: before RL, roll each question the run would train on out this
     many times (chains, the starting policy), keep those whose rewards differ (paper 8); 0 = off."""
@@ -454,11 +454,11 @@ def main(
         # ---- EDIT HERE: the loss (ppo_loss above) ----------------------------------------------
         updated = update(minis, accelerator, model, optimizer, scheduler, args)  # 5. PPO update
         book.lap("update")
-        # 6. weight sync: each rank's engine samples from the new weights from the next step on
-        weights = shard.gather(accelerator, model)
-        engine.load_weights(weights)
-        book.step_done(step, prompts, trajectories, samples, updated, weights)  # log, eval, save
-        del weights  # under FSDP2 a full copy of the policy: never kept into the next step
+        weights = shard.gather(accelerator, model)  # 6. weight sync (under FSDP2 a full copy)
+        engine.load_weights(weights)  # each rank's engine samples from them from the next step on
+        nonfinite = health.nonfinite(weights)  # the weights the update left NaN or inf, if any
+        del weights  # before anything generates again (--vllm_sleep: then the KV cache wakes)
+        book.step_done(step, prompts, trajectories, samples, updated, nonfinite)  # log, eval, save
         if book.stopped:  # by a signal, after its checkpoint
             break
     weights = shard.gather(accelerator, model)  # every rank (under FSDP2 a collective)

@@ -2,7 +2,7 @@
 budget sweep side by side over seeds, each arm a train.py run from the same warm start.
 
     python benchmarks/compare.py --jobs 2       # seeds 0-4, every arm, two at once:
-                                                # README "Comparison"
+                                                # docs/comparison.md
     python benchmarks/compare.py --calibrate    # generated tokens / prompt / step of knob choices
     python benchmarks/compare.py --quick        # one seed, two arms, 2 steps, a tiny warm start
     python benchmarks/compare.py --setting hard # the same in a harder world (SETTINGS), in
@@ -29,7 +29,7 @@ what differs (--redo recomputes those tasks instead).
 
 Threads: each task runs pinned to --threads cores (its CPU affinity, which train.py's torch threads
 follow, and OMP_NUM_THREADS) whatever --jobs is, so the figures do not depend on --jobs. One thread
-by default: on shared cores a second one made the tiny model 5-15x slower (README "Comparison").
+by default: on shared cores a second one made the tiny model 5-15x slower (docs/comparison.md).
 
 Outputs in OUT: results.md (every table, also printed), results.json (every seed's numbers),
 curves.png (test EM against step and against cumulative generated tokens, one line per arm, the
@@ -76,6 +76,7 @@ from benchmarks.compare_arms import (  # noqa: E402
 from benchmarks.compare_report import (  # noqa: E402
     commit,
     merge,
+    refuse_overwrite,
     report_file,
     row,
     summarize,
@@ -111,7 +112,7 @@ class Args:
     jobs: int = 1
     """Tasks run at once, each on --threads cores (the figures do not depend on this)."""
     threads: int = 1
-    """CPU cores and torch threads per task (README "Comparison": why 1); in every result's key."""
+    """CPU cores and torch threads per task (docs/comparison.md: why 1); in every result's key."""
     redo: bool = False
     """Recompute the stored results whose key differs (code, flags, warm start, threads)."""
     calibrate: bool = False
@@ -467,6 +468,7 @@ def main(a: Args):
         return
     if a.merge:
         *merged, source = merge(a.merge, a.setting)
+        refuse_overwrite(a.out, a.merge, merging=True)
         print("\n" + write_report(a.out, *merged, f"merged by --merge: {source}."))
         return
     cfg, _, _, agent, retriever_cfg, _ = parse_train(shared)

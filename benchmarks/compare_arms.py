@@ -20,7 +20,7 @@ def tree(M: int, N: int, L: int) -> str:
 
 
 # The matched budget: GRPO G=4's generated tokens per prompt per step, each method within +-15% of
-# it. Chosen among CANDIDATES with `--calibrate` on seed 0's warm start (README "Comparison"); the
+# it. Chosen among CANDIDATES with `--calibrate` on seed 0's warm start (docs/comparison.md); the
 # comments give each against GRPO G=4 over 3 steps (every candidate) and 15 steps (the nearest
 # ones).
 MATCHED = {

@@ -16,6 +16,7 @@ import re
 import statistics
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from matplotlib.figure import Figure
 from scipy import optimize, stats
@@ -30,6 +31,7 @@ from benchmarks.compare_arms import (
     matched_by,
     nominal,
 )
+from infra import files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -426,7 +428,7 @@ def figure(runs: dict[str, list[dict]], path: str):
         for ax in axes:
             ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, format="png")
 
 
 # -------------------------------------------------------------------------------------------------
@@ -445,6 +447,42 @@ def without_eval_every(flags: str) -> str:
     return re.sub(r"\s*--eval_every[ =]\S+", "", flags).strip()
 
 
+def read_results(path: str) -> dict:
+    """A results.json (a run's or a --merge's), or a message naming the file and what is wrong."""
+    try:
+        d = json.loads(Path(path).read_text())
+        problem = "" if isinstance(d, dict) else f"it holds a {type(d).__name__}, not an object"
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        problem = f"{type(e).__name__}: {e}"
+    missing = (
+        [] if problem else [k for k in ("seeds", "train_flags", "runs", "walls") if k not in d]
+    )
+    if problem or missing:
+        raise SystemExit(
+            f"{path} is not a results.json that benchmarks/compare.py wrote ("
+            + (problem or f"it has no {', '.join(missing)}")
+            + "); pass one (nothing was written)"
+        )
+    return d
+
+
+def refuse_overwrite(out: str, inputs: list[str], merging: bool):
+    """Stop a --merge (`merging`) or --report of `inputs` that would write into `out` over an input
+    (a merge's results.json) or over another comparison's files (not an earlier merge's), which
+    would then no longer match its results.json."""
+    held = os.path.join(out, "results.json")
+    mine = os.path.exists(held) and any(os.path.samefile(p, held) for p in inputs)
+    if not os.path.exists(held) or (mine and not merging):
+        return  # --report of out's own results.json: its results.md and curves.png again
+    if merging and not mine and read_results(held).get("how", "").startswith("merged by --merge"):
+        return  # an earlier merge's: replaced
+    raise SystemExit(
+        f"--{'merge' if merging else 'report'}: --out {out} holds {held}, "
+        + ("one of the inputs" if mine else "another comparison's results.json")
+        + ", which this would overwrite or contradict; pass another --out (nothing was written)"
+    )
+
+
 def merge(paths: list[str], setting: str | None) -> tuple[dict, list[int], str, dict, dict, str]:
     """Several results.json files as one run, seeds in order: their setting (`setting`'s; None:
     any) and shared flags must agree, except --eval_every (evaluating draws nothing from
@@ -452,7 +490,7 @@ def merge(paths: list[str], setting: str | None) -> tuple[dict, list[int], str, 
     holds are kept, at the evaluation steps all their seeds share: a file of `--arms matched
     --train_flags=""` (steps 0 and 15) adds seeds to the matched-budget tables. Returns what main()
     writes, and where it came from."""
-    parts = [json.load(open(p)) for p in paths]
+    parts = [read_results(p) for p in paths]
     first, seeds = parts[0], [s for p in parts for s in p["seeds"]]
     keys = ("setting", "world flags", "warm start flags", "train_flags")
     kept = [n for n in first["runs"] if all(n in p["runs"] for p in parts)]
@@ -529,39 +567,31 @@ def render(named: dict, seeds: list[int], train_flags: str, runs: dict, walls: d
 def write_report(
     out: str, named: dict, seeds: list[int], train_flags: str, runs: dict, walls: dict, how: str
 ) -> str:
-    """Every table, the figure and results.json in `out`; the tables' text."""
+    """Every table, the figure and results.json in `out`, whole or not at all; the tables' text."""
     text = render(named, seeds, train_flags, runs, walls, how)
+    stored = {**named, "seeds": seeds, "train_flags": train_flags, "commit": commit(), "how": how}
+    texts = {"results.md": text + "\n"}
+    texts["results.json"] = json.dumps({**stored, "runs": runs, "walls": walls}, indent=1)
+    return text + "\n\noutputs: " + ", ".join(write_whole(out, runs, texts))
+
+
+def write_whole(out: str, runs: dict, texts: dict[str, str]) -> list[str]:
+    """`texts` (file name -> text) and the figure of `runs` (curves.png) in `out`, all whole or
+    none (files.write_files); their paths."""
     os.makedirs(out, exist_ok=True)
-    outputs = [os.path.join(out, f) for f in ("results.md", "curves.png", "results.json")]
-    figure(runs, outputs[1])
-    with open(outputs[2], "w") as f:
-        json.dump(
-            {
-                **named,
-                "seeds": seeds,
-                "train_flags": train_flags,
-                "commit": commit(),
-                "how": how,
-                "runs": runs,
-                "walls": walls,
-            },
-            f,
-            indent=1,
-        )
-    with open(outputs[0], "w") as f:
-        f.write(text + "\n")
-    return text + "\n\noutputs: " + ", ".join(outputs)
+    writers = {os.path.join(out, n): lambda p, t=t: Path(p).write_text(t) for n, t in texts.items()}
+    writers[os.path.join(out, "curves.png")] = lambda p: figure(runs, p)
+    files.write_files(writers)
+    return list(writers)
 
 
 def report_file(path: str, out: str) -> str:
-    """The tables and the figure again from one results.json (a run's or a --merge's), in `out`:
-    results.md byte for byte as the run wrote it (its provenance line is stored in the file)."""
-    (named, seeds, train_flags, runs, walls, _), stored = merge([path], None), json.load(open(path))
+    """The tables and the figure again from one results.json (a run's or a --merge's), in `out`,
+    whole or not at all (refused over another's: `refuse_overwrite`): results.md byte for byte as
+    the run wrote it (its provenance line is stored in the file)."""
+    (named, seeds, train_flags, runs, walls, _), stored = merge([path], None), read_results(path)
+    refuse_overwrite(out, [path], merging=False)
     how = stored.get("how") or f"from {path} (commit {stored.get('commit', 'not recorded')})."
     text = render(named, seeds, train_flags, runs, walls, how)
-    os.makedirs(out, exist_ok=True)
-    outputs = [os.path.join(out, f) for f in ("results.md", "curves.png")]
-    figure(runs, outputs[1])
-    with open(outputs[0], "w") as f:
-        f.write(text + "\n")
-    return text + "\n\noutputs: " + ", ".join(outputs)
+    written = write_whole(out, runs, {"results.md": text + "\n"})
+    return text + "\n\noutputs: " + ", ".join(written)

@@ -1,5 +1,5 @@
 """Peak GPU memory of one real update step at a Qwen2.5 shape, split into its terms, and a per-GPU
-memory plan for the README's recipes built from measured figures.
+memory plan for docs/gpu.md's recipes built from measured figures.
 
     python benchmarks/gpu_memory.py                            # a GPU: 3B, micro-batch 2 x 4,096
     python benchmarks/gpu_memory.py --gradient_checkpointing --ref_dtype float32 --json m.json
@@ -32,6 +32,7 @@ figure was measured under FSDP2, where it is inside the remainder). Asserts noth
 import functools
 import json
 import math
+import os
 import resource
 import socket
 import sys
@@ -47,7 +48,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, get_constant_schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train
-from infra import flags
+from infra import files, flags
 from tree import Sample
 
 GIB = 2**30
@@ -67,7 +68,7 @@ class Args:
     micro_batches: int = 2
     """Micro-batches in the one mini-batch of each step (gradient accumulation)."""
     length: int = 0
-    """Tokens per row; 0 = 4,096 with CUDA (the README's --max_traj_tokens), 64 without."""
+    """Tokens per row; 0 = 4,096 with CUDA (docs/gpu.md's --max_traj_tokens), 64 without."""
     mixed_precision: Literal["auto", "no", "bf16"] = "auto"
     """The Accelerator's; auto = bf16 with CUDA, no without (CPU autocast is slow)."""
     gradient_checkpointing: bool = False
@@ -370,7 +371,7 @@ class Recipe:
 
 RECIPES = [
     Recipe(
-        "8 x 80 GB DDP (README), or 1 GPU as today",
+        "8 x 80 GB DDP (the old recipe), or 1 GPU as today",
         "the reference point; the HF engine instead of vLLM: rollout several times slower",
         gpus=8,
         checkpointing=False,
@@ -527,25 +528,46 @@ def table_rows() -> tuple[str, list[dict]]:
     return table["provenance"], [{**r, "source": "table"} for r in table["rows"]]
 
 
+def earlier_measurement(path: str) -> dict | None:
+    """The measurement of an earlier run's --json file `path` (None: that run measured nothing);
+    a file that is not such JSON is named, with what to pass instead."""
+    try:
+        with open(path) as f:
+            earlier = json.load(f)
+    except (OSError, ValueError) as e:  # ValueError: not JSON or not UTF-8
+        raise SystemExit(
+            f"--figures {path!r} cannot be read as JSON ({type(e).__name__}: {e}); pass a file "
+            "that --json wrote"
+        ) from None
+    if not isinstance(earlier, dict) or "measurement" not in earlier:
+        raise SystemExit(
+            f'--figures {path!r}: no "measurement" in it, so not a file that --json wrote; pass one'
+        )
+    return earlier["measurement"]
+
+
 def main(a: Args):
     cuda = torch.cuda.is_available()
     a.shape = a.shape if a.shape != "auto" else ("3B" if cuda else "tiny")
     a.length = a.length or (4096 if cuda else 64)
     if a.mixed_precision == "auto":
         a.mixed_precision = "bf16" if cuda else "no"
+    no_json = a.json and files.unwritable(a.json, "--json")
     flags.check(
         a,
         RULES,
         [
             (a.offload and not a.fsdp, "--offload needs --fsdp"),
             (a.offload and not cuda, "--offload needs CUDA (FSDP2 offloads from a GPU to the CPU)"),
+            (no_json, no_json),  # checked before the work, not after it
+            *[
+                (not os.path.isfile(p), f"--figures {p!r}: no such file; pass an earlier --json")
+                for p in a.figures
+            ],
         ],
     )
     provenance, rows = table_rows()
-    for path in a.figures:
-        with open(path) as f:
-            earlier = json.load(f)["measurement"]
-        rows += [earlier] if earlier else []
+    rows += [m for m in map(earlier_measurement, a.figures) if m]
     measurement = None
     if not a.plan_only:
         measurement = measure(a)
@@ -563,7 +585,7 @@ def main(a: Args):
     )
     if a.json:
         out = {"args": asdict(a), "measurement": measurement, "rows": rows, "plan": plans}
-        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+        files.write_text(a.json, json.dumps(out, indent=1) + "\n")
         print(f"wrote {a.json}")
 
 

@@ -9,7 +9,7 @@ gradient (what the model's forward hands over), notes the process's peak residen
 (ru_maxrss), then runs log-probs with entropy, train.ppo_loss and backward, and reports how far the
 peak rose above that note: the pass's extra memory beside the logits (their gradient included).
 "old" is the formula train.py had before: log_softmax over the whole vocabulary in float32, the
-entropy taken from it with gradient. The last line extrapolates linearly in length to the README's
+entropy taken from it with gradient. The last line extrapolates linearly in length to docs/gpu.md's
 GPU recipe (micro-batch 2, --max_traj_tokens 4096). Asserts nothing; one cell at a time.
 """
 
@@ -38,7 +38,7 @@ class Args:
     vocab: int = 151_936
     """Vocabulary size (Qwen2.5's: 151,936)."""
     batch: int = 2
-    """Rows per micro-batch (the README's GPU recipe: --micro_batch_size 2)."""
+    """Rows per micro-batch (docs/gpu.md's GPU recipe: --micro_batch_size 2)."""
     lengths: str = "256,512,1024"
     """Comma-separated sequence lengths T."""
 

@@ -105,14 +105,14 @@ class Book:
         """This rank's refine agent's sums over the step: summaries, summary tokens, seconds."""
         return Counter(self.refiner.stats) - self.refined if self.refiner else Counter()
 
-    def step_done(self, step, prompts, trajectories, samples, updated, weights):
+    def step_done(self, step, prompts, trajectories, samples, updated, nonfinite):
         """After step `step` (0-based) of `prompts` (its trees), `trajectories` and `samples` (what
         it trained), train.update's results (`updated`: stats, gradient norms, losses, skipped
-        mini-batches) and the policy's `weights` after it (shard.gather's): the metrics over every
-        rank's trees, samples and tokens (in rank order) logged, the env-error stop, the stop on
-        non-finite weights, evaluation when due, a checkpoint when due (never of a step degraded
-        by a retrieval outage) or asked for by a signal (on every rank alike), after which `steps`
-        sets `stopped`: the loop ends."""
+        mini-batches) and `nonfinite` (health.nonfinite's: the weights it left NaN or inf): the
+        metrics over every rank's trees, samples and tokens (in rank order) logged, the env-error
+        stop, the stop on non-finite weights, evaluation when due, a checkpoint when due (never of
+        a step degraded by a retrieval outage) or asked for by a signal (on every rank alike),
+        after which it sets `stopped`: the loop ends."""
         args, accelerator = self.args, self.accelerator
         stats, grad_norms, losses, skipped = updated
         self.skipped, self.done = self.skipped + skipped, step + 1
@@ -139,7 +139,7 @@ class Book:
             self.seconds[f"RL {k}"] = self.seconds.get(f"RL {k}", 0.0) + v
         self.log({"step": step + 1, **metrics})
         degraded = run.check_env_errors(self.history, args, self.where)  # an outage's step
-        health.check_finite(weights, step + 1, len(grad_norms), skipped)
+        health.check_finite(nonfinite, step + 1, len(grad_norms), skipped)
         self.bar.set_postfix(
             reward=f"{metrics['rollout/reward']:.3f}",
             em=f"{metrics['rollout/em']:.2f}",

@@ -12,15 +12,9 @@ model copy a name it never saw in training from a passage into its next query.
 lock under which runs sharing an --out_dir write the world (`ensure_world`) and the warm start one
 at a time.
 
-Deviations from the papers, each cited by its name:
-- entity-split: the world is split by entity, not by question: every entity but the countries is
-  drawn to the train or test side, relations stay inside a side, and a question's subject and
-  intermediate entities come from its side, so no test question mentions or needs an entity a train
-  question touched. Only country answers are shared (never searched).
-- constant-groups-kept: Cut the Bill drops groups whose rewards are all 0 or all 1 (it uses 8
-  rollouts, reward F1). We compare with `== 0` and `== 1` exactly; other constant groups (all 0.5)
-  carry no GRPO signal either, but are kept and counted (`kept_constant`) so a user can choose to
-  drop them too.
+Deviations from the papers, each cited by its name (argued in docs/paper_code.md):
+- entity-split: the world is split by entity, not by question
+- constant-groups-kept: only all-0 and all-1 groups are dropped; other constant groups stay
 """
 
 import contextlib

@@ -315,7 +315,8 @@ class VLLMEngine:
             enable_sleep_mode=sleep,
             **llm_kwargs,
         )
-        self.sleep_mode, self.asleep = sleep, False  # asleep: wake before any use
+        # asleep: what sleeps ("weights", "kv_cache"); reset_due: the prefix cache to drop at wake
+        self.sleep_mode, self.asleep, self.reset_due = sleep, set(), False
         self.prefill_tokens = 0  # prompt tokens given to generate (HF's engine has no prefix cache)
         # of those, served from the prefix cache instead of recomputed
         self.cached_prefill_tokens = 0
@@ -381,7 +382,7 @@ class VLLMEngine:
                 f"load_weights got a wrapped model's weights (parameter {wrapped[0]!r}); pass the "
                 "unwrapped HF model's full (not sharded) state dict: infra/shard.py's gather"
             )
-        self._wake()
+        self._wake(["weights"])  # the KV cache sleeps on until the next generate (see `sleep`)
         # references, no copies
         weights = [(name, tensor.detach()) for name, tensor in weights.items()]
         try:  # vLLM renames and fuses q/k/v and gate/up itself
@@ -394,24 +395,40 @@ class VLLMEngine:
                 f"({e}); infra/engines.py needs a vLLM with in-place layerwise reloading (0.32 is "
                 "tested)"
             ) from e
-        if not self.llm.reset_prefix_cache():  # its KV was computed with the old weights
+        del weights  # our references: the caller drops its dict before the KV cache wakes
+        self.reset_due = True  # its KV was computed with the old weights
+        if "kv_cache" not in self.asleep:
+            self._reset_prefix_cache()
+
+    def _reset_prefix_cache(self) -> None:
+        if not self.llm.reset_prefix_cache():
             raise RuntimeError(
                 "vLLM refused to reset its prefix cache after a weight update (requests running?); "
                 "cached KV would be stale, so call load_weights only between generate calls"
             )
+        self.reset_due = False
 
     def sleep(self) -> None:
         """With sleep mode on (--vllm_sleep): offload the weights to CPU memory and drop the KV
-        cache, so that the update has the GPU memory vLLM held (level 1); the next generate or
-        load_weights wakes it. Without: nothing."""
+        cache, so that the update has the GPU memory vLLM held (level 1). Without: nothing. They
+        wake in verl's order: `load_weights` wakes the weights alone and loads the new ones; the
+        caller drops its state dict; the next `generate` wakes the KV cache. Each wake first
+        empties torch's caching allocator, which still holds what the update used (vLLM's wake
+        does not empty it)."""
         if self.sleep_mode and not self.asleep:
             self.llm.sleep(level=1)
-            self.asleep = True
+            self.asleep = {"weights", "kv_cache"}
 
-    def _wake(self) -> None:
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
+    def _wake(self, tags=("weights", "kv_cache")) -> None:
+        """Wake what of `tags` sleeps, into an emptied cache; a prefix cache made stale by a weight
+        update while the KV cache slept is dropped then."""
+        waking = [tag for tag in tags if tag in self.asleep]
+        if waking:
+            torch.cuda.empty_cache()
+            self.llm.wake_up(tags=waking)
+            self.asleep -= set(waking)
+        if self.reset_due and "kv_cache" not in self.asleep:
+            self._reset_prefix_cache()
 
     def close(self) -> None:
         """Shut the in-process engine core down, with the torch.distributed groups it made: call it
@@ -428,8 +445,8 @@ class VLLMEngine:
 RULES = [
     (
         "engine",
-        "auto or hf: vllm is not installed (GPU: pip install -r requirements-gpu.txt; CPU: README, "
-        "'vLLM on CPU')",  # flags.check
+        "auto or hf: vllm is not installed (GPU: pip install -r requirements-gpu.txt; CPU: "
+        "docs/vllm_cpu.md)",  # flags.check
         lambda v: v != "vllm" or importlib.util.find_spec("vllm") is not None,
     )
 ]

@@ -2,9 +2,12 @@
 config and metrics, eval reports): each is written whole or not at all. A file is written to
 NAME.tmp, then renamed onto NAME (os.replace is atomic), and a directory is written to NAME.tmp,
 then swapped in, so a kill or a full disk in the middle of a write leaves the previous version (or
-nothing), never a torn one that a later run would read.
+nothing), never a torn one that a later run would read. Also here: a script's check of an output
+path before its work (`unwritable`), and write errors that name their file (`failure_named`).
 """
 
+import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -27,10 +30,27 @@ def write_json(path, obj, **dump_kwargs):
     write_text(path, json.dumps(obj, **dump_kwargs))
 
 
+def write_files(writers: dict):
+    """Write several files whole or not at all, as one: `writers` maps each file's path to a
+    function that writes it, given the path NAME.tmp to write to; the files are renamed onto their
+    names only once all are written, and none is when one fails."""
+    try:
+        for path, write in writers.items():
+            write(f"{path}.tmp")
+    except BaseException:
+        for path in writers:
+            remove(f"{path}.tmp")  # a torn temporary file only takes space
+        raise
+    for path in writers:
+        os.replace(f"{path}.tmp", path)
+
+
 def write_dir(path, write):
     """Fill the directory `path` by `write(tmp)`, whole or not at all: `write` fills NAME.tmp (made
-    empty first), which then replaces `path` and what it held. When `write` raises, NAME.tmp is
-    deleted and `path` is left as it was."""
+    empty first), which then replaces `path` and what it held (`path` -> NAME.old, NAME.tmp ->
+    `path`, NAME.old deleted). When `write` raises, NAME.tmp is deleted and `path` is left as it
+    was; a swap a kill cut short is finished first (`finish_swap`)."""
+    finish_swap(path)
     tmp = f"{os.fspath(path).rstrip('/')}.tmp"
     remove(tmp)
     os.makedirs(tmp)
@@ -47,9 +67,62 @@ def write_dir(path, write):
     remove(old)
 
 
+def finish_swap(path) -> str:
+    """Finish the swap of a `write_dir` into `path` that a kill cut short between its renames
+    (NAME.old and NAME.tmp left, `path` gone); the caller holds the lock of whatever writes `path`.
+    NAME.old exists only once NAME.tmp was written whole, so NAME.tmp becomes `path`; NAME.old, the
+    previous version, goes (with no NAME.tmp it is put back). Returns what was done, or ""."""
+    path = os.fspath(path).rstrip("/")
+    old, tmp = f"{path}.old", f"{path}.tmp"
+    if not os.path.isdir(old):
+        return ""
+    if os.path.exists(path):  # killed after the swap, before NAME.old was deleted
+        remove(old)
+        return ""
+    if os.path.isdir(tmp):
+        os.replace(tmp, path)
+        remove(old)
+        return f"{path}: a write killed between its renames was finished ({tmp} -> {path})"
+    os.replace(old, path)
+    return f"{path}: a write killed between its renames was undone ({old} -> {path})"
+
+
+def unwritable(path: str, flag: str) -> str:
+    """Why the file `path` (given as the flag `flag`, e.g. "--out") cannot be written: its directory
+    is missing or not writable, or it is a directory; empty when it can. A script checks this with
+    its flags, before the work, not after it."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"{flag} {path!r}: the directory {folder} does not exist; create it, or pass another"
+    if not os.access(folder, os.W_OK | os.X_OK) or os.path.isdir(path):
+        return f"{flag} {path!r}: cannot write a file there; pass a file path in a writable folder"
+    return ""
+
+
+@contextlib.contextmanager
+def failure_named(path, what_to_do: str):
+    """Re-raise an OSError of the block that writes the file `path` (a full disk, a lost mount:
+    errors that name no file) as one that names it, the space left on its disk and `what_to_do`."""
+    try:
+        yield
+    except OSError as e:
+        folder = os.path.dirname(os.path.abspath(path))
+        free = shutil.disk_usage(folder).free / 2**20 if os.path.isdir(folder) else None
+        space = "" if free is None else f"; {free:.0f} MiB free on the disk holding it"
+        raise OSError(
+            f"writing {path} failed ({type(e).__name__}: {e}){space}: {what_to_do}"
+        ) from e
+
+
 def remove(path):
     """Delete the file or directory `path` if it exists."""
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path)
     elif os.path.lexists(path):
         os.remove(path)
+
+
+def sha256(path) -> str:
+    """The sha256 of the file `path`'s bytes, in hex."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

@@ -5,6 +5,7 @@ rules. The scripts' progress bars (`progress`) are made here too, so that a log 
 import dataclasses
 import math
 import sys
+import typing
 
 import tyro
 from tqdm import tqdm
@@ -52,3 +53,19 @@ def progress(iterable, **kwargs):
     a file or a pipe (`> log 2>&1`: a few lines a minute, not every redraw). Update its postfix
     with refresh=False: a refresh redraws at once."""
     return tqdm(iterable, mininterval=0.1 if sys.stderr.isatty() else 20, **kwargs)
+
+
+def check_choices(config) -> None:
+    """A config dataclass's `__post_init__`: every Literal field within its choices, else a
+    ValueError naming the field, the value and the choices (tyro refuses them on the command line;
+    this, in direct Python calls)."""
+    hints = typing.get_type_hints(type(config))
+    choices = {f.name: typing.get_args(hints[f.name]) for f in dataclasses.fields(config)}
+    choices = {k: v for k, v in choices.items() if typing.get_origin(hints[k]) is typing.Literal}
+    bad = [
+        f"{k}={getattr(config, k)!r} (one of {', '.join(map(repr, v))})"
+        for k, v in choices.items()
+        if getattr(config, k) not in v
+    ]
+    if bad:
+        raise ValueError(f"{type(config).__name__}: {'; '.join(bad)}; pass one of the choices")

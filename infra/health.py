@@ -1,6 +1,6 @@
 """A step's health metrics: the `rollout/`, `tree/` and `abnormal/` entries of every step's log,
 from the step's trees (tree.py's Tree and Node, read by their fields), and the update's `train/`
-ones (the README lists them all); and what they tell of the run: the stop on non-finite weights
+ones (docs/metrics.md lists them all); and what they tell of the run: the stop on non-finite weights
 (`check_finite`), the warnings of its last line (`warnings`).
 """
 
@@ -19,9 +19,9 @@ def path(node) -> list:
 
 
 def metrics(prompts: list[list]) -> dict[str, float]:
-    """One rollout batch's metrics (the README lists them): reward, EM/F1 (as the agent recorded
-    them), behaviour, effective groups, budgets per prompt, failed retrieval queries (summed over
-    the batch), abnormal rates (FLAGS, the abnormal outcomes)."""
+    """One rollout batch's metrics (docs/metrics.md lists them): reward, EM/F1 (as the agent
+    recorded them), behaviour, effective groups, budgets per prompt, failed retrieval queries
+    (summed over the batch), abnormal rates (FLAGS, the abnormal outcomes)."""
     n = max(len(prompts), 1)
     leaves = [leaf for trees in prompts for t in trees for leaf in t.leaves()]
     scored = [leaf for leaf in leaves if leaf.scored]
@@ -84,8 +84,9 @@ def refine_metrics(sums) -> dict[str, float]:
 
 
 def train_metrics(stats, grad_norms, losses, args) -> dict[str, float]:
-    """The update's train/ metrics (the README lists them): `stats`, the per-micro-batch statistics
-    of train.update, the applied steps' gradient norms and losses; `args`: train.py's Args."""
+    """The update's train/ metrics (docs/metrics.md lists them): `stats`, the per-micro-batch
+    statistics of train.update, the applied steps' gradient norms and losses; `args`: train.py's
+    Args."""
     cat = lambda k: torch.cat([s[k].float().cpu() for s in stats]) if stats else torch.zeros(0)
     mean = lambda x: x.mean().item() if stats else 0.0
     return {
@@ -113,7 +114,8 @@ def quantiles(name: str, x: torch.Tensor) -> dict[str, float]:
 
 def warnings(history: list[dict]) -> str:
     """What the summary must add about the steps of `history`: those that lost trajectories to
-    retrieval errors (each with its share), and a run that trained no token at all."""
+    retrieval errors (each with its share), and a run that trained no token at all, or only
+    tokens of zero advantage."""
     lost = [(r["step"], r["abnormal/env_error"]) for r in history if r.get("abnormal/env_error")]
     trained = [r["train/tokens_trained"] for r in history if "train/tokens_trained" in r]
     said = ""
@@ -124,21 +126,33 @@ def warnings(history: list[dict]) -> str:
             f". DEGRADED: steps {steps}{more} lost trajectories to retrieval errors "
             "(abnormal/env_error), trained without them"
         )
+    differed = [r["rollout/effective_groups"] for r in history if "rollout/effective_groups" in r]
     if trained and not any(trained):
         said += (
             ". NOTHING WAS TRAINED: no step had a token to train (train/tokens_trained 0): every "
             "trajectory was cut by --max_traj_tokens, lost, or had no advantage"
         )
+    elif differed and not any(differed):
+        said += (
+            ". NOTHING WAS TRAINED: at every step each prompt's rollouts had one reward "
+            "(rollout/effective_groups 0), so every advantage was 0: rollouts that cannot differ "
+            "(--temperature 0, --grpo_G 1) or questions the policy always fails (or always solves)"
+        )
     return said
 
 
-def check_finite(weights: dict, step: int, applied: int, skipped: int):
-    """Stop the run after `step` when its update left a weight (`weights`: the policy's full state
-    dict, infra/shard.py's gather) NaN or inf (a --lr too large), or
-    when none of its optimizer steps could be applied (`applied`; `skipped`: those dropped for a
-    non-finite loss or gradient norm): what it would go on to train, and save as final/, is not a
-    policy. Every rank decides alike (the ranks hold the same weights and skip alike)."""
-    bad = [name for name, p in weights.items() if not torch.isfinite(p).all()]
+def nonfinite(weights: dict) -> list[str]:
+    """The names of the tensors of `weights` (the policy's full state dict, infra/shard.py's
+    gather) that hold a NaN or an inf."""
+    return [name for name, p in weights.items() if not torch.isfinite(p).all()]
+
+
+def check_finite(bad: list[str], step: int, applied: int, skipped: int):
+    """Stop the run after `step` when its update left weights NaN or inf (`bad`: their names,
+    `nonfinite`; a --lr too large), or when none of its optimizer steps could be applied
+    (`applied`; `skipped`: those dropped for a non-finite loss or gradient norm): what it would go
+    on to train, and save as final/, is not a policy. Every rank decides alike (the ranks hold the
+    same weights and skip alike)."""
     if bad:
         raise SystemExit(
             f"stopping at step {step}: the update left {len(bad)} weight tensors with NaN or inf "

@@ -1,10 +1,8 @@
 """Real datasets as questions: Search-R1 parquet, FlashRAG / our JSONL and Hugging Face `datasets`
 turned into infra/data.py's `QARow`s (`load_rows`), every bad file or row named (`DataError`).
 
-Deviations from the papers, each cited by its name:
-- question-from-prompt: Search-R1 parquet rows without a `question` column get theirs from the
-  prompt: the text after the last "Question:" in the last user message (Search-R1's own template
-  ends that way), else the whole message.
+Deviations from the papers, each cited by its name (argued in docs/paper_code.md):
+- question-from-prompt: a parquet row without `question` takes the prompt's last "Question:"
 """
 
 import json
@@ -15,6 +13,7 @@ import datasets
 import pyarrow.parquet
 
 from infra.data import QARow
+from infra.squad import normalize_answer
 
 
 class DataError(ValueError):
@@ -73,6 +72,13 @@ def row_from_record(rec, where, split, index):
         raise DataError(
             f"{where}: golden answers must be a non-empty list of strings, got {answers!r}"
         )
+    empty = [a for a in answers if not normalize_answer(a)]
+    if empty:
+        raise DataError(
+            f"{where}: golden answer {empty[0]!r} is empty once normalised (lower case, no "
+            "punctuation, no article a / an / the), so EM and F1 would score answers such as "
+            "'the' or '?' 1.0; fix or drop that answer (or the row)"
+        )
     extra = rec.get("extra_info") or {}
     gold = {
         f.name: rec[f.name] for f in fields(QARow) if f.name.startswith("gold_") and f.name in rec
@@ -93,16 +99,11 @@ def load_rows(source, split="train"):
     """Questions from a .parquet / .jsonl file, a directory holding {split}.parquet or .jsonl, or a
     `datasets` name."""
     if os.path.isdir(source):
-        found = [
-            p
-            for p in (os.path.join(source, f"{split}.{e}") for e in ("parquet", "jsonl"))
-            if os.path.exists(p)
-        ]
-        if not found:
+        if not split_file(source, split):
             raise DataError(
                 f"{source} has no {split}.parquet or {split}.jsonl; pass a file or another split"
             )
-        source = found[0]
+        source = split_file(source, split)
     if source.endswith((".parquet", ".jsonl", ".json")) and not os.path.exists(source):
         raise DataError(
             f"{source} does not exist; run `python -m infra.data --out DIR` to write the embedded "
@@ -128,6 +129,16 @@ def load_rows(source, split="train"):
     if not rows:
         raise DataError(f"{source} holds no rows")
     return rows
+
+
+def split_file(source: str, split: str) -> str:
+    """The file `load_rows` reads `split` from: `source` itself, or in a directory its
+    {split}.parquet, else {split}.jsonl; empty when there is none (a directory without it, or a
+    `datasets` name)."""
+    if not os.path.isdir(source):
+        return source if os.path.isfile(source) else ""
+    found = [os.path.join(source, f"{split}.{e}") for e in ("parquet", "jsonl")]
+    return next((p for p in found if os.path.exists(p)), "")
 
 
 def read_jsonl(path, error=ValueError):

@@ -53,6 +53,7 @@ RULES = [  # flags.check: (flags of train.py's Args, what is allowed, test)
         lambda v: v >= 1,
     ),
     ("warmup_steps eval_every checkpoint_every seed", "an integer >= 0", lambda v: v >= 0),
+    ("seed", "below 2**32 (numpy's seeds are 32-bit)", lambda v: v < 2**32),
     ("lr grad_clip", "> 0", lambda v: v > 0),
     ("clip_high kl_coef tis_cap", ">= 0", lambda v: v >= 0),
     ("clip_low", "in [0, 1)", lambda v: 0 <= v < 1),
@@ -125,14 +126,17 @@ def validate(args, configs, rules, depth):
 
 def log(row: dict, history: list[dict], run_dir: str, accelerator, args):
     """Append a row to the history; rank 0 also writes it to metrics.jsonl, the trackers and
-    curve.png."""
+    curve.png (a failed write, e.g. on a full disk, names the file and what to do)."""
     history.append(row)
     if accelerator.is_main_process:
-        with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
+        metrics, curve = os.path.join(run_dir, "metrics.jsonl"), os.path.join(run_dir, "curve.png")
+        full = "if it is full, free space, then --resume: from the last checkpoint (intact), if any"
+        with files.failure_named(metrics, full), open(metrics, "a") as f:
             f.write(json.dumps(row) + "\n")
         if args.log_with:
             accelerator.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
-        plot_curves({"": history}, os.path.join(run_dir, "curve.png"))
+        with files.failure_named(curve, full):
+            plot_curves({"": history}, curve)
 
 
 def summary(history: list[dict], seconds: dict[str, float], wall: float, run_dir: str) -> str:
@@ -187,7 +191,7 @@ def plot_curves(
     ax.legend(fontsize=6 if len(runs) > 1 else None, ncol=1 + (len(runs) > 1))
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    files.write_files({path: lambda tmp: fig.savefig(tmp, dpi=100, format="png")})  # whole or not
 
 
 def check_env_errors(history: list[dict], args, where: str) -> bool:
@@ -238,6 +242,9 @@ def claim_run_dir(run_dir: str, args):
         ) from None
     lock.truncate(0)
     print(os.getpid(), socket.gethostname(), file=lock, flush=True)
+    swapped = files.finish_swap(os.path.join(run_dir, "final"))  # under the lock: no one writes it
+    if swapped:
+        print(swapped)
     held = sorted(
         n
         for n in os.listdir(run_dir)
@@ -259,11 +266,14 @@ def claim_run_dir(run_dir: str, args):
 
 
 def save_config(run_dir: str, whole: dict, classes, name: str = "config.json"):
-    """Write the run's whole configuration (`whole`: flag -> value) to run_dir/config.json (`name`)
-    and print the flags that differ from the defaults of `classes` (the run's flag dataclasses)."""
+    """Write the run's whole configuration (`whole`: flag -> value, and rundir.recorded's) to
+    run_dir/config.json (`name`) and print the flags that differ from the defaults of `classes`
+    (the run's flag dataclasses)."""
     files.write_json(Path(run_dir, name), whole, indent=1)
     default = {k: v for c in classes for k, v in asdict(c()).items()}
-    changed = " ".join(rundir.flag(k, v) for k, v in whole.items() if v != default[k])
+    changed = " ".join(
+        rundir.flag(k, v) for k, v in whole.items() if k in default and v != default[k]
+    )
     print(f"config: {run_dir}/config.json; not the defaults: {changed or 'none'}")
 
 
@@ -357,18 +367,24 @@ def load_checkpoint(accelerator, run_dir: str, parts) -> dict | None:
     latest = Path(run_dir, "latest")
     if not latest.exists():
         return None
-    newest = latest.read_text().strip()
+    newest = latest.read_bytes().decode(errors="replace").strip()
     step_of = lambda name: int(name.removeprefix("checkpoint-"))
+    named = re.fullmatch(r"checkpoint-\d+", newest)
+    if not named:  # empty or garbage (a damaged disk, an edit): every checkpoint is a candidate
+        accelerator.print(
+            f"resume: {latest} holds {newest[:40]!r}, not a checkpoint's name; falling back to "
+            "the newest readable checkpoint"
+        )
     names = sorted(
         (
             n
             for n in os.listdir(run_dir)
-            if re.fullmatch(r"checkpoint-\d+", n) and step_of(n) <= step_of(newest)
+            if re.fullmatch(r"checkpoint-\d+", n) and (not named or step_of(n) <= step_of(newest))
         ),
         key=step_of,
         reverse=True,
     )  # newest first
-    problems = [] if newest in names else [f"{newest}: missing"]
+    problems = [] if newest in names or not named else [f"{newest}: missing"]
     for name in names:
         ckpt_dir = os.path.join(run_dir, name)
         problem = checkpoint_problem(ckpt_dir)
@@ -393,8 +409,8 @@ def load_checkpoint(accelerator, run_dir: str, parts) -> dict | None:
     state = json.loads(Path(ckpt_dir, "trainer_state.json").read_text())
     if name != newest:
         accelerator.print(
-            f"resume: fell back to the previous checkpoint, {name}; the steps after "
-            f"{state['step']} run again"
+            f"resume: fell back to {'the previous checkpoint, ' * bool(named)}{name}; the steps "
+            f"after {state['step']} run again"
         )
         if accelerator.is_main_process:
             files.write_text(latest, name)
@@ -455,6 +471,7 @@ def start(accelerator, run_dir: str, args, configs, warm):
         return None
     config = {k: v for c in configs for k, v in asdict(c).items()}
     whole = {**config, **(asdict(warm) if not args.model else {})}  # warm: embedded default
+    whole |= rundir.recorded(args, accelerator.mixed_precision)  # the files read, the precision
     rundir.check_resume(run_dir, whole, args)  # before config.json is rewritten
     lock = claim_run_dir(run_dir, args)
     name = rundir.config_name(run_dir, args.overwrite)

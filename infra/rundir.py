@@ -11,7 +11,7 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 
-from infra import files
+from infra import files, loaders
 
 NEXT_CONFIG = "config.next.json"  # an --overwrite run's config.json until the old run is deleted
 
@@ -32,6 +32,7 @@ RESUME_MAY_CHANGE = {
     "out_dir": "the same directory, however spelt",
     "run_name": "the same directory, however spelt",
 }
+RECORDED = ("inputs", "mixed_precision")  # config.json's entries that are not flags: `recorded`
 
 
 def bad_name(name: str) -> bool:
@@ -56,12 +57,33 @@ def unwritable(out_dir: str) -> str:
     return ""
 
 
+def recorded(args, mixed_precision: str) -> dict:
+    """What config.json records beside the flags, so that a --resume refuses a change the flags do
+    not show: the sha256 of each question and corpus file the run reads (`args`: train.py's Args;
+    an empty --data, --test_data or --corpus reads the embedded world in OUT_DIR/world; a datasets
+    name has no file, and a world not written yet is recorded as null) and the mixed precision
+    (`mixed_precision`: the accelerator's), which sets pi_old's source and the reference's dtype."""
+    world = os.path.join(args.out_dir, "world")
+    sources = {
+        "data": (args.data or world, "train"),
+        "test_data": (args.test_data or args.data or world, "test"),
+        "corpus": (args.corpus or os.path.join(world, "corpus.jsonl"), ""),
+    }
+    inputs = {}
+    for name, (source, split) in sources.items():
+        path = loaders.split_file(source, split) if split else source
+        if path and os.path.isfile(path):
+            inputs[name] = {"file": path, "sha256": files.sha256(path)}
+    return {"inputs": inputs, "mixed_precision": mixed_precision}
+
+
 def check_resume(run_dir: str, whole: dict, args):
     """Refuse a --resume (`args`: train.py's Args) that would not continue the run it names: the run
-    directory does not exist (a mistyped --run_name or --seed: the runs that exist are listed), or
-    the run has a checkpoint and a flag of `whole` (flag -> value, this run's whole configuration)
-    differs from its config.json where that changes the numbers (every such flag is listed; only
-    RESUME_MAY_CHANGE's may differ)."""
+    directory does not exist (a mistyped --run_name or --seed: the runs that exist are listed), the
+    run finished without a checkpoint (a resume would train it again from step 0 and replace it),
+    or a flag of `whole` (flag -> value, this run's whole configuration, with `recorded`'s inputs
+    and mixed precision) differs from its config.json where that changes the numbers (every such
+    flag is listed; only RESUME_MAY_CHANGE's may differ), checkpoint or not."""
     if not args.resume:
         return
     runs = Path(run_dir).parent
@@ -72,9 +94,19 @@ def check_resume(run_dir: str, whole: dict, args):
             f"{', '.join(there) or 'none'}. Pass one of them as --run_name (a run's default name "
             "is ALGO-seedSEED), or drop --resume to start a new run"
         )
-    config = Path(run_dir, "config.json")
-    if not (Path(run_dir, "latest").exists() and config.exists()):
-        return  # nothing to continue: the run starts from step 0 (infra/run.py says so)
+    config, latest = Path(run_dir, "config.json"), Path(run_dir, "latest")
+    finished = any(Path(run_dir, n).is_dir() for n in ("final", "final.old"))  # .old: mid-swap
+    if finished and not latest.exists():
+        held = sorted(n for n in os.listdir(run_dir) if n != "run.lock")
+        raise SystemExit(
+            f"--resume: {run_dir} holds a finished run ({', '.join(held)}) and no checkpoint to "
+            "go on from (it ran with --checkpoint_every 0, or fewer --steps than "
+            "--checkpoint_every): a resume would train it again from step 0 and replace its "
+            "final/ and metrics. Keep it and start a new run with another --run_name, or pass "
+            "--overwrite to replace it"
+        )
+    if not config.exists():
+        return  # killed before its config.json was written: nothing to compare; from step 0
     try:
         saved = json.loads(config.read_text())
     except (OSError, ValueError) as e:
@@ -87,9 +119,26 @@ def check_resume(run_dir: str, whole: dict, args):
     changed = [
         f"{flag(k, v)} (the run: {flag(k, saved[k]).split(' ', 1)[-1]})"
         for k, v in now.items()
-        if k in saved and saved[k] != v and k not in RESUME_MAY_CHANGE
+        if k in saved and saved[k] != v and k not in RESUME_MAY_CHANGE and k not in RECORDED
     ]
-    at = Path(run_dir, "latest").read_text().strip().removeprefix("checkpoint-")
+    was_inputs = saved.get("inputs") if isinstance(saved.get("inputs"), dict) else {}
+    for name, now_file in now.get("inputs", {}).items():
+        was = was_inputs.get(name) or {}
+        if was.get("sha256") not in (None, now_file["sha256"]):
+            changed.append(
+                f"the contents of --{name}'s file {now_file['file']} (sha256 "
+                f"{now_file['sha256'][:12]}..., the run's {was['sha256'][:12]}...: the file "
+                "changed since the run started; put the run's file back)"
+            )
+    was_mp = saved.get("mixed_precision")
+    if was_mp is not None and was_mp != now.get("mixed_precision", was_mp):
+        changed.append(
+            f"mixed precision {now['mixed_precision']} (the run: {was_mp}; it sets pi_old's "
+            "source and the reference's dtype: launch with the run's, e.g. `accelerate launch "
+            f"--mixed_precision {was_mp}`)"
+        )
+    at = latest.read_bytes().decode(errors="replace") if latest.exists() else ""
+    at = at.strip().removeprefix("checkpoint-")
     if at.isdigit() and args.steps < int(at):
         changed.append(f"--steps {args.steps} (the checkpoint is at step {at})")
     if changed:

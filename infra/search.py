@@ -3,9 +3,8 @@
 RETRIEVERS; both save and load their index. retriever.py's `connect` builds one for a run;
 infra/server.py serves one over HTTP.
 
-Deviations from Search-R1's retrieval server, each cited by its name:
-- empty-title: a passage whose contents has no newline gets an empty title (Search-R1 takes the
-  whole line as the title).
+Deviations from Search-R1's retrieval server, each cited by its name (docs/paper_code.md):
+- empty-title: a passage with no newline gets an empty title (Search-R1: the whole line)
 """
 
 import hashlib
@@ -140,10 +139,17 @@ def load_corpus(path):
 
 
 def _index_meta(kind, corpus, **settings):
-    """What a saved index records in its meta.json, so that one built for another corpus or settings
-    is refused."""
-    fingerprint = hashlib.sha1("\n".join(corpus.ids).encode()).hexdigest()
-    return {"kind": kind, "passages": len(corpus.ids), "fingerprint": fingerprint, **settings}
+    """What a saved index records in its meta.json, so that one built for another corpus (its ids
+    or its text: `contents_sha256`, over both) or other settings is refused."""
+    digest = hashlib.sha256()
+    for i, text in zip(corpus.ids, corpus.contents):  # lengths first: no two corpora hash alike
+        digest.update(f"{len(i)}:{i}{len(text)}:{text}".encode("utf-8", "surrogatepass"))
+    return {
+        "kind": kind,
+        "passages": len(corpus.ids),
+        "contents_sha256": digest.hexdigest(),
+        **settings,
+    }
 
 
 def _has_saved_index(index_dir, meta):
@@ -165,6 +171,14 @@ def _has_saved_index(index_dir, meta):
             f"record; delete {index_dir} to rebuild it"
         )
     wrong = {k: (saved.get(k), v) for k, v in meta.items() if saved.get(k) != v}
+    if "contents_sha256" in wrong:
+        raise ValueError(
+            f"index in {index_dir} does not match this corpus: it was built from another text "
+            "(the passages' ids or contents changed since, or the index predates contents "
+            "fingerprints), so it would "
+            f"answer from the old text: refused, not rebuilt; delete {index_dir} to rebuild it "
+            "from this corpus, or pass another index directory"
+        )
     if wrong:
         raise ValueError(
             f"index in {index_dir} does not match this corpus/settings (saved vs now: {wrong}); "

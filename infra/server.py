@@ -1,18 +1,13 @@
 """Search-R1's retrieval API over HTTP. `SearchServer` answers `POST /retrieve` from any object
 with `search(queries, k)` (`python retriever.py serve`: `main`); its client `RemoteRetriever` adds
-a timeout, retries with backoff and a concurrency cap, failing with a countable `RetrievalError`
-("Cut the Bill" §5.4.2, §8.2: environment errors are discarded and counted; one runaway trajectory
-must not starve the batch).
+a deadline per request, retries with backoff and a concurrency cap, failing with a countable
+`RetrievalError` ("Cut the Bill" §5.4.2, §8.2: environment errors are discarded and counted; one
+runaway trajectory must not starve the batch).
 
-Deviations from Search-R1's retrieval server, each cited by its name:
-- scoreless-answer: `return_scores: false` answers `[{"document": {...}}, ...]` per query;
-  Search-R1's server crashes on that path (it unpacks scores that batch_search did not return).
-- dynamic-batching: concurrent requests are searched in one call: the same results (exact top-k,
-  cut to each request's topk), but a search that raises fails every request batched with it (each
-  answers 500; clients retry). A call takes at most 1024 queries, shared among the waiting
-  requests, so a large request is searched over several calls while the others are answered.
-- stdlib-http: standard-library HTTP (ThreadingHTTPServer, urllib) instead of FastAPI + uvicorn: no
-  extra dependency.
+Deviations from Search-R1's retrieval server, each cited by its name (docs/paper_code.md):
+- scoreless-answer: `return_scores: false` is answered without scores (Search-R1 crashes)
+- dynamic-batching: concurrent requests are searched in one call, within per-call caps
+- stdlib-http: standard-library HTTP instead of FastAPI + uvicorn
 """
 
 import http.client
@@ -20,13 +15,13 @@ import http.server
 import json
 import os
 import queue
+import socket
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from infra import flags
 from infra.search import Passage, load_corpus, make_retriever
@@ -37,38 +32,65 @@ from infra.search import Passage, load_corpus, make_retriever
 
 class _Batcher:
     """Runs the searches of concurrent requests as batched calls on one thread (dynamic-batching):
-    each call takes up to `max_queries` queries, an equal share from every waiting request, so a
-    request with more queries than its share is searched over several calls, and one that arrives
-    meanwhile joins the next call instead of waiting for all of it."""
+    each call takes up to `max_queries` queries and `max_bytes` of query text, an equal share of
+    each from every waiting request (at least one query), so a request larger than its share is
+    searched over several calls, and one that arrives meanwhile joins the next call instead of
+    waiting for all of it."""
 
-    def __init__(self, retriever, max_queries=1024):
-        self.retriever, self.max_queries, self.inbox = retriever, max_queries, queue.Queue()
+    def __init__(self, retriever, max_queries=1024, max_bytes=256 * 2**10):
+        self.retriever, self.max_queries, self.max_bytes = retriever, max_queries, max_bytes
+        self.inbox = queue.Queue()
         threading.Thread(target=self._loop, daemon=True, name="retrieval-batcher").start()
 
-    def search(self, queries, k):
+    def search(self, queries, k, sizes=None):
+        """Each query's passages (`sizes`: each query's size in bytes; default its length)."""
         done = Future()
-        self.inbox.put((list(queries), k, done))
+        sizes = list(sizes) if sizes is not None else [len(q) for q in queries]
+        self.inbox.put((list(queries), k, done, sizes))
         return done.result()
 
+    def _share(self, job, count: int, size: int) -> list[str]:
+        """The next queries of `job` for one call: at most `count` of them and `size` bytes, but at
+        least one."""
+        queries, sizes, start = job[0], job[3], len(job[4])
+        end, used = start + 1, sizes[start]
+        while end < min(len(queries), start + count) and used + sizes[end] <= size:
+            used, end = used + sizes[end], end + 1
+        return queries[start:end]
+
+    def _call(self, batch: list) -> list:
+        """Search `batch` ((job, queries) pairs) in one call: per pair, each query's passages cut
+        to its job's k, or the exception the search raised. A call of several requests that raises
+        is tried again request by request, so that one request's bad query fails that request
+        alone."""
+        try:
+            found = iter(
+                self.retriever.search(
+                    [q for _, qs in batch for q in qs], max(job[1] for job, _ in batch)
+                )
+            )
+            return [[next(found)[: job[1]] for _ in qs] for job, qs in batch]
+        except Exception as e:  # handed to the request, which answers 500 with the message
+            if len(batch) == 1:
+                return [e]
+        return [self._call([pair])[0] for pair in batch]
+
     def _loop(self):
-        waiting = []  # (queries, k, done, the passages found so far) per request
+        waiting = []  # (queries, k, done, sizes, the passages found so far) per request
         while True:
             if not waiting:
                 waiting.append((*self.inbox.get(), []))
             while not self.inbox.empty():
                 waiting.append((*self.inbox.get_nowait(), []))
-            share = max(1, self.max_queries // len(waiting))
-            batch = [(job, job[0][len(job[3]) : len(job[3]) + share]) for job in waiting]
-            try:
-                asked = [q for _, qs in batch for q in qs]
-                found = iter(self.retriever.search(asked, max(k for _, k, _, _ in waiting)))
-                for (_, k, _, so_far), qs in batch:
-                    so_far += [next(found)[:k] for _ in qs]
-            except Exception as e:
-                # handed to every request of the call, which answers 500 with the message
-                for _, _, done, _ in waiting:
-                    done.set_exception(e)
-            for queries, _, done, so_far in waiting:
+            count = max(1, self.max_queries // len(waiting))
+            size = self.max_bytes // len(waiting)
+            batch = [(job, self._share(job, count, size)) for job in waiting if job[0]]
+            for (job, _), found in zip(batch, self._call(batch) if batch else []):
+                if isinstance(found, Exception):
+                    job[2].set_exception(found)
+                else:
+                    job[4].extend(found)
+            for queries, _, done, _, so_far in waiting:
                 if not done.done() and len(so_far) == len(queries):
                     done.set_result(so_far)
             waiting = [job for job in waiting if not job[2].done()]
@@ -136,6 +158,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._reply(400, error=f"body is not UTF-8 ({e}); send JSON encoded as UTF-8")
         except json.JSONDecodeError as e:
             return self._reply(400, error=f"body is not JSON ({e})")
+        except ValueError as e:  # a number of more than 4300 digits, which int() refuses
+            return self._reply(400, error=f"body cannot be read ({e}); send smaller numbers")
         except RecursionError:
             return self._reply(400, error="body is nested too deeply to read; send flat JSON")
         if (
@@ -154,6 +178,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 error=f"at most {self.server.max_queries} queries per request (the server's "
                 f"--max_queries), got {len(req['queries'])}; send them in several requests",
             )
+        sizes = []
+        for i, query in enumerate(req["queries"]):
+            try:
+                sizes.append(len(query.encode("utf-8")))
+            except UnicodeEncodeError as e:  # a lone surrogate: valid JSON, not text
+                return self._reply(
+                    400, error=f"query {i} ({query[:50]!r}) is not text ({e}); send UTF-8 text"
+                )
+            if sizes[-1] > self.server.max_query_bytes:
+                return self._reply(
+                    413,
+                    error=f"query {i} has {sizes[-1]} bytes (UTF-8), over the server's limit of "
+                    f"{self.server.max_query_bytes} (--max_query_bytes); send a shorter query",
+                )
         # Search-R1: `if not topk`
         topk = self.server.default_topk if req.get("topk") in (None, 0) else req["topk"]
         if type(topk) is not int or topk < 1:  # (a bool is not a topk)
@@ -169,7 +207,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 f"got {topk}",
             )
         try:
-            results = self.server.batcher.search(req["queries"], topk)
+            results = self.server.batcher.search(req["queries"], topk, sizes)
         except Exception as e:  # reported to the client, which counts it as a retrieval error
             return self._reply(500, error=f"search failed: {type(e).__name__}: {e}")
         with_scores = bool(req.get("return_scores", False))  # Search-R1's default is False
@@ -207,10 +245,12 @@ class SearchServer(http.server.ThreadingHTTPServer):
         max_topk=100,
         request_timeout_s=30.0,
         max_queries=4096,
+        max_query_bytes=4096,
     ):
         super().__init__((host, port), _Handler)
         self.batcher, self.default_topk, self.max_topk = _Batcher(retriever), default_topk, max_topk
         self.request_timeout_s, self.max_queries = request_timeout_s, max_queries
+        self.max_query_bytes = max_query_bytes
 
 
 # --------------------------------------------------------------------------------------------------
@@ -231,10 +271,37 @@ class RetrievalError(RuntimeError):
         self.partial = partial  # per query: its passages, or None where it failed
 
 
+class _Deadline:
+    """Cuts an HTTP connection (`conn`, http.client's) when `seconds` have passed, whatever it is
+    doing: a socket timeout bounds each read, not the exchange, and a server that drips its answer a
+    byte at a time would hold the caller for ever. `passed` says whether it cut."""
+
+    def __init__(self, conn, seconds: float):
+        self.conn, self.lock, self.passed = conn, threading.Lock(), False
+        self.timer = threading.Timer(seconds, self.cut)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def cut(self):
+        with self.lock:
+            self.passed = True
+            if self.conn.sock is not None:  # None: not connected yet (the caller checks `passed`)
+                try:
+                    self.conn.sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked read
+                except OSError:  # already closed by the peer: the caller's read fails by itself
+                    return
+
+    def close(self):
+        self.timer.cancel()
+        with self.lock:
+            self.conn.close()
+
+
 class RemoteRetriever:
     """`search(queries, k)` against a Search-R1-compatible server, with the failure policy of Cut
     the Bill §8.2: requests of `queries_per_request` queries, at most `max_concurrency` in flight
-    (across all calling threads), each with `timeout_s` and `retries` more tries after waits of
+    (across all calling threads), each answered in full within `timeout_s` (a deadline for the
+    whole request, connection to last byte) or tried again, `retries` more times after waits of
     backoff_s, 2*backoff_s, ... (a 4xx is not retried); the queries of requests that still failed
     raise one RetrievalError that lists them and carries the rest's passages."""
 
@@ -252,32 +319,58 @@ class RemoteRetriever:
         self.queries_per_request = queries_per_request
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="retrieval-client")
 
+    def _exchange(self, body: bytes) -> tuple[int, bytes]:
+        """POST `body` to the server: its HTTP status and answer, within timeout_s in all (else a
+        TimeoutError)."""
+        parts = urlsplit(self.url)
+        http_class = (
+            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        )
+        conn = http_class(parts.hostname, parts.port, timeout=self.timeout_s)
+        deadline = _Deadline(conn, self.timeout_s)
+        try:
+            conn.connect()
+            if deadline.passed:
+                raise TimeoutError(f"timed out: not connected within {self.timeout_s} s")
+            path = parts.path + (f"?{parts.query}" if parts.query else "")
+            conn.request("POST", path, body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            return response.status, response.read()
+        except (OSError, http.client.HTTPException) as e:
+            if deadline.passed:  # the cut made it fail: say so, not what the cut looked like
+                raise TimeoutError(
+                    f"timed out: no whole answer within {self.timeout_s} s "
+                    f"(the server answered too slowly: {type(e).__name__})"
+                ) from None
+            raise
+        finally:
+            deadline.close()
+
     def _post(self, queries, k):
         body = json.dumps({"queries": queries, "topk": k, "return_scores": True}).encode()
-        request = urllib.request.Request(self.url, body, {"Content-Type": "application/json"})
         for attempt in range(self.retries + 1):
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    result = json.loads(response.read())["result"]
-                return [
-                    [
-                        Passage(
-                            str(d["document"]["id"]),
-                            d["document"]["contents"],
-                            float(d.get("score", "nan")),
-                        )
-                        for d in docs
+                status, answer = self._exchange(body)
+                if status >= 400:
+                    error = f"HTTP {status}: {answer[:300].decode(errors='replace')}"
+                    if status < 500 and status != 429:
+                        # our request is wrong; retrying cannot help
+                        raise _RequestFailed(error)
+                else:
+                    return [
+                        [
+                            Passage(
+                                str(d["document"]["id"]),
+                                d["document"]["contents"],
+                                float(d.get("score", "nan")),
+                            )
+                            for d in docs
+                        ]
+                        for docs in json.loads(answer)["result"]
                     ]
-                    for docs in result
-                ]
-            except urllib.error.HTTPError as e:
-                error = f"HTTP {e.code}: {e.read()[:300].decode(errors='replace')}"
-                if e.code < 500 and e.code != 429:
-                    # our request is wrong; retrying cannot help
-                    raise _RequestFailed(error) from None
             except (OSError, http.client.HTTPException) as e:
-                # refused, reset, timed out (URLError is an OSError)
-                error = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+                # refused, reset, timed out
+                error = f"{type(e).__name__}: {e}"
             except (ValueError, KeyError, TypeError) as e:
                 raise _RequestFailed(
                     f"malformed answer ({type(e).__name__}: {e}); is {self.url} a Search-R1 "
@@ -333,6 +426,9 @@ class ServeConfig:
     max_queries: int = 4096
     """Most queries one request may send (more are answered 413); a large request is searched 1024
     at a time, sharing each search with the other clients' requests."""
+    max_query_bytes: int = 4096
+    """Longest query a request may send, in UTF-8 bytes (a longer one is answered 413); each
+    search takes at most 256 KiB of query text, shared among the waiting requests."""
 
 
 def main(argv: list[str], retriever_config):
@@ -349,7 +445,7 @@ def main(argv: list[str], retriever_config):
         (serve, cfg),
         [
             (
-                "topk max_topk max_queries encode_batch_size max_length",
+                "topk max_topk max_queries max_query_bytes encode_batch_size max_length",
                 "an integer >= 1",
                 lambda v: v >= 1,
             ),
@@ -372,6 +468,7 @@ def main(argv: list[str], retriever_config):
         serve.topk,
         serve.max_topk,
         max_queries=serve.max_queries,
+        max_query_bytes=serve.max_query_bytes,
     )
     print(f"serving POST http://{serve.host}:{server.server_address[1]}/retrieve", flush=True)
     server.serve_forever()

@@ -4,13 +4,14 @@ parameters are DTensors, each rank holding a shard) or whole (one process, or DD
 Sharding itself is Accelerate's (`accelerate launch` with an FSDP2 config, benchmarks/fsdp2.yaml:
 torch's `fully_shard` per decoder layer); this module only reads and writes what it made:
 - `gather`: the full state dict, once a step, for the engine's weight sync and for `final/`;
-- `accumulate`: gradients reduced once per mini-batch, not per micro-batch (DDP's `no_sync`,
-  FSDP2's `set_requires_gradient_sync`);
+- `accumulate`: under DDP gradients reduced once per mini-batch, not per micro-batch (`no_sync`);
+  under FSDP2 at every micro-batch, so that they stay sharded;
 - `deal`: each rank's rows of a step's mini-batches, padded so that every rank makes as many
   backward passes; `total` and `mean`: a number summed or averaged over ranks;
 - `save_state` / `load_state`: a checkpoint of the sharded policy and its optimizer (every rank
   writes its own shards: torch.distributed.checkpoint), the scheduler and the RNG states; a whole
-  policy goes through `accelerator.save_state` as before.
+  policy goes through `accelerator.save_state` as before. Each checkpoint records its layout
+  (sharded or whole, over how many processes), checked on every rank before any rank loads.
 
 Under FSDP2 every rank still rolls out its own share of a step, as under DDP: a sharded forward
 needs every rank in lockstep (each layer's all-gather), while the agents' generate loops stop at
@@ -21,6 +22,7 @@ float32); `benchmarks/gpu_memory.py` counts it.
 """
 
 import contextlib
+import json
 import math
 import os
 import pickle
@@ -74,17 +76,15 @@ def rollout_model(accelerator, model: torch.nn.Module, load, engine: str) -> tor
 
 @contextlib.contextmanager
 def accumulate(accelerator, model: torch.nn.Module, sync: bool):
-    """Backward passes inside accumulate their gradients on this rank; with `sync` (the mini-batch's
-    last micro-batch) the accumulated gradient is reduced over ranks once. One process: nothing to
-    do."""
-    if sync or accelerator.num_processes == 1:
+    """A micro-batch's backward pass. Whole weights (DDP): its gradients accumulate on this rank
+    and are reduced over ranks once, with `sync` (the mini-batch's last micro-batch). Sharded
+    (FSDP2): reduce-scattered at every micro-batch, as verl does, so each rank only ever holds its
+    shard of the gradients, accumulated in the parameters' float32; with sync off until the last,
+    every rank would hold the whole gradients in the reduce dtype (bf16 under Accelerate's bf16
+    policy: 5.75 GiB at 3 B, and a relative error of 1.0e-2 against float32 over 32 micro-batches
+    instead of 7.3e-3: docs/gpu.md). One process: nothing to do."""
+    if sync or accelerator.num_processes == 1 or sharded(model):
         yield
-    elif sharded(model):
-        model.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            model.set_requires_gradient_sync(True)
     else:
         with accelerator.no_sync(model):
             yield
@@ -126,16 +126,75 @@ def _optimizer(optimizer):
     return getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper, or torch's own
 
 
+LAYOUT = "layout.json"  # in each checkpoint: how its policy was held (`layout`)
+
+
+def layout(accelerator, model) -> dict:
+    """How this launch holds the policy: sharded (FSDP2) or whole, over how many processes."""
+    return {"sharded": sharded(model), "processes": accelerator.num_processes}
+
+
+def saved_layout(path: str) -> dict:
+    """The layout the checkpoint `path` was saved under; a checkpoint from before layouts were
+    recorded is read from its files (`.metadata`: sharded, one `rank{R}.pkl` a process; whole: its
+    process count unknown, None)."""
+    if os.path.exists(os.path.join(path, LAYOUT)):
+        with open(os.path.join(path, LAYOUT)) as f:
+            return json.load(f)
+    names = os.listdir(path)
+    pickles = sum(n.startswith("rank") and n.endswith(".pkl") for n in names)
+    return {"sharded": ".metadata" in names, "processes": pickles if ".metadata" in names else None}
+
+
+def check_layout(accelerator, model, path: str):
+    """Refuse, on every rank alike and before any rank loads (a sharded load is a collective), a
+    checkpoint saved under another sharding or process count than this launch holds the policy
+    with: one message says what the checkpoint holds and what this launch is."""
+    saved, now = saved_layout(path), layout(accelerator, model)
+    if saved["sharded"] == now["sharded"] and saved["processes"] in (None, now["processes"]):
+        return
+    held = lambda x: (
+        f"{'a policy sharded by FSDP2' if x['sharded'] else 'whole weights (one process or DDP)'}"
+        f" over {x['processes'] or 'an unrecorded number of'} processes"
+    )
+    raise SystemExit(
+        f"resume: {path} holds {held(saved)}, and this launch holds {held(now)}: a checkpoint "
+        "loads only under the layout it was saved with. Launch as it was made (`accelerate "
+        f"launch --num_processes {saved['processes'] or 'N'}`, "
+        f"{'with' if saved['sharded'] else 'without'} the FSDP2 config), or start over with "
+        "--overwrite"
+    )
+
+
+def _dcp(call, state: dict, path: str):
+    """torch.distributed.checkpoint's `call` (save, load) of `state` at `path`. torch raises its
+    failures (a full disk, an unwritable or unreadable path) as CheckpointException, a
+    BaseException that no `except Exception` sees: here a RuntimeError naming the path, which the
+    run's checkpoint handlers catch, as they catch torch's own full-disk RuntimeError."""
+    try:
+        call(state, checkpoint_id=path)
+    except dcp.CheckpointException as e:  # its failures: rank -> (exception, stack)
+        failed = "; ".join(f"rank {r}: {type(x).__name__}: {x}" for r, (x, _) in e.failures.items())
+        raise RuntimeError(
+            f"torch.distributed.checkpoint's {call.__name__} at {path}: {failed}"
+        ) from e
+
+
 def save_state(accelerator, model, optimizer, scheduler, path: str):
-    """Write a checkpoint into `path`. Sharded: every rank writes its shards of the policy and of
-    AdamW's state (torch.distributed.checkpoint: `.metadata` and one `__R_0.distcp` a rank) and its
-    `rank{R}.pkl` (the scheduler, the torch / CUDA / numpy / Python RNG states). Whole:
-    `accelerator.save_state`. (Accelerate wraps no FSDP2 model: `model` is the sharded module.)"""
+    """Write a checkpoint into `path`, and its LAYOUT (rank 0). Sharded: every rank writes its
+    shards of the policy and of AdamW's state (torch.distributed.checkpoint: `.metadata` and one
+    `__R_0.distcp` a rank) and its `rank{R}.pkl` (the scheduler, the torch / CUDA / numpy / Python
+    RNG states). Whole: `accelerator.save_state`. (Accelerate wraps no FSDP2 model: `model` is the
+    sharded module.)"""
+    if accelerator.is_main_process:
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, LAYOUT), "w") as f:
+            json.dump(layout(accelerator, model), f)
     if not sharded(model):
         accelerator.save_state(path)
         return
     weights, adam = get_state_dict(model, _optimizer(optimizer))
-    dcp.save({"model": weights, "optimizer": adam}, checkpoint_id=path)
+    _dcp(dcp.save, {"model": weights, "optimizer": adam}, path)
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
     local = {
         "scheduler": scheduler.state_dict(),
@@ -147,13 +206,14 @@ def save_state(accelerator, model, optimizer, scheduler, path: str):
 
 def load_state(accelerator, model, optimizer, scheduler, path: str):
     """Restore what `save_state` wrote into `path` (raises, as the loaders do, when a file is
-    unreadable)."""
+    unreadable), once its layout is this launch's (`check_layout`)."""
+    check_layout(accelerator, model, path)
     if not sharded(model):
         accelerator.load_state(path)
         return
     weights, adam = get_state_dict(model, _optimizer(optimizer))
     state = {"model": weights, "optimizer": adam}
-    dcp.load(state, checkpoint_id=path)  # in place, into this rank's shards
+    _dcp(dcp.load, state, path)  # in place, into this rank's shards
     set_state_dict(
         model,
         _optimizer(optimizer),

@@ -55,7 +55,7 @@ SPECIAL = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
 
 def world_tokenizer() -> PreTrainedTokenizerFast:
     """WordPiece over the world's syllables and syllable pairs (word-initial and '##' pieces; why
-    pairs: README, "The embedded default"), its words, the agent's words (infra/protocol.py),
+    pairs: docs/embedded_default.md), its words, the agent's words (infra/protocol.py),
     digits, punctuation, single letters; agent tags whole."""
     agent_text = " ".join(
         [

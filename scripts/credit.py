@@ -16,20 +16,21 @@ from dataclasses import dataclass
 import rollout
 import tree
 from advantages import CreditConfig
-from infra import draw, flags
+from infra import draw, files, flags
 
 # --------------------------------------------------------------------------------------------------
 # Trees on disk and as `infra.draw` data
 
 
 def save_trees(prompts: list[list], path_: str) -> None:
-    """Write a JSON list with one entry per prompt, each entry that prompt's trees."""
-    with open(path_, "w") as f:
-        json.dump([[t.to_dict() for t in trees] for trees in prompts], f, indent=1)
+    """Write a JSON list with one entry per prompt, each entry that prompt's trees (whole or not at
+    all)."""
+    files.write_json(path_, [[t.to_dict() for t in trees] for trees in prompts], indent=1)
 
 
 MAX_DEPTH = 100  # steps on one path of a trees file: far more than any rollout's --max_turns, well
 # within Python's recursion limit, which tree.py's walks (recursive) stay under
+MAX_REWARD = 1e150  # |reward| above it: the group statistics (sums of squared rewards) overflow
 
 
 def load_trees(path_: str, prompt: int | None, for_credit: bool = False) -> list[tree.Tree]:
@@ -85,7 +86,7 @@ def nodes(trees: list):
 def check_shape(trees: list, path_: str):
     """Raise ValueError, naming the node and the field, where `trees` (JSON tree dicts) is not
     shaped as tree.py reads it: every node an object with a string "id", "children" a list,
-    "flags" a list, at most MAX_DEPTH steps deep."""
+    "flags" a list of strings, at most MAX_DEPTH steps deep."""
     for node, depth, where in nodes(trees):
         if not isinstance(node, dict):
             problem = f"{where} is a {type(node).__name__}, not a node object"
@@ -94,8 +95,12 @@ def check_shape(trees: list, path_: str):
         elif not isinstance(node.get("children", []), list):
             got = type(node["children"]).__name__
             problem = f"node {node['id']!r}: 'children' must be a list of nodes, got a {got}"
-        elif not isinstance(node.get("flags", []), list):
-            problem = f"node {node['id']!r}: 'flags' must be a list, got {node['flags']!r}"
+        elif not isinstance(node.get("flags", []), list) or not all(
+            isinstance(flag, str) for flag in node.get("flags", [])
+        ):
+            problem = (
+                f"node {node['id']!r}: 'flags' must be a list of strings, got {node['flags']!r}"
+            )
         elif depth > MAX_DEPTH:
             problem = (
                 f"node {node['id']!r} is {depth} steps deep; at most {MAX_DEPTH} are read (no "
@@ -108,7 +113,8 @@ def check_shape(trees: list, path_: str):
 
 def check_credit_input(trees: list, path_: str):
     """Raise ValueError, naming the node and the field, where the credit would silently be wrong:
-    an id twice (the output's "nodes" is keyed by id), a reward that is not a finite number, a leaf
+    an id twice (the output's "nodes" is keyed by id), a reward that is not a finite number or is
+    beyond ±MAX_REWARD (the group's mean and std would overflow: every advantage 0, or NaN), a leaf
     without reward (it would drop out of every group statistic: only a trajectory lost to retrieval,
     flagged env_error, has none), or no step at all (nothing to credit)."""
     seen, steps = {}, 0
@@ -120,8 +126,21 @@ def check_credit_input(trees: list, path_: str):
                 f"node id {name!r} is used twice ({seen[name]}, and {where}); ids must be unique "
                 "across the prompt's trees"
             )
-        elif reward is not None and (type(reward) not in (int, float) or not math.isfinite(reward)):
+        elif reward is not None and (
+            type(reward) not in (int, float)
+            or (type(reward) is float and not math.isfinite(reward))
+        ):  # an int of any size is finite (math.isfinite would overflow on it): MAX_REWARD's check
             problem = f"node {name!r}: 'reward' must be a finite number, got {reward!r}"
+        elif reward is not None and abs(reward) > MAX_REWARD:
+            got = (
+                repr(reward)
+                if type(reward) is float
+                else f"an integer of {len(str(reward))} digits"
+            )
+            problem = (
+                f"node {name!r}: 'reward' {got} is beyond ±{MAX_REWARD:g}, where the group's mean "
+                "and std overflow (every advantage 0, or NaN); rescale the rewards"
+            )
         elif depth and leaf and reward is None and not lost:
             problem = (
                 f"node {name!r} is a leaf without 'reward'; give it one, or flag it "
@@ -314,12 +333,14 @@ def main():
     args, cfg = flags.parse(CreditArgs, CreditConfig)
     credits = {name: algo.credit for name, algo in rollout.ALGOS.items()}
     modes = [m for m in ("trees", "budget", "demo") if getattr(args, m)]
+    no_plot = args.plot and files.unwritable(args.plot, "--plot")
     flags.check(
         args,
         [],
         [
             (len(modes) > 1, f"give one of --trees, --budget, --demo, not {len(modes)}"),
             (args.plot and not args.demo, "--plot goes with --demo"),
+            (no_plot, no_plot),  # checked before the work, not after it
             (args.render and not args.trees, "--render goes with --trees"),
             (args.prompt is not None and not args.trees, "--prompt goes with --trees"),
         ],
@@ -361,7 +382,18 @@ def main():
             trees = load_trees(args.trees, args.prompt, for_credit=True)
         except ValueError as e:  # the message names the file, the node and the field
             raise SystemExit(f"--trees: {e}") from None
-        trajectories = credits[args.algo](trees, cfg)
+        phase1 = any(n.phase1 for t in trees for n in tree.walk(t.root))
+        if args.algo == "carl" and not cfg.carl_train_phase1 and not phase1:
+            raise SystemExit(
+                f'--no_carl_train_phase1: no step of {args.trees} is marked "phase1" (a dump '
+                "older than the marks, or a hand-built tree), so the flag would change nothing; "
+                'mark the first-phase chains\' steps "phase1": true, or drop the flag (the same '
+                "numbers, every step trained)"
+            )
+        try:
+            trajectories = credits[args.algo](trees, cfg)
+        except ValueError as e:  # a tree the method cannot credit: grpo's chains, branpo's marks
+            raise SystemExit(f"--trees {args.trees} (--algo {args.algo}): {e}") from None
         out = report(args.algo, trees, trajectories)
         print(json.dumps(out, indent=1, allow_nan=False))  # valid JSON, or an error
         if args.render:

@@ -13,7 +13,7 @@ from typing import Literal
 
 import rollout
 from advantages import CreditConfig
-from infra import data, draw, flags, health, loaders
+from infra import data, draw, files, flags, health, loaders
 from infra.engines import RULES as ENGINE_RULES
 from infra.engines import load_policy, make_engine, model_problem
 from infra.protocol import AgentConfig
@@ -57,12 +57,17 @@ def main():
             "no policy in out/warmstart: train one first (python train.py warmstart, ~5 min "
             "on 2 cores, or any train.py run), or pass --model DIR"
         )
+    no_out = [
+        files.unwritable(args.dump, "--dump"),
+        args.plot and files.unwritable(args.plot, "--plot"),
+    ]
     flags.check(
         (args, r, agent_cfg),
         rollout.RULES + ENGINE_RULES + [("n_prompts", "an integer >= 1", lambda v: v >= 1)],
         [
             rollout.depth_rule(r, agent_cfg),
             (no_model, no_model),
+            *zip(no_out, no_out),  # checked before the work, not after it
             (
                 not 0 <= args.plot_prompt < args.n_prompts,
                 f"--plot_prompt {args.plot_prompt}: must be in [0, --n_prompts)",

@@ -75,7 +75,7 @@ def main():
         a.judge_model and engines.model_problem(a.judge_model),
     ]
     out = a.out or os.path.join(a.model if os.path.isdir(a.model) else ".", f"eval_{a.split}.json")
-    no_out = unwritable(out)
+    no_out = files.unwritable(out, "--out")
     flags.check(
         (a, agent_cfg, retriever_cfg),
         rollout.RULES
@@ -121,17 +121,6 @@ def main():
     }
     files.write_json(out, whole, indent=1)
     print(f"report: {out}")
-
-
-def unwritable(out: str) -> str:
-    """Why the report cannot be written to `out` (its directory is missing or not writable);
-    empty when it can."""
-    folder = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(folder):
-        return f"--out {out!r}: the directory {folder} does not exist; create it, or pass another"
-    if not os.access(folder, os.W_OK | os.X_OK) or os.path.isdir(out):
-        return f"--out {out!r}: cannot write a file there; pass a file path in a writable folder"
-    return ""
 
 
 def load(model: str, gguf_file: str):

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, replace
 from functools import partial
 
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 
 from eval import evaluate
 from infra import data, files, flags, loaders, protocol
@@ -156,6 +156,18 @@ def train(
     return out_dir
 
 
+def unreadable_weights(model_dir: str) -> str:
+    """Which *.safetensors file of `model_dir` cannot be read (a truncated copy or save), found
+    from its header without loading it; empty when none."""
+    for name in sorted(n for n in os.listdir(model_dir) if n.endswith(".safetensors")):
+        try:
+            with safe_open(os.path.join(model_dir, name), "pt"):
+                pass
+        except (OSError, SafetensorError) as e:
+            return f"{model_dir}/{name} cannot be read ({type(e).__name__}: {e}; truncated?)"
+    return ""
+
+
 def ensure(
     out_dir: str,
     world_dir: str,
@@ -168,6 +180,9 @@ def ensure(
     `search`) if it is not there yet. Under the lock OUT_DIR.lock: a second run waits
     for the first's warm start, then checks that its settings are this run's."""
     with data.claimed(out_dir.rstrip("/") + ".lock", f"the warm start {out_dir}"):
+        swapped = files.finish_swap(out_dir)  # a save killed between its renames
+        if swapped:
+            print(f"warm start: {swapped}")
         saved = os.path.join(out_dir, "warmstart.json")  # written last: the warm start is complete
         was = cached_settings(saved)
         if was is not None:
@@ -182,10 +197,11 @@ def ensure(
                     f"settings (setting: (cached, asked)) {differ}; delete {out_dir} "
                     f"to retrain, match them, or give this run its own --out_dir"
                 )
-            if model_problem(out_dir):
+            problem = model_problem(out_dir) or unreadable_weights(out_dir)
+            if problem:
                 raise ValueError(
-                    f"the cached warm start in {out_dir} is incomplete: "
-                    f"{model_problem(out_dir)}; delete {out_dir} to retrain it"
+                    f"the cached warm start in {out_dir} is incomplete: {problem}; delete "
+                    f"{out_dir} to retrain it"
                 )
             print(f"warm start: cached in {out_dir}")
             return out_dir
@@ -209,11 +225,40 @@ class WarmArgs:
     """Seed of the weights' initialisation and of the data (train.py's --seed)."""
 
 
+def out_problem(out: str, world: str) -> str:
+    """Why --out cannot take a warm start (it is replaced whole, with all it holds): it holds the
+    --world, or it is not empty and not a warm start (no warmstart.json), or it holds a run
+    (a run.lock or a metrics.jsonl); empty when it can."""
+    real, held = os.path.realpath(out), sorted(os.listdir(out)) if os.path.isdir(out) else []
+    if os.path.commonpath([real, os.path.realpath(world)]) == real:
+        return (
+            f"--out {out!r} holds --world {world!r}: the warm start replaces --out with all it "
+            "holds, the world too; pass a directory of its own, e.g. --out OUT/warmstart"
+        )
+    if os.path.exists(out) and not os.path.isdir(out):
+        return f"--out {out!r} is a file, not a directory; pass a new or empty directory"
+    if held and "warmstart.json" not in held:
+        return (
+            f"--out {out!r} is not empty and is not a warm start (no warmstart.json; it holds "
+            f"{', '.join(held[:8])}{', ...' * (len(held) > 8)}): the warm start would replace it "
+            "with all it holds; pass a new or empty directory, e.g. --out OUT/warmstart"
+        )
+    runs = [d for d, _, names in os.walk(out) if {"run.lock", "metrics.jsonl"} & set(names)]
+    if runs:
+        return (
+            f"--out {out!r} holds a run ({runs[0]}): the warm start would replace it with all it "
+            "holds; pass a directory of its own, e.g. --out OUT/warmstart"
+        )
+    return ""
+
+
 def main(argv: list[str]):
     """`python train.py warmstart ...` (`argv`: the arguments after `warmstart`): train a warm start
-    into --out, whatever is there, from the world in --world (written first if missing)."""
+    into --out (new, empty, or a warm start, which is replaced) from the world in --world (written
+    first if missing)."""
     cfg, a, agent_cfg = flags.parse(WarmConfig, WarmArgs, protocol.AgentConfig, args=argv)
-    flags.check((cfg, agent_cfg), RULES + ROLLOUT_RULES, [steps_rule(cfg)])
+    bad_out = out_problem(a.out, a.world)
+    flags.check((cfg, agent_cfg), RULES + ROLLOUT_RULES, [steps_rule(cfg), (bad_out, bad_out)])
     world = data.ensure_world(a.world)
     with data.claimed(a.out.rstrip("/") + ".lock", f"the warm start {a.out}"):
         train(a.out, world, cfg, agent_cfg, a.seed)

@@ -835,6 +835,30 @@ def chain_json(depth: int) -> str:
         ([], "0 tree(s) and no step (a root is the prompt): nothing to credit"),
         ([{"id": "a"}], "1 tree(s) and no step"),
         ("[{", "cannot be read as JSON (JSONDecodeError"),
+        # before: a bare TypeError (unhashable type: 'list') in tree.py
+        (
+            [{"id": "a", "children": [{"id": "a.0", "reward": 1, "flags": [[1]]}]}],
+            "node 'a.0': 'flags' must be a list of strings, got [[1]]",
+        ),
+        # before: tree_grpo and branpo gave every step 0 (the mean overflowed to inf), treeps
+        # crashed; 1e150 squared still fits a float
+        (
+            [{"id": "a", "children": [{"id": "a.0", "reward": 1e308}, {"id": "a.1", "reward": 0}]}],
+            "node 'a.0': 'reward' 1e+308 is beyond ±1e+150, where the group's mean and std",
+        ),
+        (
+            [
+                {
+                    "id": "a",
+                    "children": [{"id": "a.0", "reward": 1}, {"id": "a.1", "reward": -1e308}],
+                }
+            ],
+            "node 'a.1': 'reward' -1e+308 is beyond ±1e+150",
+        ),
+        (
+            [{"id": "a", "children": [{"id": "a.0", "reward": 10**200}]}],
+            "node 'a.0': 'reward' an integer of 201 digits is beyond ±1e+150",
+        ),
     ],
 )
 def test_trees_files_that_cannot_be_credited_are_refused_naming_node_and_field(
@@ -867,3 +891,72 @@ def test_a_chain_of_the_longest_depth_read_is_credited(tmp_path, algo):
     trees = load_trees(str(f), None, for_credit=True)
     (trajectory,) = CREDITS[algo](trees, CreditConfig())
     assert len(trajectory.steps) == 100
+
+
+def test_credit_config_refuses_an_unknown_choice_in_python_calls_too():
+    # before: branpo_norm="x" silently meant Algorithm 1's per-prefix norm, tree_mode="all" a bare
+    # KeyError at the first credit
+    with pytest.raises(ValueError, match=r"branpo_norm='x' \(one of 'prompt', 'prefix'\)"):
+        CreditConfig(branpo_norm="x")
+    with pytest.raises(ValueError, match=r"tree_mode='all' \(one of 'both', 'intra', 'inter'\)"):
+        CreditConfig(tree_mode="all")
+    assert CreditConfig(tree_mode="intra").tree_mode == "intra"
+
+
+def test_rewards_at_the_largest_magnitude_read_give_finite_advantages(tmp_path):
+    # the bound MAX_REWARD is one the group statistics bear: every method's advantages are finite
+    rewards = {"a.0": 1e150, "a.1": -1e150, "a.2": 0}
+    f, chains = tmp_path / "tree.json", tmp_path / "chains.json"  # one tree; as chains, for grpo
+    f.write_text(
+        json.dumps([{"id": "a", "children": [{"id": k, "reward": r} for k, r in rewards.items()]}])
+    )
+    chains.write_text(
+        json.dumps(
+            [{"id": f"r{k}", "children": [{"id": k, "reward": r}]} for k, r in rewards.items()]
+        )
+    )
+    for algo, credit in CREDITS.items():
+        trajectories = credit(load_trees(str(chains if algo == "grpo" else f), None, True), C)
+        advantages = [a for tr in trajectories for a in tr.advantages if a is not None]
+        assert advantages and all(map(math.isfinite, advantages)), algo
+        assert any(a != 0 for a in advantages), algo
+
+
+def credit_cli(*args):
+    return subprocess.run(
+        [sys.executable, "advantages.py", *args], cwd=ROOT, capture_output=True, text=True
+    )
+
+
+def test_the_cli_names_the_file_and_tree_a_method_cannot_credit(tmp_path):
+    # before: grpo on a branching tree raised a raw ValueError traceback
+    f = tmp_path / "trees.json"
+    f.write_text(json.dumps([t.to_dict() for t in carl_tree()]))
+    out = credit_cli("--algo", "grpo", "--trees", str(f))
+    assert out.returncode != 0 and out.stdout == "" and "Traceback" not in out.stderr
+    assert f"--trees {f} (--algo grpo): grpo expects chains, but tree 's' branches" in out.stderr
+
+
+def test_no_carl_train_phase1_on_trees_without_phase1_marks_is_refused(tmp_path):
+    # before: a file without "phase1" marks (a dump older than them) gave the same numbers with
+    # --no_carl_train_phase1 as without it, and said nothing
+    f = tmp_path / "trees.json"
+    f.write_text(json.dumps([t.to_dict() for t in carl_tree()]))
+    out = credit_cli("--algo", "carl", "--trees", str(f), "--no_carl_train_phase1")
+    assert out.returncode != 0 and out.stdout == "" and "Traceback" not in out.stderr
+    assert f'--no_carl_train_phase1: no step of {f} is marked "phase1"' in out.stderr
+    marked = carl_tree()  # the first chain marked, as rollout.carl marks its N0 chains
+    for step in ("s.0", "s.0.0", "s.0.0.0"):
+        marked[0].find(step).phase1 = True
+    f.write_text(json.dumps([t.to_dict() for t in marked]))
+    out = credit_cli("--algo", "carl", "--trees", str(f), "--no_carl_train_phase1")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["trajectories"][0]["advantages"] == [None, None, None]
+
+
+def test_the_demo_refuses_a_plot_into_a_missing_directory_before_the_demo(tmp_path):
+    # before: the demo ran and printed, then savefig raised FileNotFoundError
+    png = tmp_path / "missing" / "demo.png"
+    out = credit_cli("--demo", "--plot", str(png))
+    assert out.returncode != 0 and out.stdout == "" and "Traceback" not in out.stderr
+    assert f"--plot {str(png)!r}: the directory {png.parent} does not exist" in out.stderr

@@ -4,9 +4,11 @@ arms, the result keys, step 0 measured once by eval.py, seeds of separate sittin
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -81,7 +83,8 @@ def test_detectable_effect_and_holm_on_a_hand_made_table():
     "doc, inputs, seeds, arms, steps, line",
     [
         ("comparison_results", ["comparison_default"], 5, 15, "0, 5, 10, 15", "commit 0e8f85f"),
-        # the README's hard-setting figures come from these tables: Holm p over the 17 step-15 tests
+        # docs/comparison.md's hard-setting figures come from these tables: Holm p over the 17
+        # step-15 tests
         (
             "comparison_hard",
             ["comparison_hard"],
@@ -125,14 +128,22 @@ def test_report_regenerates_each_settings_tables_byte_for_byte(
     assert len(runs) == arms and {len(s) for s in runs.values()} == {seeds}
 
 
-def readme_rows() -> list[list[str]]:
-    """The README Comparison table's rows, as cells."""
-    text = (ROOT / "README.md").read_text()
+def result_rows() -> list[list[str]]:
+    """The rows of docs/comparison.md's result table (The result: seeds 0–4), as cells."""
+    text = (ROOT / "docs" / "comparison.md").read_text()
     table = text[text.index("| arm | reference | matched by |") :].split("\n\n")[0]
     return [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
 
 
-def test_the_readmes_comparison_table_is_the_committed_numbers():
+def seeds_needed(sd: float, effect: float = 0.02) -> int:
+    """The fewest seeds at which a paired t-test detects `effect` at 80% power, given sd."""
+    n = 2
+    while compare_report.detectable(n) * sd / math.sqrt(n) > effect:
+        n += 1
+    return n
+
+
+def test_the_comparison_result_table_is_the_committed_numbers():
     # every cell of every row but the labels, recomputed from docs/comparison_default.json and
     # docs/comparison_hard.json: the tokens ratio in each setting (mean over steps and seeds,
     # against the reference), the paired Δ EM at step 15 ± se (MDE) in each, and on hard its p /
@@ -150,7 +161,7 @@ def test_the_readmes_comparison_table_is_the_committed_numbers():
         for s in ("default", "hard")
     }
     em, multihop = {s: family(s, "em") for s in runs}, family("hard", "multihop")
-    rows = readme_rows()
+    rows = result_rows()
     assert len(rows) == 9
     for label, ref, _, tokens, default, hard, p_holm, multi in rows:
         arm = label if label[0] != "(" else "Tree-GRPO " + label
@@ -165,6 +176,31 @@ def test_the_readmes_comparison_table_is_the_committed_numbers():
     # the text's "no comparison survives Holm": the smallest adjusted p at step 15 per setting
     assert min(h for _, h in em["default"].values()) > 0.9995
     assert round(min(h for _, h in em["hard"].values()), 2) == 0.75
+    # "+0.02 needs ≈ N seeds": the four token-matched methods' median paired sd at step 15, on the
+    # hard setting's five seeds (31 at 0.038) and on its eight (seeds 5-7 merged in)
+    text = (docs / "comparison.md").read_text()
+    eight = compare_report.merge(
+        [str(docs / "comparison_hard.json"), str(docs / "comparison_hard_seeds5-7.json")], "hard"
+    )[3]
+    matched = ["Tree-GRPO (2,1,1)", "BranPO N=2", "CARL (1,6)", "TreePS (3,2)"]
+    for setting_runs, seeds, at in ((runs["hard"], 31, "0.038"), (eight, 45, "0.047")):
+        step15 = compare_report.family(setting_runs, lambda s: compare_report.measure(s, "em"))
+        sds = [step15[arm, "GRPO G=4"][0].sd for arm in matched]
+        assert f"{statistics.median(sds):.3f}" == at
+        assert seeds_needed(statistics.median(sds)) == seeds
+    needed = [seeds_needed(sd) for sd in sds]  # the eight seeds', method by method
+    words = " ".join(text.split())
+    assert "about 31 seeds for 80% at sd 0.038" in words
+    assert "a +0.02 difference needs ≈ 45 seeds" in words
+    assert f"0.047 ({min(needed)}–{max(needed)} seeds across them)" in words
+    # on hard's five seeds the four are all above zero at step 5; at step 15 TreePS (3,2) is not
+    step5 = compare_report.family(runs["hard"], lambda s: s["evals"][5]["eval/em"])
+    assert all(step5[arm, "GRPO G=4"][0].mean > 0 for arm in matched)
+    at15 = {arm: em["hard"][arm, "GRPO G=4"][0].mean for arm in matched}
+    assert [arm for arm, d in at15.items() if d <= 0] == ["TreePS (3,2)"]
+    assert f"{at15['TreePS (3,2)']:.4f}" == "-0.0004" and "TreePS (3,2) is −0.0004" in words
+    # BranPO's Table 8 Holm p (0.006, 0.069, 0.13) is over each setting's claims table: 11 claims
+    assert len(compare_arms.CLAIMS) == 11 and "Holm over each setting's 11 claims" in words
 
 
 def test_report_reproduces_a_run_of_the_default_setting_as_written(tmp_path):
@@ -493,3 +529,56 @@ def test_quick_runs_the_hard_setting_in_its_own_world(tmp_path):
     assert not (home / "world").exists()  # no arm wrote (or read) the default world
     warm = json.loads((home / "results" / "warmstart.json").read_text())["key"]
     assert "--search_budget" in warm["command"] and warm["world"].startswith("--max_hops 6")
+
+
+def test_merge_and_report_never_write_over_an_input_or_another_comparison(tmp_path, monkeypatch):
+    # before: --merge wrote its results.json over an input's, and --report FILE rewrote the
+    # results.md and curves.png of another run, which no longer matched that run's results.json
+    stored = ROOT / "docs" / "comparison_hard_seeds0-1.json"
+    run, later = tmp_path / "run", tmp_path / "later.json"
+    run.mkdir()
+    (run / "results.json").write_text(stored.read_text())
+    (run / "results.md").write_text("the run's own tables\n")
+    d = json.loads(stored.read_text())
+    later.write_text(json.dumps({**d, "seeds": [s + 100 for s in d["seeds"]]}))
+    merging = compare.Args(setting="hard", merge=[str(run / "results.json"), str(later)])
+    with pytest.raises(SystemExit, match=r"--merge: --out \S+/run holds \S+, one of the inputs"):
+        compare.main(replace(merging, out=str(run)))
+    assert (run / "results.json").read_text() == stored.read_text()
+    with pytest.raises(SystemExit, match="--report: .* another comparison's results.json"):
+        compare_report.report_file(str(later), str(run))
+    assert (run / "results.md").read_text() == "the run's own tables\n"
+    compare_report.report_file(str(run / "results.json"), str(run))  # its own: written again
+    assert (run / "results.md").read_text().startswith("### Greedy test EM")
+    compare.main(replace(merging, out=str(tmp_path / "merged")))
+    compare.main(replace(merging, out=str(tmp_path / "merged")))  # over an earlier merge: fine
+    # written whole or not at all: a figure that fails leaves the earlier files as they were
+    before = {p.name: p.read_bytes() for p in (tmp_path / "merged").iterdir()}
+    monkeypatch.setattr(compare_report, "figure", lambda runs, path: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        compare.main(replace(merging, out=str(tmp_path / "merged")))
+    assert {p.name: p.read_bytes() for p in (tmp_path / "merged").iterdir()} == before
+
+
+@pytest.mark.parametrize(
+    "content, said",
+    [
+        (None, "FileNotFoundError"),
+        ("{", "JSONDecodeError"),
+        ("[1, 2]", "it holds a list, not an object"),
+        ('{"seeds": [0]}', "it has no train_flags, runs, walls"),
+    ],
+)
+def test_a_file_that_is_not_a_results_json_is_named(tmp_path, content, said):
+    # before: bare tracebacks (FileNotFoundError, JSONDecodeError, TypeError, KeyError) naming no
+    # file
+    path = tmp_path / "results.json"
+    if content is not None:
+        path.write_text(content)
+    for call in (
+        lambda: compare_report.report_file(str(path), str(tmp_path / "out")),
+        lambda: compare_report.merge([str(path), str(path)], None),
+    ):
+        with pytest.raises(SystemExit, match=f"{path} is not a results.json .*{said}"):
+            call()
+    assert not (tmp_path / "out").exists()

@@ -349,6 +349,10 @@ def test_a_flashrag_jsonl_loads_with_ids_and_a_list_of_golden_answers(tmp_path):
         ('{"question": " ", "golden_answers": ["x"]}', "line 2: empty or non-string question"),
         ('{"question": "q?", "golden_answers": ["x"]', "line 2: invalid JSON"),
         ('["q?", ["x"]]', "line 2: expected a JSON object"),
+        # before: accepted, and EM / F1 then gave 1.0 to the answers "a", "the" and "?"
+        ('{"question": "q?", "golden_answers": ["x", "The"]}', "line 2: golden answer 'The'"),
+        ('{"question": "q?", "golden_answers": ""}', "line 2: golden answer '' is empty once"),
+        ('{"question": "q?", "golden_answers": ["..."]}', "line 2: golden answer '...' is"),
     ],
 )
 def test_bad_jsonl_row_names_file_and_line(tmp_path, line, message):
@@ -377,7 +381,7 @@ def test_a_hugging_face_dataset_name_loads_through_datasets(monkeypatch):
     def fake_load_dataset(name, split):
         calls.append((name, split))
         return datasets.Dataset.from_list(
-            [{"id": "1", "question": "q?", "golden_answers": ["a", "b"]}]
+            [{"id": "1", "question": "q?", "golden_answers": ["x", "y"]}]
         )
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
@@ -385,7 +389,7 @@ def test_a_hugging_face_dataset_name_loads_through_datasets(monkeypatch):
         QARow(
             id="1",
             question="q?",
-            golden_answers=["a", "b"],
+            golden_answers=["x", "y"],  # ("a" would be refused: it normalises to "")
             data_source="unknown",
             split="test",
             index=0,

@@ -339,3 +339,59 @@ def test_vllm_sleep_is_refused_where_it_cannot_run(env):
     for kind in ("hf", "vllm") if vllm_here and not torch.cuda.is_available() else ("hf",):
         with pytest.raises(ValueError, match=r"--vllm_sleep .* needs the vLLM engine on a CUDA"):
             make_engine(kind, model, tok, str(env / "tiny"), sleep=True)
+
+
+class RecordingLLM:
+    """A stand-in for vllm.LLM that records the calls VLLMEngine makes (no vLLM needed)."""
+
+    def __init__(self, calls: list):
+        self.calls = calls
+
+    def sleep(self, level):
+        self.calls.append(f"sleep {level}")
+
+    def wake_up(self, tags=None):
+        self.calls.append(f"wake_up {tags}")
+
+    def collective_rpc(self, method, kwargs):
+        self.calls.append(f"{method} {[name for name, _ in kwargs['weights_iterator']]}")
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+        return True
+
+
+def test_vllm_sleep_wakes_in_verls_order_into_an_emptied_cache(monkeypatch):
+    # the update leaves its memory in torch's caching allocator, and vLLM's wake does not empty
+    # it: the weights wake alone into an emptied cache, take the new weights, the caller drops its
+    # state dict, then the KV cache wakes into a cache emptied again (a wake of both at once, or
+    # without emptying, asks for the update's memory while torch still holds it)
+    from infra.engines import VLLMEngine
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    engine = object.__new__(VLLMEngine)  # the engine's state, without starting vLLM
+    engine.llm, engine.sleep_mode, engine.asleep, engine.reset_due = (
+        RecordingLLM(calls),
+        True,
+        set(),
+        False,
+    )
+    engine.sleep()  # before the update
+    engine.load_weights({"lm_head.weight": torch.zeros(2, 2)})  # the weight sync
+    assert calls == [
+        "sleep 1",
+        "empty_cache",
+        "wake_up ['weights']",
+        "reload_weights ['lm_head.weight']",
+    ]
+    engine._wake()  # what the next generate does first
+    assert calls[4:] == ["empty_cache", "wake_up ['kv_cache']", "reset_prefix_cache"]
+    engine._wake()  # awake: nothing more
+    assert len(calls) == 7 and not engine.asleep
+    # without sleep mode: the prefix cache is dropped at once, nothing sleeps or wakes
+    calls.clear()
+    engine.sleep_mode = False
+    engine.sleep()
+    engine.load_weights({"lm_head.weight": torch.zeros(2, 2)})
+    assert calls == ["reload_weights ['lm_head.weight']", "reset_prefix_cache"]

@@ -12,8 +12,10 @@ import faulthandler
 import gc
 import os
 import pickle
+import re
 import subprocess
 import sys
+import traceback
 import weakref
 from pathlib import Path
 
@@ -103,6 +105,76 @@ def test_fsdp2_sharded_checkpoint_resumes_exactly(env, straight, tmp_path):
     assert strip(rows) == strip(metrics(run))
     a, b = (load_file(r / "final" / "model.safetensors") for r in (run, resumed))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_sharded_checkpoint_resumed_under_ddp_is_refused_saying_both_layouts(env, straight):
+    # before: DDP's loader looked for Accelerate's files and said "pytorch_model.bin missing... put
+    # back the named files" (and a DDP checkpoint under FSDP2 raised a bare CheckpointException)
+    import shutil
+
+    run, _, _ = straight
+    shutil.copytree(run, run.parent / "fsdp_then_ddp")
+    out = launch_train(
+        env,
+        *STEPS,
+        "--algo",
+        "tree_grpo",
+        "--steps",
+        "3",
+        "--run_name",
+        "fsdp_then_ddp",
+        "--resume",
+    )  # plain train.py: under two CPU processes, DDP
+    assert out.returncode != 0
+    said = "holds a policy sharded by FSDP2 over 2 processes, and this launch holds whole weights"
+    assert said in out.stderr and "--num_processes 2`, with the FSDP2 config" in out.stderr
+    # every rank refuses alike, before loading: no rank's traceback, no loader's advice (the
+    # launcher still reports the failed ranks its own way)
+    assert out.stderr.count(said) == 2 and "put back" not in out.stderr
+    assert "CheckpointException" not in out.stderr and 'train.py", line' not in out.stderr
+
+
+def test_a_checkpoint_layout_is_checked_before_any_load(tmp_path, monkeypatch):
+    # what each checkpoint records (layout.json), what an older one is read as, and the refusal
+    from infra import shard
+
+    class Launch:
+        num_processes, is_main_process = 3, True
+
+    monkeypatch.setattr(shard, "sharded", lambda model: False)
+    old_ddp, old_fsdp, new = (tmp_path / n for n in ("old_ddp", "old_fsdp", "new"))
+    old_ddp.mkdir()
+    (old_ddp / "model.safetensors").write_bytes(b"")
+    old_fsdp.mkdir()
+    for name in (".metadata", "__0_0.distcp", "__1_0.distcp", "rank0.pkl", "rank1.pkl"):
+        (old_fsdp / name).write_bytes(b"")
+    new.mkdir()
+    (new / shard.LAYOUT).write_text('{"sharded": false, "processes": 2}')
+    assert shard.saved_layout(old_ddp) == {"sharded": False, "processes": None}
+    assert shard.saved_layout(old_fsdp) == {"sharded": True, "processes": 2}
+    shard.check_layout(Launch(), None, old_ddp)  # whole, count unrecorded: loads
+    for path, held in (
+        (old_fsdp, "a policy sharded by FSDP2 over 2 processes"),
+        (new, "whole weights (one process or DDP) over 2 processes"),  # 2 ranks on 3
+    ):
+        with pytest.raises(SystemExit, match=re.escape(f"{path} holds {held}, and this launch")):
+            shard.check_layout(Launch(), None, path)
+
+
+def test_a_failed_distributed_checkpoint_is_an_error_the_handlers_catch():
+    # torch's CheckpointException is a BaseException: `except Exception` and `except (OSError,
+    # RuntimeError)` never saw it, so a full disk under FSDP2 crashed every rank with no message
+    import torch.distributed.checkpoint as dcp
+
+    from infra import shard
+
+    def save(state, checkpoint_id):  # as torch reports a rank's failure: (exception, its stack)
+        failure = (OSError(28, "No space left on device"), traceback.StackSummary())
+        raise dcp.CheckpointException("write failed", {1: failure})
+
+    said = "torch.distributed.checkpoint's save at /ckpt: rank 1: OSError: [Errno 28] No space"
+    with pytest.raises(RuntimeError, match=re.escape(said)):
+        shard._dcp(save, {}, "/ckpt")
 
 
 def test_fsdp2_update_equals_one_process_on_the_same_samples(env, tmp_path):
@@ -235,3 +307,32 @@ def train_probe(records: Path, argv: list[str]):
 if __name__ == "__main__":
     faulthandler.dump_traceback_later(WATCHDOG, exit=True)  # a hang dumps every rank's stacks
     train_probe(Path(sys.argv[2]), sys.argv[3:])
+
+
+def test_sharded_gradients_sync_at_every_micro_batch_and_ddp_once(monkeypatch):
+    # FSDP2: reduce-scattered at every micro-batch, so each rank keeps only its float32 shard of
+    # the gradients (never the whole gradients, in bf16); DDP: reduced once, at the last
+    from contextlib import contextmanager
+
+    from infra import shard
+
+    calls = []
+
+    class Recording:
+        num_processes = 2
+
+        @contextmanager
+        def no_sync(self, model):
+            calls.append("no_sync")
+            yield
+
+        def set_requires_gradient_sync(self, on):
+            calls.append(f"gradient_sync {on}")
+
+    for is_sharded, want in ((True, []), (False, ["no_sync"])):
+        monkeypatch.setattr(shard, "sharded", lambda model, s=is_sharded: s)
+        calls.clear()
+        for sync in (False, False, True):  # a mini-batch of three micro-batches
+            with shard.accumulate(Recording(), Recording(), sync=sync):
+                pass
+        assert calls == want * 2, (is_sharded, calls)

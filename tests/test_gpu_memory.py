@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_memory  # noqa: E402
@@ -181,3 +183,27 @@ def test_precision_help_and_the_tests_small_flags():
         timeout=120,
     )
     assert done.returncode == 0 and "--steps" in done.stdout, done.stderr
+
+
+def test_its_output_and_figures_paths_are_checked_before_the_work(tmp_path):
+    # before: --json into a missing directory failed after the measurement and the plan, and a
+    # missing --figures file raised a FileNotFoundError traceback that named no flag
+    missing, figures = tmp_path / "missing" / "m.json", tmp_path / "m0.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_memory.py"), "--plan_only"]
+        + ["--json", str(missing), "--figures", str(figures)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr and "PLAN" not in done.stdout
+    assert f"--json {str(missing)!r}: the directory {missing.parent} does not exist" in done.stderr
+    assert f"--figures {str(figures)!r}: no such file; pass an earlier --json" in done.stderr
+    # a file that is not an earlier --json: named, with what to pass
+    figures.write_text("[1]")
+    with pytest.raises(SystemExit, match=r"m0.json': no \"measurement\" in it"):
+        gpu_memory.earlier_measurement(str(figures))
+    figures.write_text("{")
+    with pytest.raises(SystemExit, match=r"m0.json' cannot be read as JSON \(JSONDecodeError"):
+        gpu_memory.earlier_measurement(str(figures))

@@ -341,7 +341,7 @@ def test_prompts_per_step_must_split_over_the_processes(env):
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None, reason="vllm is not installed (README: vLLM on CPU)"
+    importlib.util.find_spec("vllm") is None, reason="vllm is not installed (docs/vllm_cpu.md)"
 )
 def test_vllm_engine_on_every_rank(env, tmp_path):
     # every rank runs its own vLLM engine (vLLM's external_launcher backend: data parallel over the

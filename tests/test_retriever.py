@@ -158,6 +158,10 @@ def test_bm25_index_loads_back_searching_the_same_and_refuses_another_corpus(
     other = Corpus("other", corpus.ids[:-1], corpus.contents[:-1])
     with pytest.raises(ValueError, match="does not match this corpus"):
         BM25Retriever(other, str(tmp_path / "idx"))
+    # before: the same ids with another text loaded the old index, answering from the old text
+    edited = Corpus("edited", corpus.ids, [*corpus.contents[:-1], "Edited\nnew text"])
+    with pytest.raises(ValueError, match="built from another text.*refused, not rebuilt"):
+        BM25Retriever(edited, str(tmp_path / "idx"))
 
 
 def test_bm25_runs_numpy_with_numba_and_jax_installed_and_leaves_both_importable(corpus, tmp_path):
@@ -704,3 +708,138 @@ def test_a_corpus_whose_contents_are_all_empty_is_refused(tmp_path):
     path.write_text('{"id": "0", "contents": ""}\n{"id": "1", "contents": " \\n "}\n')
     with pytest.raises(ValueError, match="every one of its 2 passages has empty 'contents'"):
         load_corpus(str(path))
+
+
+# ---- a client never hangs; one client's request cannot stall or fail another's
+
+
+def test_the_client_gives_up_on_a_server_that_drips_its_answer_at_its_deadline():
+    # before: --retriever_timeout_s bounded each socket read: a server sending one byte every 0.2 s
+    # kept a search with a 1 s timeout blocked (40 s and counting in the case)
+    listener, stop = socket.create_server(("127.0.0.1", 0)), threading.Event()
+
+    def drip():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 999\r\n\r\n"
+        )
+        while not stop.wait(0.2):
+            try:
+                conn.sendall(b" ")
+            except OSError:  # the client cut the connection: the test is over
+                break
+        conn.close()
+
+    threading.Thread(target=drip, daemon=True).start()
+    port = listener.getsockname()[1]
+    client = RemoteRetriever(f"http://127.0.0.1:{port}", timeout_s=1.0, retries=0)
+    outcome = []
+
+    def search():
+        try:
+            client.search(["a"], 1)
+        except RetrievalError as e:
+            outcome.append(str(e))
+
+    searching = threading.Thread(target=search, daemon=True)
+    t0 = time.perf_counter()
+    searching.start()
+    searching.join(timeout=8)
+    stop.set()
+    listener.close()
+    assert not searching.is_alive(), "the search is still blocked"
+    assert time.perf_counter() - t0 < 3 and "no whole answer within 1.0 s" in outcome[0], outcome
+
+
+def test_a_query_over_max_query_bytes_is_answered_413():
+    # before: one 15 MB query (under the body and query-count limits) was searched
+    server, url = serve(Stub())
+    try:
+        status, body = post(url, {"queries": ["ok", "é" * 2049], "topk": 1})  # 4,098 bytes
+        assert status == 413, body
+        assert "query 1 has 4098 bytes (UTF-8), over the server's limit of 4096" in body["error"]
+        assert post(url, {"queries": ["é" * 2048], "topk": 1})[0] == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_large_request_shares_the_server_by_size():
+    # before: the batcher shared by query count: 1,000 queries of 4 KB went into one search call,
+    # and another client's one-query request waited for all of it
+    stub = Stub()
+    stub_search = stub.search
+    size = lambda queries: sum(len(q) for q in queries)  # the search costs 0.5 s a MB
+    stub.search = lambda queries, k: (time.sleep(size(queries) / 2e6), stub_search(queries, k))[1]
+    server, url = serve(stub)
+    try:
+        big = threading.Thread(target=post, args=(url, {"queries": ["q" * 4096] * 1000}))
+        big.start()
+        time.sleep(0.2)  # the large request (4 MB: 2 s of searching) is being searched
+        t0 = time.perf_counter()
+        status, body = post(url, {"queries": ["small"], "topk": 1})
+        waited = time.perf_counter() - t0
+        big.join()
+        assert status == 200 and body["result"][0][0]["document"]["contents"] == "small\ntext"
+        assert waited < 0.6, waited  # a call of 256 KiB (0.13 s), not the 4 MB of the request
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_query_that_is_not_text_fails_its_own_request_alone():
+    # before: a lone surrogate (valid JSON) made the dense encoder raise, and every request batched
+    # with it answered 500
+    class Encoder(Stub):  # as a tokenizer does: text that cannot be encoded raises
+        def search(self, queries, k):
+            [q.encode("utf-8") for q in queries]
+            return super().search(queries, k)
+
+    server, url = serve(Encoder())
+    try:
+        status, body = post(url, {"queries": ["fine", "\ud800"], "topk": 1})
+        assert status == 400 and "query 1 ('\\ud800') is not text" in body["error"], body
+        assert post(url, {"queries": ["fine"], "topk": 1})[0] == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_search_that_raises_fails_only_the_request_that_makes_it_raise():
+    # before: every request batched with it answered 500
+    stub = Stub(fail_word="boom", sleep_s=0.3)
+    server, url = serve(stub)
+    try:
+        answers = {}
+        asks = {"first": ["wait"], "bad": ["boom"], "good": ["fine"]}
+        threads = {
+            n: threading.Thread(
+                target=lambda n=n, q=q: answers.update({n: post(url, {"queries": q})})
+            )
+            for n, q in asks.items()
+        }
+        threads["first"].start()
+        time.sleep(0.1)  # "bad" and "good" arrive during the first call: the next takes both
+        threads["bad"].start(), threads["good"].start()
+        for t in threads.values():
+            t.join()
+        assert stub.batch_sizes == [1, 2, 1, 1], stub.batch_sizes  # the call of two, then each
+        assert answers["bad"][0] == 500 and "index on fire" in answers["bad"][1]["error"]
+        assert answers["good"][0] == 200 and answers["first"][0] == 200, answers
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_server_answers_400_to_a_topk_of_5000_digits(bm25):
+    # before: int() refuses more than 4,300 digits: the connection dropped with a traceback
+    server, url = serve(bm25)
+    try:
+        body = b'{"queries": ["kalo"], "topk": ' + b"9" * 5000 + b"}"
+        head = b"Connection: close\r\nContent-Length: " + str(len(body)).encode()
+        answer = raw_post(server, head, body)
+        assert answer.startswith(b"HTTP/1.1 400") and b"body cannot be read" in answer, answer
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -519,6 +519,25 @@ def test_carl_forks_from_lowest_density():
     assert len(tree.root.children) == 1 and len(tree.root.children[0].children) == 3
 
 
+def test_carl_marks_the_steps_of_its_first_phase_chains_phase1():
+    # advantages.py --no_carl_train_phase1 leaves out exactly these steps (App. C.1); trees without
+    # the marks are refused there
+    policy = lambda c: (
+        ("<search>q</search>", -2.0) if turns(c) == 0 else ("<answer>Ivo</answer>", -0.1)
+    )
+    agent, _ = agent_with(policy)
+    ([tree],) = ALGOS["carl"].grow(
+        agent, [EX], random.Random(0), RolloutConfig(carl_N0=2, carl_N=2)
+    )
+    # the N0 = 2 chains: the root's first two children and their answers; the 2 forks from the root
+    # (H/n = 2/2, then 2/3, beats the searches' 0.1): its last two children and theirs
+    first, forks = tree.root.children[:2], tree.root.children[2:]
+    assert len(first) == 2 and len(forks) == 2
+    assert all(n.phase1 for c in first for n in walk(c))
+    assert not any(n.phase1 for c in forks for n in walk(c)) and not tree.root.phase1
+    assert tree.to_dict()["children"][0]["phase1"] is True  # and so in a dump's JSON
+
+
 def alternating_searches():
     """Every step searches; queries alternate between two doc families ('qa' / 'qb'): 2 clusters per
     parent."""
@@ -760,6 +779,32 @@ def test_cli_checks_its_flags_before_anything_loads(tmp_path):
         "--treeps_D 9: TreePS-RAG's depth limit must be at most --max_turns + 1 = 5",
         "--plot_prompt 1: must be in [0, --n_prompts)",
     ):
+        assert message in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "world").exists()  # stopped before the world was written
+
+
+def test_cli_checks_its_output_paths_before_anything_loads(tmp_path):
+    # before: --dump and --plot into a missing directory failed only after the world was written,
+    # the model loaded and every rollout grown (a FileNotFoundError traceback)
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    missing = tmp_path / "missing"
+    out = subprocess.run(
+        [sys.executable, "-m", "scripts.dump", "--dump", str(missing / "d.json")]
+        + ["--plot", str(missing / "p.png"), "--world", str(tmp_path / "world")],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    for flag, name in (("--dump", "d.json"), ("--plot", "p.png")):
+        message = f"{flag} {str(missing / name)!r}: the directory {missing} does not exist"
         assert message in out.stderr, out.stderr[-2000:]
     assert not (tmp_path / "world").exists()  # stopped before the world was written
 

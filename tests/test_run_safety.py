@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train import FAST, ROOT, metrics, train
+from test_train import FAST, ROOT, metrics, train, train_command
 
 from infra import files, health, rundir, warmstart
 from infra.run import summary
@@ -146,23 +146,26 @@ def test_resume_refuses_changed_flags_and_a_missing_run_and_allows_a_longer_run(
 # ---- 3. caches written whole: a torn one is named and rebuilt ------------------------------------
 
 
+class FullDisk:
+    """A file opened for writing that takes a few bytes, then finds the disk full."""
+
+    def __init__(self, name, mode):
+        self.f = open(name, mode)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+    def write(self, text):
+        self.f.write(text[:3])
+        raise OSError(28, "No space left on device")
+
+
 def test_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
     path = tmp_path / "config.json"
     files.write_json(path, {"lr": 1})
-
-    class FullDisk:  # a file that takes a few bytes, then finds the disk full
-        def __init__(self, name, mode):
-            self.f = open(name, mode)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
-
-        def write(self, text):
-            self.f.write(text[:3])
-            raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(files, "open", FullDisk, raising=False)
     with pytest.raises(OSError, match="No space"):
@@ -180,6 +183,23 @@ def test_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
         files.write_dir(tmp_path / "final", fails)
     assert (tmp_path / "final" / "model.safetensors").read_bytes() == b"whole"
     assert sorted(os.listdir(tmp_path)) == ["config.json", "final"]
+
+
+def test_a_directory_write_killed_between_its_renames_is_finished(tmp_path):
+    # before: after a SIGKILL between the two renames only final.old and final.tmp remained: the
+    # run looked unfinished and the next write deleted both
+    final = tmp_path / "final"
+    for name, text in (("final.old", "previous"), ("final.tmp", "new")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_text(text)
+    said = files.finish_swap(final)
+    assert "killed between its renames was finished" in said
+    assert os.listdir(tmp_path) == ["final"] and (final / "model.safetensors").read_text() == "new"
+    (tmp_path / "final.old").mkdir()  # killed after the swap: the previous version only goes
+    assert files.finish_swap(final) == "" and os.listdir(tmp_path) == ["final"]
+    final.rename(tmp_path / "final.old")  # no new version to finish with: the previous comes back
+    assert "was undone" in files.finish_swap(final) and os.listdir(tmp_path) == ["final"]
+    assert (final / "model.safetensors").read_text() == "new"
 
 
 def test_a_warm_start_save_cut_short_leaves_nothing_and_a_torn_cache_is_retrained(
@@ -311,6 +331,21 @@ def test_the_last_line_names_degraded_steps_and_a_run_that_trained_nothing():
     assert "NOTHING WAS TRAINED" in said and "--max_traj_tokens" in said
 
 
+def test_a_run_whose_rollouts_never_differed_says_nothing_was_trained(env):
+    # before: --temperature 0 or --grpo_G 1 gave every advantage 0, and the run ended "done"
+    rows = [
+        {"step": s, "rollout/effective_groups": 0.0, "train/tokens_trained": 9.0} for s in (1, 2)
+    ]
+    said = summary(rows, {}, 1.0, "runs/x")
+    assert "NOTHING WAS TRAINED: at every step each prompt's rollouts had one reward" in said
+    assert "--temperature 0, --grpo_G 1" in said
+    rows[1]["rollout/effective_groups"] = 0.5
+    assert "NOTHING" not in summary(rows, {}, 1.0, "runs/x")
+    out = train(env, *ONE_STEP, "--run_name", "g1", "--grpo_G", "1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "NOTHING WAS TRAINED: at every step" in out.stdout, out.stdout[-2000:]
+
+
 def test_max_traj_tokens_1_says_nothing_was_trained(env):
     # before: the run ended "done in ..." as if it had trained
     out = train(env, *ONE_STEP, "--run_name", "nothing", "--max_traj_tokens", "1")
@@ -376,13 +411,13 @@ def test_a_run_whose_updates_become_nan_stops_and_saves_no_final(env):
 
 def test_check_finite_names_the_weights_and_the_step():
     model = torch.nn.Linear(2, 2)
-    health.check_finite(model.state_dict(), 4, 2, 0)
+    health.check_finite(health.nonfinite(model.state_dict()), 4, 2, 0)
     with pytest.raises(SystemExit, match="step 5: the loss or the gradient norm was NaN"):
-        health.check_finite(model.state_dict(), 5, 0, 2)
+        health.check_finite(health.nonfinite(model.state_dict()), 5, 0, 2)
     with torch.no_grad():
         model.bias[0] = float("nan")
     with pytest.raises(SystemExit, match=r"stopping at step 6: .*1 weight tensors.*\(bias\)"):
-        health.check_finite(model.state_dict(), 6, 2, 0)
+        health.check_finite(health.nonfinite(model.state_dict()), 6, 2, 0)
 
 
 # ---- 8. final/ written whole; a failed save says what it needed ----------------------------------
@@ -420,6 +455,10 @@ def test_a_negative_seed_a_bad_url_and_an_unwritable_out_dir_stop_before_the_run
     assert out.returncode != 0 and "--seed -1: must be an integer >= 0" in out.stderr
     assert "--retriever_url 'notaurl': must be empty or a URL http://HOST:PORT" in out.stderr
     assert not (env / "out" / "runs" / "neg").exists()
+    # before: passed the check, then failed in numpy's seeding with a traceback
+    out = train(env, *ONE_STEP, "--run_name", "neg", "--seed", str(2**32))
+    assert "--seed 4294967296: must be below 2**32 (numpy's seeds are 32-bit)" in out.stderr
+    assert not (env / "out" / "runs" / "neg").exists()
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     assert "is a file, not a directory" in rundir.unwritable(str(blocker / "out"))
@@ -427,3 +466,130 @@ def test_a_negative_seed_a_bad_url_and_an_unwritable_out_dir_stop_before_the_run
     if os.geteuid():  # root writes anywhere
         (tmp_path / "ro").mkdir(mode=0o555)
         assert "is not writable" in rundir.unwritable(str(tmp_path / "ro" / "out"))
+
+
+# ---- 9. --resume refuses what config.json holds against it, checkpoint or not -------------------
+
+
+def test_resume_of_a_finished_run_without_a_checkpoint_is_refused_and_flags_are_compared(env):
+    # before: exit 0, config.json rewritten, metrics.jsonl dropped and final/ replaced by a run of
+    # another algorithm, learning rate and seed
+    flags = ("--algo", "grpo", "--steps", "2", "--eval_every", "0", "--run_name", "nock")
+    first = train(env, *flags, "--checkpoint_every", "0")
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = env / "out" / "runs" / "nock"
+    config, rows = (run / "config.json").read_text(), metrics(env, "nock")
+    final = (run / "final" / "model.safetensors").read_bytes()
+    changed = ("--algo", "tree_grpo", "--lr", "1e-2", "--seed", "5", "--run_name", "nock")
+    out = train(env, "--steps", "2", "--eval_every", "0", *changed, "--resume")
+    assert out.returncode != 0, out.stdout[-2000:]
+    assert (
+        f"--resume: {run} holds a finished run (config.json, curve.png, final, metrics.jsonl)"
+        in out.stderr
+    )
+    assert "no checkpoint to go on from" in out.stderr, out.stderr[-2000:]
+    assert (run / "config.json").read_text() == config and metrics(env, "nock") == rows
+    assert (run / "final" / "model.safetensors").read_bytes() == final
+    # killed before its first checkpoint (no final/): the flags are compared all the same
+    files.remove(run / "final")
+    out = train(env, "--steps", "2", "--eval_every", "0", *changed, "--resume")
+    assert out.returncode != 0, out.stdout[-2000:]
+    for said in ("--lr 0.01 (the run: 5e-05)", "--algo tree_grpo (the run: grpo)"):
+        assert said in out.stderr, out.stderr[-2000:]
+    assert (run / "config.json").read_text() == config
+
+
+def test_resume_refuses_a_changed_data_file_and_another_mixed_precision(env, tmp_path):
+    # before: every answer changed and the rows reordered, or a float32 run resumed under bf16:
+    # both resumed in silence
+    world = env / "out" / "world"
+    data = tmp_path / "train.jsonl"
+    data.write_text((world / "train.jsonl").read_text())
+    flags = [*files_flags(env), "--algo", "grpo", "--eval_every", "0", "--run_name", "fp"]
+    flags[flags.index("--data") + 1] = str(data)
+    first = train(env, *flags, "--steps", "1", "--checkpoint_every", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    bf16 = {**os.environ, "ACCELERATE_MIXED_PRECISION": "bf16"}
+    cmd = train_command(env, *flags, "--steps", "2", "--resume")
+    out = subprocess.run(cmd, cwd=env, capture_output=True, text=True, timeout=600, env=bf16)
+    assert out.returncode != 0, out.stdout[-2000:]
+    assert "mixed precision bf16 (the run: no;" in out.stderr, out.stderr[-2000:]
+    lines = data.read_text().splitlines()
+    data.write_text("\n".join(lines[::-1]) + "\n")  # the same rows, reordered
+    out = train(env, *flags, "--steps", "2", "--resume")
+    assert out.returncode != 0, out.stdout[-2000:]
+    assert f"the contents of --data's file {data} (sha256" in out.stderr, out.stderr[-2000:]
+    data.write_text("\n".join(lines) + "\n")
+    out = train(env, *flags, "--steps", "2", "--resume")
+    assert out.returncode == 0 and "resumed from" in out.stdout, out.stderr[-3000:]
+    recorded = json.loads((env / "out" / "runs" / "fp" / "config.json").read_text())
+    assert recorded["mixed_precision"] == "no" and recorded["inputs"]["data"]["file"] == str(data)
+
+
+def test_a_latest_file_that_is_empty_or_garbage_falls_back_to_the_newest_readable_checkpoint(
+    tmp_path, capsys
+):
+    # before: a bare ValueError (int() of the garbage), though the checkpoints were intact
+    from test_train import WHOLE
+
+    from infra.run import load_checkpoint
+
+    class Loader:  # accelerate's load_state, recording what it loaded
+        is_main_process = True
+        loaded = []
+
+        def load_state(self, path):
+            self.loaded.append(os.path.basename(path))
+
+        def print(self, *args):
+            print(*args)
+
+    for step in (2, 4):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(
+            json.dumps({"step": step, "files": {}})
+        )
+    for garbage in (b"", b"\xff\xfe garbage"):
+        (tmp_path / "latest").write_bytes(garbage)
+        assert load_checkpoint(Loader(), str(tmp_path), WHOLE)["step"] == 4
+        said = capsys.readouterr().out
+        assert f"resume: {tmp_path}/latest holds " in said and "not a checkpoint's name" in said
+        assert "resume: fell back to checkpoint-4; the steps after 4 run again" in said
+        assert (tmp_path / "latest").read_text() == "checkpoint-4"
+
+
+def test_a_full_disk_at_the_metrics_or_the_curve_names_the_file_and_keeps_the_curve_whole(
+    tmp_path, monkeypatch
+):
+    # before: a bare OSError that named no file, and a torn curve.png
+    from types import SimpleNamespace
+
+    from matplotlib.figure import Figure
+
+    from infra import run
+
+    rank0, args, history = SimpleNamespace(is_main_process=True), SimpleNamespace(log_with=""), []
+    run.log({"step": 1, "rollout/reward": 0.5}, history, str(tmp_path), rank0, args)
+    curve = (tmp_path / "curve.png").read_bytes()
+    assert curve[:8] == b"\x89PNG\r\n\x1a\n"
+
+    def torn(self, path, **kwargs):  # a few bytes, then the disk is full
+        Path(path).write_bytes(curve[:10])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", torn)
+    with pytest.raises(OSError) as failed:
+        run.log({"step": 2, "rollout/reward": 0.7}, history, str(tmp_path), rank0, args)
+    said = str(failed.value)
+    assert f"writing {tmp_path / 'curve.png'} failed (OSError: [Errno 28] No space left" in said
+    assert "MiB free on the disk holding it: if it is full, free space, then --resume" in said
+    assert (tmp_path / "curve.png").read_bytes() == curve  # the previous one, whole
+    assert sorted(os.listdir(tmp_path)) == ["curve.png", "metrics.jsonl"]
+    monkeypatch.undo()
+
+    # metrics.jsonl takes a few bytes, then finds the disk full
+    monkeypatch.setattr(run, "open", FullDisk, raising=False)
+    with pytest.raises(OSError, match=re.escape(f"writing {tmp_path / 'metrics.jsonl'} failed")):
+        run.log({"step": 3, "rollout/reward": 0.9}, history, str(tmp_path), rank0, args)
+    monkeypatch.undo()
+    assert [row["step"] for row in run.read_metrics(str(tmp_path / "metrics.jsonl"))] == [1, 2]

@@ -359,13 +359,13 @@ def test_log_with_a_tracker_that_is_not_installed_stops_before_anything_loads(en
 
 
 # ---- the real loop on vLLM ---------------------------------------------------------------------
-# (runs only where vllm imports: the CPU virtualenv of README "vLLM on CPU", CI's too)
+# (runs only where vllm imports: the CPU virtualenv of docs/vllm_cpu.md, CI's too)
 
 import importlib.util  # noqa: E402
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None, reason="vllm is not installed (README: vLLM on CPU)"
+    importlib.util.find_spec("vllm") is None, reason="vllm is not installed (docs/vllm_cpu.md)"
 )
 @pytest.mark.parametrize("algo", ["tree_grpo", "grpo", "branpo", "carl", "treeps"])
 def test_vllm_engine_runs_the_training_loop(tmp_path_factory, algo):
