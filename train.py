@@ -397,7 +397,8 @@ def main(
     model_path = args.model or os.path.join(args.out_dir, "warmstart")  # no --model: the warm start
     # the schedule counts optimizer steps: a prepared scheduler would step once per process
     kw = dict(log_with=args.log_with or None, step_scheduler_with_optimizer=False)
-    accelerator = Accelerator(project_dir=run_dir, **kw)
+    # FSDP2: gradients reduced in float32 (infra/shard.py); None, the launch's settings as they are
+    accelerator = Accelerator(project_dir=run_dir, fsdp_plugin=shard.fsdp_plugin(), **kw)
     book = Book(accelerator, run_dir, args, rollout_cfg.algo)  # metrics, eval, checkpoints (infra)
     configs = (args, rollout_cfg, credit_cfg, agent_cfg, retriever_cfg)
     lock = run.start(accelerator, run_dir, args, configs, warm)  # noqa: F841 (held while main runs)

@@ -31,14 +31,28 @@ import random
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
+from accelerate.utils import FullyShardedDataParallelPlugin
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
     get_state_dict,
     set_state_dict,
 )
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
+
+
+def fsdp_plugin():
+    """Under `accelerate launch` with an FSDP2 config and mixed precision (its environment says),
+    the plugin for train.py's Accelerator: the launch's own, but for the mixed-precision policy,
+    whose gradients reduce in float32 (Accelerate's bf16 policy reduces in bf16; verl keeps
+    float32), parameters and outputs in the compute dtype as Accelerate's; None otherwise (the
+    launch's settings as they are)."""
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    dtype = compute.get(os.environ.get("ACCELERATE_MIXED_PRECISION", "no"))
+    fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    if not (fsdp and os.environ.get("FSDP_VERSION") == "2" and dtype):
+        return None
+    policy = {"param_dtype": dtype, "reduce_dtype": torch.float32, "output_dtype": dtype}
+    return FullyShardedDataParallelPlugin(mixed_precision_policy=policy)
 
 
 def sharded(model: torch.nn.Module) -> bool:
@@ -48,13 +62,20 @@ def sharded(model: torch.nn.Module) -> bool:
 
 def gather(accelerator, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The policy's full state dict, HF names, on every rank. Whole weights: the unwrapped model's
-    own tensors (references, no copy). Sharded: every rank all-gathers every parameter, so the
-    peak rises by one full copy of the weights in their dtype (12 GiB for 3 B parameters in
-    float32) until the caller drops the dict; call it once a step, on every rank alike."""
+    own tensors (references, no copy). Sharded: every rank all-gathers every parameter once, tied
+    ones (the embedding and the head) once for both names, so the peak rises by one full copy of
+    the weights in their dtype (11.5 GiB for 3 B parameters in float32) until the caller drops the
+    dict; call it once a step, on every rank alike (each all-gather is a collective)."""
     unwrapped = accelerator.unwrap_model(model)
     if not sharded(unwrapped):
         return unwrapped.state_dict()
-    return get_model_state_dict(unwrapped, options=StateDictOptions(full_state_dict=True))
+    full_dict, gathered = {}, {}  # id of a parameter (tied ones are one) -> its whole tensor
+    with torch.no_grad():
+        for name, p in unwrapped.state_dict(keep_vars=True).items():
+            if id(p) not in gathered:
+                gathered[id(p)] = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+            full_dict[name] = gathered[id(p)]
+    return full_dict
 
 
 def full(x):

@@ -63,6 +63,7 @@ def test_fsdp2_shards_the_policy_trains_and_syncs_every_rank_engine(straight):
     # the gathered state dict (a full copy of the policy under FSDP2) is dropped after its step:
     # nothing of one gather lives at the next (steps 1, 2, then final/'s)
     assert all(rank["alive_at_gather"] == [0, 0, 0] for rank in ranks), ranks
+    assert all(rank["tied_once"] for rank in ranks)  # the tiny policy ties its head to its input
     # the engine's copy on each rank, after the last sync, holds the weights final/ holds: the
     # gathered state dict (one gather a step serves both)
     final = load_file(run / "final" / "model.safetensors")
@@ -287,6 +288,8 @@ def train_probe(records: Path, argv: list[str]):
         mine.setdefault("alive_at_gather", []).append(sum(r() is not None for r in refs))
         weights = gather(accelerator, model)
         refs[:] = [weakref.ref(t) for t in weights.values()]
+        tied = weights.get("lm_head.weight"), weights.get("model.embed_tokens.weight")
+        mine["tied_once"] = tied[0] is tied[1] is not None  # one all-gather for both names
         return weights
 
     train.Accelerator.prepare, run.end = recording_prepare, recording_end
@@ -336,3 +339,28 @@ def test_sharded_gradients_sync_at_every_micro_batch_and_ddp_once(monkeypatch):
             with shard.accumulate(Recording(), Recording(), sync=sync):
                 pass
         assert calls == want * 2, (is_sharded, calls)
+
+
+def test_under_fsdp2_with_bf16_the_gradients_reduce_in_float32(monkeypatch):
+    # what train.py hands Accelerate under `accelerate launch` with benchmarks/fsdp2.yaml: its
+    # FSDP2 plugin, whose mixed-precision policy reduces in float32 and survives Accelerate's own
+    # bf16 setting (AcceleratorState calls set_mixed_precision on a given plugin); Accelerate's
+    # plugin alone reduces in bf16. (Whether the GPU run honours it: benchmarks/gpu_check.sh.)
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    from infra import shard
+
+    for name, value in (("ACCELERATE_USE_FSDP", "true"), ("FSDP_VERSION", "2")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+    assert shard.fsdp_plugin() is None  # float32 throughout: nothing to set
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    plugin = shard.fsdp_plugin()
+    plugin.set_mixed_precision("bf16")  # as AcceleratorState does
+    policy = plugin.mixed_precision_policy
+    assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+    theirs = FullyShardedDataParallelPlugin()
+    theirs.set_mixed_precision("bf16")
+    assert theirs.mixed_precision_policy.reduce_dtype == torch.bfloat16
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "false")  # DDP: the launch's settings
+    assert shard.fsdp_plugin() is None
