@@ -21,15 +21,13 @@ counted from the tensors, and the remainder (activations, logits, temporaries, a
 copies of the weights). Without CUDA the peak is the process's peak RSS rise (ru_maxrss) since
 before the models were built, labelled so: only the counted terms mean the same there.
 
-The plan adds, per GPU and recipe: float32 weights + gradients + Adam states (16 B a parameter) /
-FSDP2 ranks (0 on the GPU under CPU offload), the reference (not sharded), the activation remainder
-at the recipe's micro-batch and length (scaled in tokens from measured figures: this run's, those
-of --figures, else the committed H100 table benchmarks/shapes/h100_measured.json; each row says
-which), the rollout engine, and FSDP2's gathered layers (estimated from the shape unless the
-figure was measured under FSDP2, where it is inside the remainder). Asserts nothing.
+The plan (benchmarks/memory_plan.py) lists, per GPU and recipe, each term of the update's, the
+weight sync's and the rollout phase's memory, marked measured (the activation remainder of a GPU
+figure: this run's, those of --figures, else the committed H100 table
+benchmarks/shapes/h100_measured.json) or derived (arithmetic from the shape and what the code
+holds). Asserts nothing.
 """
 
-import functools
 import json
 import math
 import os
@@ -44,17 +42,27 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
-from transformers import AutoConfig, AutoModelForCausalLM, get_constant_schedule
+from transformers import AutoModelForCausalLM, get_constant_schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from memory_plan import (  # noqa: F401 (the tests' names)
+    GIB,
+    RECIPES,
+    SHAPES,
+    Recipe,
+    config,
+    layer_sizes,
+    parameter_count,
+    plan,
+    print_plan,
+    remainder_gib,
+)
+
 import train
 from infra import files, flags
 from tree import Sample
 
-GIB = 2**30
-SHAPES = Path(__file__).resolve().parent / "shapes"
 TABLE = SHAPES / "h100_measured.json"  # the committed figures, with their provenance
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -87,49 +95,29 @@ class Args:
     """Earlier runs' --json files whose measurements join the plan's."""
     json: str = ""
     """Write every figure (measurement, plan) to this JSON file."""
-    gpu_gib: float = 80.0
-    """The plan's GPU memory per device (an H100 80GB shows 79.2 GiB to torch)."""
+    gpu_gib: float = 79.2
+    """The plan's GPU memory per device (torch's total of an H100 80GB, measured: 79.2 GiB)."""
     reserve_gib: float = 3.0
     """Kept free by the plan for what memory_allocated does not count (CUDA context, NCCL,
     allocator fragmentation); not measured here."""
-    engine_gib: float = 24.0
-    """vLLM's share per GPU (--vllm_gpu_memory_utilization 0.3 x 80 GiB)."""
-    small_engine_gib: float = 10.0
-    """vLLM squeezed beside a one-GPU update (utilization 0.125: 3B weights in bf16, 5.8 GiB, and
-    the rest for KV cache)."""
-    hf_sequences: int = 16
-    """Sequences the HF engine decodes at once (its float32 KV cache at the recipe's length)."""
+    vllm_utilization: float = 0.3
+    """vLLM's share of --gpu_gib beside the update (train.py --vllm_gpu_memory_utilization)."""
+    small_vllm_utilization: float = 0.125
+    """vLLM squeezed beside a one-GPU update (3B weights in bf16, 5.8 GiB, and the rest for KV
+    cache)."""
+    hf_sequences: int = 32
+    """Sequences the HF engine decodes at once (infra/engines.py's hf_max_batch_size)."""
+    hf_new_tokens: int = 500
+    """Tokens the HF engine generates per call (the recipe's --max_step_tokens)."""
 
 
 RULES = [
     ("micro_batch micro_batches", "at least 1", lambda v: v >= 1),
     ("length", "0 (auto) or at least 8", lambda v: v == 0 or v >= 8),
-    ("gpu_gib", "positive", lambda v: v > 0),
-    ("reserve_gib engine_gib small_engine_gib", "at least 0", lambda v: v >= 0),
+    ("gpu_gib hf_sequences hf_new_tokens", "positive", lambda v: v > 0),
+    ("reserve_gib", "at least 0", lambda v: v >= 0),
+    ("vllm_utilization small_vllm_utilization", "between 0 and 1", lambda v: 0 <= v <= 1),
 ]
-
-
-@functools.cache
-def config(shape: str):
-    """The shape's transformers config (benchmarks/shapes/SHAPE/config.json)."""
-    return AutoConfig.from_pretrained(SHAPES / shape)
-
-
-@functools.cache
-def parameter_count(shape: str) -> int:
-    """Parameters of a shape, from its config (a model on the meta device: no memory, no init)."""
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config(shape), dtype=torch.float32)
-    return sum(p.numel() for p in model.parameters())
-
-
-@functools.cache
-def layer_sizes(shape: str) -> tuple[int, int]:
-    """(parameters of one decoder layer, parameters outside the layers) of a shape."""
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config(shape), dtype=torch.float32)
-    layer = sum(p.numel() for p in model.model.layers[0].parameters())
-    return layer, sum(p.numel() for p in model.parameters()) - layer * len(model.model.layers)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -292,20 +280,6 @@ def measure(a: Args) -> dict:
     }
 
 
-def remainder_gib(row: dict) -> tuple[float, bool]:
-    """(activations + logits + temporaries at the peak, whether a lower bound: the row ran out of
-    memory): the peak less parameters, gradients, AdamW states and reference. A table row has no
-    counted terms: they are its shape's, float32 (4 + 4 + 8 B a parameter) and the reference's."""
-    if "counted_bytes" in row:
-        counted = sum(row["counted_bytes"].values()) / GIB
-    else:
-        n = parameter_count(row["shape"])
-        counted = n * (16 + DTYPES[row["ref_dtype"]].itemsize) / GIB
-    if row["peak_gib"] is not None:
-        return row["peak_gib"] - counted, False
-    return row["oom_at_gib"] - counted, True
-
-
 def print_measurement(m: dict):
     cuda = m["device_total_gib"] is not None
     mb = "on" if m["checkpointing"] else "off"
@@ -345,180 +319,6 @@ def print_measurement(m: dict):
         print(
             f"| process peak RSS rise | {m['rss_rise_gib']:.4g} | | ru_maxrss since before the "
             "models were built: CPU memory, NOT a GPU figure |"
-        )
-
-
-# --------------------------------------------------------------------------------------------------
-# The plan
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """One way to run the job; the plan adds up its memory on each GPU."""
-
-    name: str
-    speed: str  # what it costs against the first recipe, and whether that was measured
-    gpus: int = 1
-    ranks: int = 1  # FSDP2 ranks the policy's float32 state is sharded over; 1 = whole per GPU
-    fsdp: str = "none"  # "none" | "fsdp2" | "fsdp2+offload" (parameters, grads, Adam on the CPU)
-    checkpointing: bool = True
-    ref_dtype: str = "bfloat16"  # or "float32"; never sharded here
-    micro_batch: int = 2
-    length: int = 4096
-    engine: str = "vllm"  # "vllm" (--engine_gib) | "vllm-small" (--small_engine_gib) | "hf"
-    shape: str = "3B"
-
-
-RECIPES = [
-    Recipe(
-        "8 x 80 GB DDP (the old recipe), or 1 GPU as today",
-        "the reference point; the HF engine instead of vLLM: rollout several times slower",
-        gpus=8,
-        checkpointing=False,
-    ),
-    Recipe(
-        "8 x 80 GB, FSDP2 over 8 ranks",
-        "checkpointing: a second forward in the update (about +1/3 of its compute; not measured "
-        "here); FSDP2: per-layer all-gather and reduce-scatter, overlapped with compute",
-        gpus=8,
-        ranks=8,
-        fsdp="fsdp2",
-    ),
-    Recipe(
-        "1 x 80 GB, checkpointing, micro-batch 1, HF engine",
-        "HF generate has no paged KV cache or continuous batching: rollout several times slower "
-        "than vLLM (not measured at 3B); micro-batch 1: twice the passes, each less efficient",
-        micro_batch=1,
-        engine="hf",
-    ),
-    Recipe(
-        "1 x 80 GB, checkpointing, micro-batch 1, small vLLM",
-        "vLLM with a small KV cache decodes fewer sequences at once: rollout in waves (not "
-        "measured)",
-        micro_batch=1,
-        engine="vllm-small",
-    ),
-    Recipe(
-        "1 x 80 GB, FSDP2 CPU offload, checkpointing",
-        "every layer's weights cross PCIe in each forward and backward, gradients come back, "
-        "AdamW steps on the CPU (16 B a parameter of host memory): update several times slower "
-        "(not measured)",
-        fsdp="fsdp2+offload",
-    ),
-]
-
-
-def activation(recipe: Recipe, rows: list[dict]) -> tuple[float, bool, str, bool]:
-    """(GiB, lower bound?, where from, FSDP2 buffers included?) of the recipe's activation
-    remainder: from the rows of its shape, checkpointing and bf16 autocast (those measured under its
-    FSDP2 setting first, else without FSDP2), measured rows before the table's. Rows at two or more
-    token counts (micro-batch x length) give a line fitted through them; one gives a proportion."""
-    tokens = recipe.micro_batch * recipe.length
-    for fsdp in dict.fromkeys((recipe.fsdp, "none")):
-        for origin in ("measured", "table"):
-            match = [
-                r
-                for r in rows
-                if r["source"] == origin
-                and (r["peak_gib"] is not None or r["oom_at_gib"] is not None)
-                and (r["shape"], r["checkpointing"], r["fsdp"], r["mixed_precision"])
-                == (recipe.shape, recipe.checkpointing, fsdp, "bf16")
-            ]
-            if not match:
-                continue
-            exact = [r for r in match if r["peak_gib"] is not None]
-            lower = not exact
-            by_tokens = {}  # tokens -> the largest remainder measured there
-            for r in exact or match:
-                t = r["micro_batch"] * r["length"]
-                by_tokens[t] = max(by_tokens.get(t, -math.inf), remainder_gib(r)[0])
-            where = f"{origin}, {'/'.join(f'{t:,}' for t in sorted(by_tokens))} tokens"
-            note = ""
-            if fsdp != recipe.fsdp:  # FSDP2's gathered layers are estimated apart (`plan`)
-                note = "; without FSDP2: its autocast copies of the weights overstate FSDP2's"
-            if len(by_tokens) == 1:
-                ((t, gib),) = by_tokens.items()
-                value, how = gib * tokens / t, f"x{tokens / t:g}"
-                if tokens < t:  # autocast's bf16 weight copies (2 B a parameter) do not shrink
-                    note += "; scaled down: understates what does not scale with tokens"
-            else:  # least squares: gib = c + s * tokens
-                xs, ys = list(by_tokens), list(by_tokens.values())
-                mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-                s = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-                s /= sum((x - mx) ** 2 for x in xs)
-                value, how = my + s * (tokens - mx), "line"
-            return value, lower, f"{where} ({how}){note}", fsdp != "none"
-    return math.nan, False, "no figure", False
-
-
-def plan(recipe: Recipe, rows: list[dict], a: Args) -> dict:
-    """The recipe's memory per GPU, term by term (GiB), and whether it fits a.gpu_gib less
-    a.reserve_gib."""
-    n = parameter_count(recipe.shape)
-    cfg = config(recipe.shape)
-    sharded = recipe.fsdp != "none"
-    act, lower, source, buffers_in_act = activation(recipe, rows)
-    if recipe.engine == "hf":  # float32 KV cache of hf_sequences rows at the recipe's length
-        head_dim = cfg.hidden_size // cfg.num_attention_heads
-        kv = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * 4
-        engine = a.hf_sequences * recipe.length * kv
-        engine += 4 * n if sharded else 0  # generate needs whole weights: a gathered copy
-        engine /= GIB
-    else:
-        engine = a.engine_gib if recipe.engine == "vllm" else a.small_engine_gib
-    buffers = 0.0
-    if sharded and not buffers_in_act:  # estimated: root + 2 layers in bf16, their bf16 grads
-        layer, root = layer_sizes(recipe.shape)
-        buffers = ((root + 2 * layer) * 2 + (root + layer) * 2) / GIB
-    terms = {
-        "state": 0.0 if recipe.fsdp == "fsdp2+offload" else 16 * n / recipe.ranks / GIB,
-        "reference": n * DTYPES[recipe.ref_dtype].itemsize / GIB,
-        "activations": act,
-        "engine": engine,
-        "fsdp_buffers": buffers,
-    }
-    total = sum(terms.values())
-    over = total + a.reserve_gib > a.gpu_gib
-    fits = "no" if over else ("unknown (a lower bound)" if lower else "yes")
-    return {
-        "recipe": asdict(recipe),
-        "parameters": n,
-        "terms_gib": terms,
-        "total_gib": total,
-        "lower_bound": lower,
-        "fits": "?" if math.isnan(total) else fits,
-        "activation_source": source,
-        "host_gib": 16 * n / GIB if recipe.fsdp == "fsdp2+offload" else 0.0,
-    }
-
-
-def print_plan(plans: list[dict], a: Args):
-    print(
-        f"\nPLAN, per GPU, GiB (a {a.gpu_gib:g} GiB GPU, {a.reserve_gib:g} kept free): state = "
-        "float32 weights + gradients + AdamW (16 B a parameter) / FSDP2 ranks; activations "
-        "scaled in tokens from the figure named below; vLLM's share as given (--engine_gib, "
-        "--small_engine_gib)"
-    )
-    print(
-        "| recipe | state | reference | activations | engine | FSDP2 buffers | total | fits |\n"
-        "|---|---|---|---|---|---|---|---|"
-    )
-    for p in plans:
-        t, ge = p["terms_gib"], "≥" if p["lower_bound"] else ""
-        print(
-            f"| {p['recipe']['name']} | {t['state']:.1f} | {t['reference']:.1f} | "
-            f"{ge}{t['activations']:.1f} | {t['engine']:.1f} | {t['fsdp_buffers']:.1f} | "
-            f"{ge}{p['total_gib']:.1f} | {p['fits']} |"
-        )
-    for i, p in enumerate(plans, 1):
-        r = p["recipe"]
-        host = f"; host memory {p['host_gib']:.0f} GiB" if p["host_gib"] else ""
-        ckpt = "on" if r["checkpointing"] else "off"
-        print(
-            f"{i}. {r['name']}: {r['shape']} ({p['parameters']:,} parameters), micro-batch "
-            f"{r['micro_batch']} x {r['length']:,}, checkpointing {ckpt}, reference "
-            f"{r['ref_dtype']}, engine {r['engine']}; activations from {p['activation_source']}"
-            f"{host}. Speed: {r['speed']}."
         )
 
 
@@ -578,10 +378,7 @@ def main(a: Args):
     gpu_rows = [r for r in rows if r["source"] == "measured" and r["peak_gib"] is not None]
     print(
         f"figures: 'measured' = on a GPU by this run or --figures: {len(gpu_rows)} (a CPU run has "
-        f"no GPU peak); 'table' = benchmarks/shapes/h100_measured.json: {provenance}. Not "
-        "counted: the HF engine's KV cache is its float32 size at --hf_sequences rows (from the "
-        "config); without FSDP2 it generates with the policy's own weights, under FSDP2 with a "
-        "gathered copy; the weight sync's gathered state dict comes after the update's peak."
+        f"no GPU peak); 'table' = benchmarks/shapes/h100_measured.json: {provenance}."
     )
     if a.json:
         out = {"args": asdict(a), "measurement": measurement, "rows": rows, "plan": plans}

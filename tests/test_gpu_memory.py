@@ -86,13 +86,13 @@ def test_fsdp2_on_one_rank_with_a_bf16_reference_counts_the_same_shards(tmp_path
     }
 
 
-def row(checkpointing, micro_batch, peak=None, oom=None, fsdp="none"):
-    """A hand-made figure at 3B, 4,096 tokens a row, bf16 autocast, float32 reference."""
+def row(checkpointing, micro_batch, peak=None, oom=None, fsdp="none", shape="3B", length=4096):
+    """A hand-made figure (3B, 4,096 tokens a row unless told), bf16 autocast, float32 reference."""
     return {
         "source": "measured",
-        "shape": "3B",
+        "shape": shape,
         "micro_batch": micro_batch,
-        "length": 4096,
+        "length": length,
         "mixed_precision": "bf16",
         "fsdp": fsdp,
         "checkpointing": checkpointing,
@@ -103,7 +103,7 @@ def row(checkpointing, micro_batch, peak=None, oom=None, fsdp="none"):
 
 
 def test_the_plan_adds_its_terms_by_hand():
-    a = gpu_memory.Args()  # an 80 GiB GPU, 3 kept free, vLLM 24 GiB
+    a = gpu_memory.Args()  # a 79.2 GiB GPU, 3 kept free, vLLM at 0.3 of it: 23.76 GiB
     # counted at 3B, float32 reference: (4 + 4 + 8 + 4) B x P3B = 57.48 GiB; a peak of 69.1 leaves
     # 69.1 - 57.48 = 11.62 GiB of activations at 2 x 4,096 tokens
     counted = 20 * P3B / GIB
@@ -111,23 +111,41 @@ def test_the_plan_adds_its_terms_by_hand():
     fsdp8 = Recipe("8 GPUs", "", gpus=8, ranks=8, fsdp="fsdp2")
     p = gpu_memory.plan(fsdp8, rows, a)
     t = p["terms_gib"]
-    assert t["state"] == 3_085_938_688 * 16 / 8 / 2**30  # 5.748 GiB (46.0 / 8)
-    assert abs(t["state"] - 5.748) < 1e-3
-    assert t["reference"] == 3_085_938_688 * 2 / 2**30  # bf16: 5.748 GiB, not sharded
+    # float32 weights, gradients (reduce-scattered: sharded) and AdamW's foreach temporaries: 4 B
+    # a parameter over 8 ranks, 1.437 GiB each; AdamW's two states 8 B: 2.874 GiB
+    assert t["weights"] == t["gradients"] == t["adamw_temporaries"] == 4 * P3B / 8 / GIB
+    assert abs(t["weights"] - 1.437) < 1e-3 and t["adamw"] == 8 * P3B / 8 / GIB
+    assert t["reference"] == P3B * 2 / GIB  # bf16: 5.748 GiB, not sharded
     assert math.isclose(t["activations"], 69.1 - counted)  # the same tokens: x1
-    assert t["engine"] == 24.0
-    # no FSDP2 figure: its buffers estimated, the root (311,166,976) and 2 layers (2 x 77,076,992)
-    # gathered in bf16, the root's and a layer's bf16 gradients
-    assert t["fsdp_buffers"] == ((ROOT_3B + 2 * LAYER_3B) * 2 + (ROOT_3B + LAYER_3B) * 2) / GIB
-    assert p["total_gib"] == sum(t.values()) and p["fits"] == "yes"  # 49 + 3 <= 80
-    # one GPU, micro-batch 1: the state whole (46.0 GiB) and half the tokens: x0.5
+    assert math.isclose(t["engine"], 0.3 * 79.2)  # 23.76
+    # the root (311,166,976) and 2 layers (2 x 77,076,992) gathered in bf16; the root's and a
+    # layer's gradients in bf16 and their float32 copy for the reduce-scatter: 3.04 GiB
+    buffers = ((ROOT_3B + 2 * LAYER_3B) * 2 + (ROOT_3B + LAYER_3B) * 6) / GIB
+    assert t["fsdp_buffers"] == buffers and abs(buffers - 3.04) < 5e-3
+    assert t["state_dict"] == 4 * P3B / GIB  # float32, tied weights once: 11.50 GiB
+    # the moments: the backward holds the activations and buffers, the step the temporaries, the
+    # sync the state dict; gradients are gone at the sync and in the rollout
+    resident = t["weights"] + t["adamw"] + t["reference"] + t["engine"]
+    m = p["moments_gib"]
+    assert math.isclose(m["B"], resident + t["gradients"] + t["activations"] + buffers)
+    assert math.isclose(m["S"], resident + t["gradients"] + t["adamw_temporaries"])
+    assert math.isclose(m["W"], resident + t["state_dict"])
+    assert m["P"] == m["D"] and math.isclose(m["D"], resident)
+    assert p["update_peak_gib"] == m["B"] and p["total_gib"] == max(m.values())
+    assert p["fits"] == "yes"  # 49.9 + 3 <= 79.2
+    # one GPU, micro-batch 1: the state whole and half the tokens: x0.5
     one = Recipe("1 GPU", "", ref_dtype="float32", micro_batch=1)
     p = gpu_memory.plan(one, rows, a)
-    assert p["terms_gib"]["state"] == 16 * P3B / GIB and p["terms_gib"]["fsdp_buffers"] == 0
-    assert p["terms_gib"]["reference"] == 4 * P3B / GIB
-    assert math.isclose(p["terms_gib"]["activations"], (69.1 - counted) / 2)
-    # 46.0 + 11.5 + 5.8 + 24 = 87.3 > 80 - 3
-    assert p["total_gib"] > 77 and p["fits"] == "no"
+    t = p["terms_gib"]
+    assert t["weights"] == t["gradients"] == 4 * P3B / GIB and t["fsdp_buffers"] == 0
+    assert t["reference"] == 4 * P3B / GIB and t["state_dict"] == 0
+    assert math.isclose(t["activations"], (69.1 - counted) / 2)
+    # the optimizer step now peaks above the backward: S 57.48 + 11.50 (AdamW's temporaries, whole)
+    # + 23.76 = 92.74 against B 57.48 + 5.81 + 23.76 = 87.05; over 79.2 - 3
+    m = p["moments_gib"]
+    assert math.isclose(m["B"], counted + (69.1 - counted) / 2 + 0.3 * 79.2)
+    assert math.isclose(p["update_peak_gib"], counted + 4 * P3B / GIB + 0.3 * 79.2)
+    assert p["update_peak_gib"] == m["S"] > m["B"] and p["fits"] == "no"
     # a second figure at 1 x 4,096 (peak 65.1: 7.62 GiB): a line through both; at 3 x 4,096 it
     # goes on by the same 4.0 GiB a row: 11.62 + 4.0
     rows.append(row(True, 1, peak=65.1))
@@ -140,20 +158,96 @@ def test_the_plan_adds_its_terms_by_hand():
     off = Recipe("1 GPU", "", checkpointing=False, ref_dtype="float32", engine="hf")
     p = gpu_memory.plan(off, rows, a)
     assert p["lower_bound"] and math.isclose(p["terms_gib"]["activations"], 77.0 - counted)
-    # the HF engine: 16 rows x 4,096 tokens of float32 K and V, 36 layers x 2 KV heads x 128
-    assert p["terms_gib"]["engine"] == 16 * 4096 * 36 * 2 * 2 * 128 * 4 / GIB  # 4.5 GiB
-    # 46.0 + 11.5 + >= 19.5 + 4.5 = >= 81.5: over 80 whatever the rest
+    # 57.48 + >= 19.52 = >= 77.0: over 79.2 - 3 whatever the rest
     assert p["fits"] == "no"
     a.gpu_gib = 200.0
     assert gpu_memory.plan(off, rows, a)["fits"] == "unknown (a lower bound)"
 
 
-def test_a_figure_measured_under_fsdp2_holds_its_buffers():
-    rows = [row(True, 2, peak=69.1), row(True, 2, peak=70.0, fsdp="fsdp2")]
-    fsdp8 = Recipe("8 GPUs", "", gpus=8, ranks=8, fsdp="fsdp2")
-    p = gpu_memory.plan(fsdp8, rows, gpu_memory.Args())
-    assert p["terms_gib"]["fsdp_buffers"] == 0
-    assert math.isclose(p["terms_gib"]["activations"], 70.0 - 20 * P3B / GIB)
+def test_the_rollout_phase_at_3b_and_the_readme_recipe():
+    # the HF engine: 32 sequences (infra/engines.py), 500 new tokens of 4,096; K float32 (RoPE in
+    # the float32 residual) and V bf16: 36 layers x 2 KV heads x 128 x 6 B = 55,296 B a token
+    a = gpu_memory.Args()
+    hf = next(r for r in gpu_memory.RECIPES if r.engine == "hf")
+    assert (hf.micro_batch, hf.length, hf.ref_dtype) == (2, 4096, "bfloat16")  # the README's
+    p = gpu_memory.plan(hf, gpu_memory.table_rows()[1], a)
+    t = p["terms_gib"]
+    assert t["logits"] == 32 * 500 * 151_936 * 4 / GIB and round(t["logits"], 2) == 9.06
+    assert t["kv_cache"] == 32 * 4096 * 55_296 / GIB and t["kv_prefill"] == 32 * 3596 * 55_296 / GIB
+    assert t["prefill_transients"] == 32 * 3596 * (3 * 11_008 * 2 + 2 * 2048 * 4) / GIB
+    assert t["rollout_weights"] == 0  # it samples from the policy's own weights
+    # the update: the measured peak at 2 x 4,096 with a bf16 reference, 64.35 GiB, term by term
+    assert math.isclose(p["update_peak_gib"], 64.35) and p["fits"] == "yes"
+    resident = (4 + 8 + 2) * P3B / GIB  # weights, AdamW, reference: 40.24 (measured 40.4)
+    assert math.isclose(p["rollout_peak_gib"], resident + t["kv_cache"] + t["logits"])  # 56.04
+    assert math.isclose(p["sync_gib"], resident)
+
+
+def test_the_plan_terms_on_the_tiny_shape():
+    # tiny: 119,360 parameters; a layer 43,264, the root 32,832; hidden 64, intermediate 160,
+    # 2 layers, 4 heads of 16, 2 KV heads, vocabulary 512
+    n, layer, root = TINY_PARAMS, 43_264, 32_832
+    assert gpu_memory.layer_sizes("tiny") == (layer, root)
+    a = gpu_memory.Args(gpu_gib=10.0, reserve_gib=1.0, hf_sequences=4, hf_new_tokens=8)
+    # one figure at 2 x 32 tokens, float32 reference: 0.5 GiB above the counted 20 B a parameter
+    rows = [row(True, 2, peak=20 * n / GIB + 0.5, shape="tiny", length=32)]
+    two = Recipe("2 GPUs", "", gpus=2, ranks=2, fsdp="fsdp2", length=32, shape="tiny")
+    p = gpu_memory.plan(two, rows, a)
+    t = p["terms_gib"]
+    assert t["weights"] == t["gradients"] == t["adamw_temporaries"] == 4 * n / 2 / GIB
+    assert t["adamw"] == 8 * n / 2 / GIB and t["reference"] == 2 * n / GIB
+    assert math.isclose(t["activations"], 0.5)
+    assert t["fsdp_buffers"] == ((root + 2 * layer) * 2 + (root + layer) * 6) / GIB
+    assert t["engine"] == 0.3 * 10.0 and t["state_dict"] == 4 * n / GIB
+    assert "ddp_buckets" not in t
+    resident = (4 * n / 2 + 8 * n / 2 + 2 * n) / GIB + 3.0
+    assert math.isclose(p["moments_gib"]["W"], resident + 4 * n / GIB)
+    assert math.isclose(p["rollout_peak_gib"], resident)
+    # DDP over 2 GPUs: whole state, and its buckets a second copy of the gradients
+    ddp = Recipe("2 GPUs DDP", "", gpus=2, length=32, shape="tiny")
+    t = gpu_memory.plan(ddp, rows, a)["terms_gib"]
+    assert t["ddp_buckets"] == t["gradients"] == 4 * n / GIB and t["state_dict"] == 0
+    # the HF engine on one GPU, micro-batch 1: half the figure's tokens (x0.5); 4 sequences of
+    # 32 tokens, 8 generated: KV 2 layers x 2 KV heads x 16 x 6 B = 384 B a token
+    hf = Recipe("1 GPU", "", micro_batch=1, length=32, engine="hf", shape="tiny")
+    p = gpu_memory.plan(hf, rows, a)
+    t = p["terms_gib"]
+    assert math.isclose(t["activations"], 0.25) and t["rollout_weights"] == 0
+    assert t["kv_prefill"] == 4 * 24 * 384 / GIB and t["kv_cache"] == 4 * 32 * 384 / GIB
+    assert t["prefill_transients"] == 4 * 24 * (3 * 160 * 2 + 2 * 64 * 4) / GIB
+    assert t["logits"] == 4 * 8 * 512 * 4 / GIB
+    resident = (4 + 8 + 2) * n / GIB
+    m = p["moments_gib"]
+    assert math.isclose(m["P"], resident + t["kv_prefill"] + t["prefill_transients"])
+    assert math.isclose(m["D"], resident + t["kv_cache"] + t["logits"])
+    assert p["rollout_peak_gib"] == max(m["P"], m["D"])
+    assert math.isclose(p["update_peak_gib"], resident + 4 * n / GIB + 0.25)  # B: grads + acts
+    # under FSDP2 the HF engine samples from a whole float32 copy, there at every moment
+    hf2 = Recipe("2 GPUs", "", gpus=2, ranks=2, fsdp="fsdp2", length=32, engine="hf", shape="tiny")
+    assert gpu_memory.plan(hf2, rows, a)["terms_gib"]["rollout_weights"] == 4 * n / GIB
+    # each term is labelled: only the activations are measured (a GPU figure's remainder)
+    kinds = {t["key"]: t["kind"] for t in p["terms"]}
+    assert kinds.pop("activations") == "measured" and set(kinds.values()) == {"derived"}
+    assert gpu_memory.plan(hf, [], a)["terms"][5]["kind"] == "no figure"
+
+
+def test_plan_only_prints_every_term_labelled(capsys):
+    gpu_memory.main(gpu_memory.Args(plan_only=True))
+    out = capsys.readouterr().out
+    blocks = [b for b in out.split("\n\n") if b[:1].isdigit()]  # one block a recipe
+    assert len(blocks) == len(gpu_memory.RECIPES)
+    for block in blocks:
+        lines = block.splitlines()
+        end = next(i for i, line in enumerate(lines) if line.startswith("update peak"))
+        terms = lines[lines.index("|---|---|---|---|---|") + 1 : end]
+        kinds = [line.split(" | ")[2] for line in terms]
+        assert terms and set(kinds) <= {"measured", "derived"}, block
+        assert "ROLLOUT-PHASE peak" in lines[end]
+    eight = next(b for b in blocks if "FSDP2 over 8 ranks" in b.splitlines()[0])
+    assert "update peak 50.91 (B 50.91, S 36.69)" in eight and "weight sync 45.32" in eight
+    for term in ("weights / 8", "gradients / 8", "AdamW exp_avg", "foreach temporaries / 8"):
+        assert f" {term}" in eight
+    assert "| 12.62 | measured |" in eight and "| 23.76 | derived |" in eight
 
 
 def test_the_committed_table_gives_the_h100_remainders():
