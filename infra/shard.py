@@ -174,9 +174,12 @@ def check_layout(accelerator, model, path: str):
     saved, now = saved_layout(path), layout(accelerator, model)
     if saved["sharded"] == now["sharded"] and saved["processes"] in (None, now["processes"]):
         return
+    count = lambda n: (
+        "an unrecorded number of processes" if n is None else f"{n} process" + "es" * (n != 1)
+    )
     held = lambda x: (
         f"{'a policy sharded by FSDP2' if x['sharded'] else 'whole weights (one process or DDP)'}"
-        f" over {x['processes'] or 'an unrecorded number of'} processes"
+        f" over {count(x['processes'])}"
     )
     raise SystemExit(
         f"resume: {path} holds {held(saved)}, and this launch holds {held(now)}: a checkpoint "
@@ -207,15 +210,19 @@ def save_state(accelerator, model, optimizer, scheduler, path: str):
     `__R_0.distcp` a rank) and its `rank{R}.pkl` (the scheduler, the torch / CUDA / numpy / Python
     RNG states). Whole: `accelerator.save_state`. (Accelerate wraps no FSDP2 model: `model` is the
     sharded module.)"""
-    if accelerator.is_main_process:
-        os.makedirs(path, exist_ok=True)
-        with open(os.path.join(path, LAYOUT), "w") as f:
-            json.dump(layout(accelerator, model), f)
     if not sharded(model):
         accelerator.save_state(path)
-        return
-    weights, adam = get_state_dict(model, _optimizer(optimizer))
-    _dcp(dcp.save, {"model": weights, "optimizer": adam}, path)
+    else:
+        weights, adam = get_state_dict(model, _optimizer(optimizer))
+        _dcp(dcp.save, {"model": weights, "optimizer": adam}, path)
+        _save_rank_state(accelerator, scheduler, path)
+    if accelerator.is_main_process:  # once the state is whole
+        with open(os.path.join(path, LAYOUT), "w") as f:
+            json.dump(layout(accelerator, model), f)
+
+
+def _save_rank_state(accelerator, scheduler, path: str):
+    """A sharded checkpoint's `rank{R}.pkl`: this rank's scheduler and RNG states."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
     local = {
         "scheduler": scheduler.state_dict(),

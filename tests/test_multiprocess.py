@@ -276,7 +276,10 @@ def test_resume_after_kill_9_of_every_process_continues_exactly(env, launched, t
         text=True,
         timeout=600,
     )
-    assert one.returncode != 0 and "was saved by 2 processes" in one.stderr, one.stderr[-3000:]
+    # refused before any load, saying what the checkpoint holds and what this launch is
+    said = "holds whole weights (one process or DDP) over 2 processes, and this launch holds whole "
+    said += "weights (one process or DDP) over 1 process"
+    assert one.returncode != 0 and said in one.stderr, one.stderr[-3000:]
     assert "accelerate launch --num_processes 2" in one.stderr
 
 

@@ -535,7 +535,7 @@ def test_a_latest_file_that_is_empty_or_garbage_falls_back_to_the_newest_readabl
     from infra.run import load_checkpoint
 
     class Loader:  # accelerate's load_state, recording what it loaded
-        is_main_process = True
+        is_main_process, num_processes = True, 1
         loaded = []
 
         def load_state(self, path):

@@ -823,7 +823,7 @@ def test_load_checkpoint_falls_back_then_stops_saying_what_to_do(tmp_path, capsy
     from infra.run import load_checkpoint
 
     class Loader:  # accelerate's load_state, failing as it does on a file corrupt in place
-        is_main_process = True
+        is_main_process, num_processes = True, 1
 
         def __init__(self, corrupt):
             self.corrupt, self.loaded = corrupt, []
