@@ -50,14 +50,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import retriever  # noqa: E402  (the project's modules, from the repository root)
 import rollout  # noqa: E402
-import train  # noqa: E402
 from advantages import CreditConfig  # noqa: E402
+from benchmarks.compare import parse_train  # noqa: E402
 from benchmarks.compare_arms import MATCHED, algo_config, arm_name  # noqa: E402
-from benchmarks.credit_truth_report import commit, report_file, write  # noqa: E402
+from benchmarks.compare_report import commit  # noqa: E402
+from benchmarks.credit_truth_report import report_file, write  # noqa: E402
 from infra import data, engines, flags, loaders  # noqa: E402
-from infra.warmstart import WarmConfig  # noqa: E402
-from retriever import RetrieverConfig  # noqa: E402
-from rollout import Agent, AgentConfig, Algorithm, RolloutConfig  # noqa: E402
+from rollout import Agent, Algorithm, RolloutConfig  # noqa: E402
 from scripts import warmstart  # noqa: E402
 from tree import Node, Tree, context_ids, path, scored_leaves, step_credit, walk  # noqa: E402
 
@@ -224,16 +223,7 @@ def main(a: Args):
     if a.report:
         print(report_file(a.report, a.out))
         return
-    configs = flags.parse(
-        train.Args,
-        RolloutConfig,
-        CreditConfig,
-        AgentConfig,
-        RetrieverConfig,
-        WarmConfig,
-        args=a.train_flags.split(),
-    )
-    train.validate(*configs)
+    configs = parse_train(a.train_flags)
     targs, _, _, agent_cfg, retriever_cfg, warm = configs
     algo_flags = {f.name for c in (RolloutConfig, CreditConfig) for f in fields(c)}
     taken = [x for x in a.train_flags.split() if x.lstrip("-").removeprefix("no_") in algo_flags]

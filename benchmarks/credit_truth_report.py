@@ -6,7 +6,6 @@ ceiling, each with a 95% bootstrap interval over prompts (resampled with a fixed
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,6 @@ from scipy.stats import rankdata
 
 from infra import files
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEPTHS = {"all": (1, 99), "depth 1": (1, 1), "depth 2": (2, 2), "depth 3+": (3, 99)}
 CLEAR = 2.0  # A* is "not 0" where |A*| > CLEAR x its SE
 CI = (2.5, 97.5)
@@ -187,13 +185,6 @@ def figure(table: list, path: str):
     (axes[n] if len(axes) > n else ax).legend(*ax.get_legend_handles_labels(), fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100, format="png")
-
-
-def commit() -> str:
-    done = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    )
-    return done.stdout.strip() or "unknown"
 
 
 def write(out: str, stored: dict, with_json: bool = True) -> str:
