@@ -28,7 +28,6 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator
 from accelerate.utils import gather_object
 from transformers import get_constant_schedule_with_warmup
 
@@ -395,10 +394,7 @@ def main(
     run_dir = os.path.join(args.out_dir, "runs", name)
     world = os.path.join(args.out_dir, "world") if not (args.data and args.corpus) else ""
     model_path = args.model or os.path.join(args.out_dir, "warmstart")  # no --model: the warm start
-    # the schedule counts optimizer steps: a prepared scheduler would step once per process
-    kw = dict(log_with=args.log_with or None, step_scheduler_with_optimizer=False)
-    # FSDP2: gradients reduced in float32 (infra/shard.py); None, the launch's settings as they are
-    accelerator = Accelerator(project_dir=run_dir, fsdp_plugin=shard.fsdp_plugin(), **kw)
+    accelerator = startup.accelerator(args, run_dir)  # one process, DDP or FSDP2: the launch's
     book = Book(accelerator, run_dir, args, rollout_cfg.algo)  # metrics, eval, checkpoints (infra)
     configs = (args, rollout_cfg, credit_cfg, agent_cfg, retriever_cfg)
     lock = run.start(accelerator, run_dir, args, configs, warm)  # noqa: F841 (held while main runs)
@@ -407,8 +403,7 @@ def main(
         train_rows, test_rows = startup.questions(accelerator, args, world)
     # every rank searches with its own client; rank 0 first (it writes --index_dir)
     with accelerator.main_process_first(), run.quiet(not accelerator.is_main_process):
-        corpus = args.corpus or os.path.join(world, "corpus.jsonl")
-        search, where = retriever.connect(retriever_cfg, corpus)
+        search, where = retriever.connect(retriever_cfg, args.corpus or f"{world}/corpus.jsonl")
     if not args.model:  # the embedded default: warm-start once (rank 0), in this agent's format
         with book.timed("warm start"):
             cfgs = (world, warm, agent_cfg, args.seed, search)
@@ -423,9 +418,8 @@ def main(
     refiner = retriever.refiner(retriever_cfg, args.engine)  # Cut the Bill §6; None: off
     rank_seed = args.seed + run.RANK_SEED * accelerator.process_index  # this rank's sampling
     agent = rollout.Agent(engine, search, tok, agent_cfg, rank_seed, refiner)
-    eval_agent = rollout.Agent(
-        engine, search, tok, protocol.for_eval(agent_cfg), rank_seed, refiner
-    )
+    eval_cfg = protocol.for_eval(agent_cfg)  # its sampling; every budget the same
+    eval_agent = rollout.Agent(engine, search, tok, eval_cfg, rank_seed, refiner)
     rng = random.Random(rank_seed)  # strategies' random choices
     order = list(range(len(train_rows)))
     random.Random(args.seed).shuffle(order)
@@ -434,8 +428,7 @@ def main(
         train_rows, order = reject_sampling(filtering, train_rows, order, accelerator, book)
     evaluator = partial(evaluate, eval_agent, test_rows, processes=accelerator)
     parts = (model, optimizer, scheduler)  # what a checkpoint holds, with the sampling streams
-    book.resume(rng, agent.counters, engine, parts, evaluator, where, refiner)
-    book.begin()  # evaluates the starting policy (--eval_start), starts the progress bar
+    book.begin(rng, agent.counters, engine, parts, evaluator, where, refiner)  # --resume, step 0
     algo = rollout.ALGOS[rollout_cfg.algo]  # the paper: its rollout strategy and credit function
     # ---- loop: six phases (SIGTERM, Ctrl-C: the step finishes, a checkpoint is saved, it stops)
     for step in range(book.start, args.steps):  # book.start: a resumed run's checkpoint, else 0

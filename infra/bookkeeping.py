@@ -19,10 +19,10 @@ from infra import flags, health, run
 
 
 class Book:
-    """One run's bookkeeping: made right after the run starts (`run.start`), then `resume`d once
-    the policy, engine and agent exist; `begin` before the loop, which goes from `start` to
-    --steps, marks each `lap` and ends each step with `step_done` (and ends early when a signal
-    set `stopped`); `end` closes the run."""
+    """One run's bookkeeping: made right after the run starts (`run.start`); `begin` once the
+    policy, engine and agent exist (a checkpoint restored by `resume`, the starting policy
+    evaluated); the loop then goes from `start` to --steps, marks each `lap`, ends each step with
+    `step_done` and stops early when a signal set `stopped`; `end` closes the run."""
 
     def __init__(self, accelerator, run_dir: str, args, desc: str):
         self.accelerator, self.run_dir, self.args, self.desc = accelerator, run_dir, args, desc
@@ -74,10 +74,11 @@ class Book:
             row = {f"eval/{k}": v for k, v in m.items() if isinstance(v, (int, float))}
             self.log({"step": step, **row})
 
-    def begin(self):
-        """Before the loop's first step: the starting policy evaluated (--eval_start) unless the run
-        resumes, SIGTERM / Ctrl-C set to stop the run after its step (with a checkpoint), the
-        progress bar, the first step's clock."""
+    def begin(self, rng, counters, engine, parts, evaluate, where: str, refiner=None):
+        """Before the loop's first step: `resume` (its arguments), then the starting policy
+        evaluated (--eval_start) unless the run resumes, SIGTERM / Ctrl-C set to stop the run after
+        its step (with a checkpoint), the progress bar, the first step's clock."""
+        self.resume(rng, counters, engine, parts, evaluate, where, refiner)
         args = self.args
         if self.start == 0 and args.eval_every and args.eval_start:
             self.eval(0)

@@ -5,8 +5,22 @@ source of pi_old it implies (tis-old-policy).
 """
 
 import torch
+from accelerate import Accelerator
 
 from infra import data, engines, loaders, run, shard
+
+
+def accelerator(args, run_dir: str) -> Accelerator:
+    """The run's Accelerator (one process, DDP or FSDP2, as `accelerate launch` set it up; `args`:
+    train.py's Args, for --log_with). Its learning-rate schedule counts optimizer steps (prepared
+    with step_scheduler_with_optimizer on, it would step once per process per call); under FSDP2
+    with mixed precision its gradients reduce in float32 (shard.fsdp_plugin)."""
+    return Accelerator(
+        project_dir=run_dir,
+        log_with=args.log_with or None,
+        step_scheduler_with_optimizer=False,
+        fsdp_plugin=shard.fsdp_plugin(),
+    )
 
 
 def questions(accelerator, args, world: str) -> tuple[list, list]:

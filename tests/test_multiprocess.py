@@ -582,3 +582,18 @@ if __name__ == "__main__":
         probe(Path(sys.argv[2]), sys.argv[3:])
     else:
         parity(Path(sys.argv[2]), sys.argv[3:] == ["fsdp"])
+
+
+def test_deal_splits_a_step_as_one_process_would_and_pads_the_ranks():
+    # 7 samples, micro-batches of 2, at most 2 mini-batches. One process: micro-batches g // 2 =
+    # {0,1} {2,3} {4,5} {6}, dealt round-robin: mini-batch 0 = {0,1,4,5}, 1 = {2,3,6}
+    from infra import shard
+
+    assert shard.deal([7], 0, 2, 2) == [[[0, 1], [4, 5]], [[2, 3], [6]]]
+    # the same 7 over two ranks, 5 and 2 (rank 1's samples are the step's 5 and 6): mini-batch 0
+    # holds rank 0's 0,1,4 (2 micro-batches) and rank 1's 5 (its 0: 1 micro-batch, padded with an
+    # empty one to rank 0's 2); mini-batch 1 holds rank 0's 2,3 and rank 1's 6 (its 1): 1 each
+    assert shard.deal([5, 2], 0, 2, 2) == [[[0, 1], [4]], [[2, 3]]]
+    assert shard.deal([5, 2], 1, 2, 2) == [[[0], []], [[1]]]
+    # fewer micro-batches than ppo_mini_batches: as many mini-batches as micro-batches
+    assert shard.deal([3], 0, 2, 4) == [[[0, 1]], [[2]]]
