@@ -278,9 +278,6 @@ def treeps(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     )
 
 
-if (
-    __name__ == "__main__"
-):  # python advantages.py --demo | --algo ALGO --trees FILE | --budget M,N,L
-    runpy.run_module(
-        "scripts.credit", run_name="__main__", alter_sys=True
-    )  # the command line, run by name
+# python advantages.py --demo | --algo ALGO --trees FILE | --budget M,N,L: scripts/credit.py
+if __name__ == "__main__":
+    runpy.run_module("scripts.credit", run_name="__main__", alter_sys=True)
