@@ -243,6 +243,7 @@ def shard_in_prepare():
 def train_probe(records: Path, argv: list[str]):
     """train.py with `argv`, its policy sharded; each rank records whether its parameters are
     DTensors (and its shard's rows against the full ones) and, at the end, its engine's weights."""
+    from accelerate import Accelerator
     from torch.distributed.tensor import DTensor
 
     import train
@@ -255,7 +256,7 @@ def train_probe(records: Path, argv: list[str]):
     shard_in_prepare()
     rank = int(os.environ.get("RANK", "0"))
     mine = {}
-    prepare, end, update = train.Accelerator.prepare, run.end, train.update
+    prepare, end, update = Accelerator.prepare, run.end, train.update
     gather = shard.gather
 
     def recording_prepare(self, *objects):
@@ -292,7 +293,7 @@ def train_probe(records: Path, argv: list[str]):
         mine["tied_once"] = tied[0] is tied[1] is not None  # one all-gather for both names
         return weights
 
-    train.Accelerator.prepare, run.end = recording_prepare, recording_end
+    Accelerator.prepare, run.end = recording_prepare, recording_end
     train.update, shard.gather = recording_update, recording_gather
     sys.argv = [str(ROOT / "train.py"), *argv]
     train.main(
