@@ -35,7 +35,7 @@ import retriever
 import rollout
 from advantages import CreditConfig
 from eval import evaluate
-from infra import data, engines, flags, health, protocol, run, rundir, shard, startup
+from infra import data, engines, flags, protocol, run, rundir, shard, startup
 from infra.bookkeeping import Book
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
@@ -448,10 +448,9 @@ def main(
         # ---- EDIT HERE: the loss (ppo_loss above) ----------------------------------------------
         updated = update(minis, accelerator, model, optimizer, scheduler, args)  # 5. PPO update
         book.lap("update")
-        weights = shard.gather(accelerator, model)  # 6. weight sync (under FSDP2 a full copy)
+        weights = shard.Weights(accelerator, model)  # 6. weight sync: whole tensors, one at a time
         engine.load_weights(weights)  # each rank's engine samples from them from the next step on
-        nonfinite = health.nonfinite(weights)  # the weights the update left NaN or inf, if any
-        del weights  # before anything generates again (--vllm_sleep: then the KV cache wakes)
+        nonfinite = weights.nonfinite  # those the update left NaN or inf, checked as they passed
         book.step_done(step, prompts, trajectories, samples, updated, nonfinite)  # log, eval, save
         if book.stopped:  # by a signal, after its checkpoint
             break

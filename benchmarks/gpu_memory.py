@@ -6,6 +6,8 @@ memory plan for docs/gpu.md's recipes built from measured figures.
     python benchmarks/gpu_memory.py --fsdp --gradient_checkpointing   # 1-rank FSDP2
     python benchmarks/gpu_memory.py --shape tiny               # CPU: the same code path, tiny
     python benchmarks/gpu_memory.py --plan_only --figures m.json      # the plan alone
+    python benchmarks/gpu_memory.py --rollout --length 4000   # the HF engine: 32 x 3,500 + 500
+    python benchmarks/gpu_memory.py --grad_sync --fsdp --gradient_checkpointing  # sync off / on
 
 The step: a policy built from benchmarks/shapes/SHAPE/config.json (random init, float32 as
 engines.load_policy loads it), the frozen reference in --ref_dtype ("compute": the accelerator's
@@ -18,8 +20,20 @@ trainer's forward, as under vLLM or mixed precision, and pi_ref) and train.updat
 memory_allocated between the steps, the second step's max_memory_allocated (reset before it), and
 its terms: parameters, gradients (at the optimizer step), AdamW states and the reference, each
 counted from the tensors, and the remainder (activations, logits, temporaries, autocast's bf16
-copies of the weights). Without CUDA the peak is the process's peak RSS rise (ru_maxrss) since
-before the models were built, labelled so: only the counted terms mean the same there.
+copies of the weights), with max_memory_reserved beside the peak (the allocator's segments:
+reserved less allocated is its fragmentation; --micro_batches 8 shows how it grows). Without CUDA
+the peak is the process's peak RSS rise (ru_maxrss) since before the models were built, labelled
+so: only the counted terms mean the same there.
+
+--rollout measures the HF engine's generate instead, as train.py's one-GPU recipe rolls out: the
+float32 policy under the Accelerator's autocast, --hf_sequences prompts of --length less
+--hf_new_tokens random ids, --hf_new_tokens sampled at temperature 1: memory_allocated before it
+(resident), its peak above that beside the plan's (the KV cache, the prefill's transients, a
+step's logits), max_memory_reserved, and its seconds. --grad_sync measures, under one-rank FSDP2
+with train.py's policy (bf16 compute, float32 reduction), what a micro-batch's backward leaves
+allocated with gradient sync on (each rank's float32 shard) and off (the whole gradients, which
+FSDP2 keeps until a synchronised backward), in bytes a parameter: one rank's shard is the whole,
+so on N ranks "on" is that over N, "off" is not divided.
 
 The plan (benchmarks/memory_plan.py) lists, per GPU and recipe, each term of the update's, the
 weight sync's and the rollout phase's memory, marked measured (the activation remainder of a GPU
@@ -37,6 +51,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Literal
 
 import torch
@@ -51,6 +66,8 @@ from memory_plan import (  # noqa: F401 (the tests' names)
     SHAPES,
     Recipe,
     config,
+    hf_terms,
+    largest_tensor,
     layer_sizes,
     parameter_count,
     plan,
@@ -60,6 +77,7 @@ from memory_plan import (  # noqa: F401 (the tests' names)
 
 import train
 from infra import files, flags
+from infra.engines import HFEngine, Sampling
 from tree import Sample
 
 TABLE = SHAPES / "h100_measured.json"  # the committed figures, with their provenance
@@ -109,6 +127,10 @@ class Args:
     """Sequences the HF engine decodes at once (infra/engines.py's hf_max_batch_size)."""
     hf_new_tokens: int = 500
     """Tokens the HF engine generates per call (the recipe's --max_step_tokens)."""
+    rollout: bool = False
+    """Measure the HF engine's rollout (--hf_sequences x --hf_new_tokens) instead of an update."""
+    grad_sync: bool = False
+    """With --fsdp: measure what a backward leaves with gradient sync on and off, not an update."""
 
 
 RULES = [
@@ -145,10 +167,10 @@ def build(shape: str, dtype: torch.dtype, device: torch.device):
         return AutoModelForCausalLM.from_config(config(shape), dtype=dtype)
 
 
-def shard(model, mixed_precision: str, offload: bool):
+def shard(model, mixed_precision: str, offload: bool, reduce: torch.dtype = torch.bfloat16):
     """FSDP2 over one rank: fully_shard each decoder layer, then the root (embeddings, final norm,
     lm_head), with the mixed-precision policy accelerate's FSDP2 uses (bf16 parameters, gradient
-    reduction and outputs)."""
+    reduction and outputs; `reduce` float32: train.py's, infra/shard.py's fsdp_plugin)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     if not dist.is_initialized():
@@ -160,7 +182,8 @@ def shard(model, mixed_precision: str, offload: bool):
             backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
         )
     bf16 = torch.bfloat16
-    kw = {"mp_policy": MixedPrecisionPolicy(bf16, bf16, bf16)} if mixed_precision == "bf16" else {}
+    policy = MixedPrecisionPolicy(bf16, reduce, bf16)
+    kw = {"mp_policy": policy} if mixed_precision == "bf16" else {}
     if offload:
         kw["offload_policy"] = CPUOffloadPolicy()
     for layer in model.model.layers:
@@ -239,6 +262,7 @@ def measure(a: Args) -> dict:
     if dist.is_initialized():
         dist.destroy_process_group()
     peak = torch.cuda.max_memory_allocated(device) if cuda and oom is None else None
+    reserved = torch.cuda.max_memory_reserved(device) if cuda else None
     rss = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024
     state = [
         t for s in optimizer.optimizer.state.values() for t in s.values() if torch.is_tensor(t)
@@ -272,6 +296,7 @@ def measure(a: Args) -> dict:
         "counted_bytes": counted,
         "host_bytes": on_host,
         "peak_gib": peak / GIB if peak is not None else None,
+        "reserved_gib": reserved / GIB if reserved is not None else None,
         "resident_gib": resident / GIB if cuda else None,
         "oom_at_gib": oom / GIB if oom is not None else None,
         "rss_rise_gib": rss / GIB,
@@ -313,12 +338,160 @@ def print_measurement(m: dict):
         print(f"| remainder | {rest:.4g} | | activations, logits, temporaries: peak - the above |")
         print(f"| **peak** | {m['peak_gib']:.4g} | | torch.cuda.max_memory_allocated, step 2 |")
         print(
+            f"| reserved | {m['reserved_gib']:.4g} | | torch.cuda.max_memory_reserved, step 2 "
+            f"(less the peak: {m['reserved_gib'] - m['peak_gib']:.3g}, fragmentation) |"
+        )
+        print(
             f"| resident | {m['resident_gib']:.4g} | | torch.cuda.memory_allocated between steps |"
         )
     else:
         print(
             f"| process peak RSS rise | {m['rss_rise_gib']:.4g} | | ru_maxrss since before the "
             "models were built: CPU memory, NOT a GPU figure |"
+        )
+
+
+def measure_rollout(a: Args) -> dict:
+    """The HF engine's generate at the shape (--rollout): its memory above what was resident
+    before it, its reserved peak and seconds, beside the plan's terms for the same call."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    torch.manual_seed(a.seed)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    accelerator = Accelerator(mixed_precision=a.mixed_precision, cpu=not cuda)
+    model = build(a.shape, torch.float32, device)  # the policy: float32, as load_policy loads it
+    # its forward under the Accelerator's autocast, as train.py's prepared policy samples
+    model = accelerator.prepare(model, device_placement=[False])
+    cfg, b, new = config(a.shape), a.hf_sequences, a.hf_new_tokens
+    prompt = a.length - new
+    g = torch.Generator().manual_seed(a.seed)
+    prompts = [torch.randint(cfg.vocab_size, (prompt,), generator=g).tolist() for _ in range(b)]
+    # no stop strings, so the tokenizer is asked for its EOS and pad ids alone
+    tokenizer = SimpleNamespace(eos_token_id=cfg.eos_token_id, pad_token_id=cfg.eos_token_id)
+    engine = HFEngine(model, tokenizer, max_batch_size=b)
+    sampling = Sampling(max_tokens=new, temperature=1.0, seed=a.seed)
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    resident = torch.cuda.memory_allocated(device) if cuda else None
+    t0 = time.perf_counter()
+    completions = engine.generate(prompts, sampling)
+    torch.cuda.synchronize(device) if cuda else None
+    seconds = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated(device) if cuda else None
+    terms = {
+        t["key"]: t
+        for t in hf_terms(Recipe("", "", length=a.length, shape=a.shape), a, 0, cfg, False)
+    }
+    planned = {m: sum(t["gib"] for t in terms.values() if m in t["at"]) for m in "PD"}
+    generated = sum(len(c.token_ids) for c in completions)
+    return {
+        "device": torch.cuda.get_device_name(device) if cuda else "CPU (no CUDA)",
+        "shape": a.shape,
+        "mixed_precision": a.mixed_precision,
+        "sequences": b,
+        "prompt_tokens": prompt,
+        "new_tokens": new,
+        "generated": generated,
+        "resident_gib": resident / GIB if cuda else None,
+        "peak_above_resident_gib": (peak - resident) / GIB if cuda else None,
+        "reserved_gib": torch.cuda.max_memory_reserved(device) / GIB if cuda else None,
+        "planned_above_resident_gib": planned,
+        "rss_rise_gib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024 / GIB,
+        "seconds": seconds,
+        "ms_per_new_token": 1e3 * seconds / max(1, max(len(c.token_ids) for c in completions)),
+    }
+
+
+def measure_grad_sync(a: Args) -> dict:
+    """What one micro-batch's backward leaves allocated under one-rank FSDP2 (--grad_sync), with
+    gradient sync on, then off (off keeps the whole gradients inside FSDP2 until a synchronised
+    backward, which zero_grad does not clear: so on first), after a warm-up backward."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    torch.manual_seed(a.seed)
+    accelerator = Accelerator(mixed_precision=a.mixed_precision, cpu=not cuda)
+    model = build(a.shape, torch.float32, device)
+    if a.gradient_checkpointing:  # as train.py: before sharding
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    model = shard(model, a.mixed_precision, offload=False, reduce=torch.float32)
+    g = torch.Generator().manual_seed(a.seed)
+    ids = torch.randint(config(a.shape).vocab_size, (a.micro_batch, a.length), generator=g)
+    ids = ids.to(device)  # (B, T)
+    n, out = parameter_count(a.shape), {}
+    for sync in ("warm-up", "on", "off"):
+        model.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device) if cuda else 0
+        model.set_requires_gradient_sync(sync != "off")
+        with accelerator.autocast():
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        del loss
+        torch.cuda.synchronize(device) if cuda else None
+        if cuda:
+            left = torch.cuda.memory_allocated(device) - before
+            peak = torch.cuda.max_memory_allocated(device) - before
+            reserved = torch.cuda.max_memory_reserved(device)
+            out[sync] = {
+                "left_gib": left / GIB,
+                "left_bytes_per_parameter": left / n,
+                "peak_above_gib": peak / GIB,
+                "reserved_gib": reserved / GIB,
+            }
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    out.pop("warm-up", None)
+    return {
+        "device": torch.cuda.get_device_name(device) if cuda else "CPU (no CUDA)",
+        "shape": a.shape,
+        "micro_batch": a.micro_batch,
+        "length": a.length,
+        "checkpointing": a.gradient_checkpointing,
+        "mixed_precision": a.mixed_precision,
+        "parameters": n,
+        "sync": out,  # empty without CUDA: the code ran, nothing was measured
+    }
+
+
+def print_rollout(r: dict):
+    print(
+        f"HF engine rollout: {r['device']}, shape {r['shape']}, {r['mixed_precision']}; "
+        f"{r['sequences']} prompts of {r['prompt_tokens']:,} ids, {r['new_tokens']} new tokens "
+        f"({r['generated']:,} generated): {r['seconds']:.1f} s, {r['ms_per_new_token']:.1f} ms a "
+        "token of the longest row"
+    )
+    plan_p, plan_d = r["planned_above_resident_gib"]["P"], r["planned_above_resident_gib"]["D"]
+    if r["resident_gib"] is None:
+        print(f"| process peak RSS rise | {r['rss_rise_gib']:.4g} | NOT a GPU figure |")
+        return
+    print(
+        f"| rollout | GiB |\n|---|---|\n| resident before it | {r['resident_gib']:.4g} |\n"
+        f"| **peak above resident** | {r['peak_above_resident_gib']:.4g} |\n"
+        f"| planned above resident (derived): prefill P, last token D | {plan_p:.4g}, "
+        f"{plan_d:.4g} |\n| reserved (max_memory_reserved) | {r['reserved_gib']:.4g} |"
+    )
+
+
+def print_grad_sync(s: dict):
+    print(
+        f"gradient sync under one-rank FSDP2: {s['device']}, shape {s['shape']}, "
+        f"{s['micro_batch']} x {s['length']:,} tokens, checkpointing "
+        f"{'on' if s['checkpointing'] else 'off'}, {s['mixed_precision']}, reduce float32"
+    )
+    if not s["sync"]:
+        print("no CUDA: nothing measured (the code path ran)")
+        return
+    print(
+        "| sync | left after the backward, GiB | B a parameter | peak above before | reserved |"
+        "\n|---|---|---|---|---|"
+    )
+    for sync, m in s["sync"].items():
+        print(
+            f"| {sync} | {m['left_gib']:.4g} | {m['left_bytes_per_parameter']:.3g} | "
+            f"{m['peak_above_gib']:.4g} | {m['reserved_gib']:.4g} |"
         )
 
 
@@ -359,6 +532,13 @@ def main(a: Args):
         [
             (a.offload and not a.fsdp, "--offload needs --fsdp"),
             (a.offload and not cuda, "--offload needs CUDA (FSDP2 offloads from a GPU to the CPU)"),
+            (a.grad_sync and not a.fsdp, "--grad_sync needs --fsdp (it measures FSDP2's sync)"),
+            (a.rollout and a.grad_sync, "--rollout and --grad_sync: one measurement at a time"),
+            (
+                a.rollout and a.length <= a.hf_new_tokens,
+                "--rollout needs --length above "
+                f"--hf_new_tokens ({a.hf_new_tokens}): the prompts are --length less it",
+            ),
             (no_json, no_json),  # checked before the work, not after it
             *[
                 (not os.path.isfile(p), f"--figures {p!r}: no such file; pass an earlier --json")
@@ -366,6 +546,18 @@ def main(a: Args):
             ],
         ],
     )
+    for flag, measure_it, print_it in (
+        ("rollout", measure_rollout, print_rollout),
+        ("grad_sync", measure_grad_sync, print_grad_sync),
+    ):
+        if getattr(a, flag):  # a measurement of its own: no update, no plan
+            result = measure_it(a)
+            print_it(result)
+            if a.json:
+                out = {"args": asdict(a), "measurement": None, flag: result}
+                files.write_text(a.json, json.dumps(out, indent=1) + "\n")
+                print(f"wrote {a.json}")
+            return
     provenance, rows = table_rows()
     rows += [m for m in map(earlier_measurement, a.figures) if m]
     measurement = None

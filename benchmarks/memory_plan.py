@@ -5,7 +5,7 @@ per term, each marked measured (the remainder of an update step measured on a GP
 
     B  the update's backward (activations, FSDP2's buffers, the gradients)
     S  the update's optimizer step (AdamW's foreach temporaries; the activations are freed)
-    W  the weight sync (under FSDP2 the gathered state dict, which train.py drops after its step)
+    W  the weight sync (under FSDP2 the whole tensors streamed to the engine, two at a time)
     P  the rollout's prefill, and D its last generated token (the HF engine's KV cache and logits)
 
 The update's peak is the larger of B and S, the rollout phase's of P and D; a recipe fits when every
@@ -40,6 +40,14 @@ def parameter_count(shape: str) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config(shape), dtype=torch.float32)
     return sum(p.numel() for p in model.parameters())
+
+
+@functools.cache
+def largest_tensor(shape: str) -> int:
+    """Elements of a shape's largest parameter (the embedding, at every Qwen2.5 shape)."""
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config(shape), dtype=torch.float32)
+    return max(p.numel() for p in model.parameters())
 
 
 @functools.cache
@@ -205,12 +213,13 @@ def plan(recipe: Recipe, rows: list[dict], a) -> dict:
         how = f"{u:g} x {a.gpu_gib:g} GiB: its bf16 weights, KV cache, activations; no --vllm_sleep"
         term = f"vLLM's share at --vllm_gpu_memory_utilization {u:g}"
         add("engine", term, u * a.gpu_gib, how, ALL)
-    if sharded and not offload:
-        how = "shard.gather, tied weights once; train.py drops it after the sync"
-        add("state_dict", "the gathered state dict (float32)", 4 * n / GIB, how, "W")
+    if sharded and not offload:  # shard.Weights: the whole tensor gathered and the engine's last
+        big = largest_tensor(recipe.shape)
+        how = f"2 x the largest, {big:,} x 4 B, and its isfinite mask (1 B an element)"
+        add("state_dict", "whole tensors streamed to the engine (float32)", 9 * big / GIB, how, "W")
     else:
         how = "on the CPU" if offload else "whole weights: the policy's own tensors, no copy"
-        add("state_dict", "the gathered state dict", 0.0, how, "W")
+        add("state_dict", "whole tensors streamed to the engine", 0.0, how, "W")
     moments = {m: sum(t["gib"] for t in terms if m in t["at"]) for m in ALL}
     peak = max(moments.values())
     fits = "unknown (a lower bound)" if lower else "yes"
@@ -233,24 +242,29 @@ def plan(recipe: Recipe, rows: list[dict], a) -> dict:
 
 
 def hf_terms(recipe: Recipe, a, n: int, cfg, sharded: bool) -> list[dict]:
-    """The HF engine's terms: the weights it samples from, its KV cache and the logits it keeps,
+    """The HF engine's terms: the weights it samples from, its KV cache and the logits of a step,
     at a.hf_sequences rows (infra/engines.py's chunk) of recipe.length tokens, a.hf_new_tokens of
     them generated. Under bf16 autocast the keys are float32 (RoPE in the float32 residual's dtype)
-    and the values bf16: 6 B a K/V element."""
+    and the values bf16: 6 B a K/V element. Of the logits it keeps one step's, and each sampled
+    token's log-prob (it kept every step's float32 logits: 9.06 GiB at 32 x 500 at 3 B)."""
     b, new, length = a.hf_sequences, a.hf_new_tokens, recipe.length
     prompt, i, h = max(length - new, 0), cfg.intermediate_size, cfg.hidden_size
     head = h // cfg.num_attention_heads
     kv = cfg.num_hidden_layers * cfg.num_key_value_heads * head * (4 + 2)  # bytes a token
     kv_how = f"{kv:,} B a token: keys float32, values bf16"
     mlp = f"one MLP's 3 bf16 ({b}, {prompt:,}, {i:,}) tensors and 2 float32 hidden states"
-    logits = f"output_logits: {b} x {new} x {cfg.vocab_size:,} x 4 B, kept to the end of generate"
+    v = cfg.vocab_size
+    logits = (
+        f"6 ({b}, {v:,}) float32 tensors (the model's output, generate's copy, the warped scores, "
+        f"the probabilities, the log-prob hook's copy, its log_softmax) + {b} x {new} log-probs"
+    )
     copy = "shard.rollout_model: a whole float32 copy" if sharded else "the policy's own: no copy"
     rows = [  # (key, term, bytes, how, at)
         ("rollout_weights", "the weights the HF engine samples from", 4 * n * sharded, copy, ALL),
         ("kv_prefill", f"KV cache, {b} x {prompt:,} prompt tokens", b * prompt * kv, kv_how, "P"),
         ("prefill_transients", "the prefill's transient", b * prompt * (6 * i + 8 * h), mlp, "P"),
         ("kv_cache", f"KV cache, {b} x {length:,} tokens", b * length * kv, kv_how, "D"),
-        ("logits", "float32 logits of every step", b * new * cfg.vocab_size * 4, logits, "D"),
+        ("logits", "a step's float32 logits", (6 * b * v + b * new) * 4, logits, "PD"),
     ]
     return [
         {"key": k, "term": t, "gib": x / GIB, "kind": "derived", "how": how, "at": at}

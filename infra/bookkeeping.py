@@ -109,7 +109,7 @@ class Book:
     def step_done(self, step, prompts, trajectories, samples, updated, nonfinite):
         """After step `step` (0-based) of `prompts` (its trees), `trajectories` and `samples` (what
         it trained), train.update's results (`updated`: stats, gradient norms, losses, skipped
-        mini-batches) and `nonfinite` (health.nonfinite's: the weights it left NaN or inf): the
+        mini-batches) and `nonfinite` (shard.Weights.nonfinite: the weights it left NaN or inf): the
         metrics over every rank's trees, samples and tokens (in rank order) logged, the env-error
         stop, the stop on non-finite weights, evaluation when due, a checkpoint when due (never of
         a step degraded by a retrieval outage) or asked for by a signal (on every rank alike),

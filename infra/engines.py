@@ -9,24 +9,22 @@ Deviations from the papers, each cited by its name (argued in docs/paper_code.md
 - raw-logprobs: log-probs of the raw logits whatever temperature / top_p (verl divides by T)
 """
 
-import fnmatch
 import importlib.util
 import os
-import re
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
     GenerationConfig,
     StoppingCriteria,
     StoppingCriteriaList,
 )
 
 from infra import shard
+from infra.policy import TOKENIZER_FILES, load_policy, model_problem  # noqa: F401 (callers' names)
 
 # --------------------------------------------------------------------------------------------------
 # the protocol
@@ -72,13 +70,21 @@ class Completion:
     finish_reason: str
 
 
+NamedTensors = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+
+
+def _pairs(weights: NamedTensors) -> Iterable[tuple[str, torch.Tensor]]:
+    return weights.items() if isinstance(weights, Mapping) else weights
+
+
 class Engine(Protocol):
     """What rollout.py needs from a generation engine."""
 
     # one per prompt
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]: ...
-    # sample from an unwrapped HF LM's current weights
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None: ...
+    # sample from an unwrapped HF LM's current weights: a full state dict, or its (name, tensor)
+    # pairs one at a time (infra/shard.py's Weights)
+    def load_weights(self, weights: NamedTensors) -> None: ...
 
     def sleep(self) -> None:
         """Give the engine's memory back until its next call (vLLM's sleep mode), or nothing."""
@@ -124,12 +130,46 @@ class _StopOnText(StoppingCriteria):
         )
 
 
+class _SampledLogprobs(StoppingCriteria):
+    """Each sampled token's log-prob, kept as generate goes (raw-logprobs): a forward hook on the
+    model keeps the last position's raw logits of one step, in float32 (the copy generate makes
+    before its logits processors: `output_logits` returned the same tensors, every step's kept to
+    the end: 32 x 500 x 151,936 x 4 B = 9.06 GiB at 3 B); generate calls this criterion once the
+    token it sampled from them is appended, and it takes their log_softmax at that token. It never
+    stops a row. Use it as a context manager (the hook is removed on leaving)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model, self.steps, self.last = model, [], None  # steps: N x (B,)
+
+    def __enter__(self):
+        self.handle = self.model.register_forward_hook(self.keep)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+    def keep(self, module, args, output) -> None:
+        # transformers 5's _sample: outputs.logits[:, -1].to(copy=True, dtype=torch.float32)
+        self.last = output.logits[:, -1].to(copy=True, dtype=torch.float32)  # (B, V)
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        if self.last is None:
+            raise RuntimeError(
+                "generate sampled a token without a forward pass that the log-prob hook saw "
+                "(a compiled or hook-less forward?); infra/engines.py cannot take its log-prob"
+            )
+        logits, self.last = self.last.to(input_ids.device), None  # (B, V)
+        # (B,): finished rows' pad ids, as `sequences` holds them
+        self.steps.append(torch.log_softmax(logits, -1).gather(-1, input_ids[:, -1:])[:, 0])
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # (B,)
+
+
 class HFEngine:
     """Batched `model.generate` on the trainer's own model: left padding, stop strings, log-probs,
     chunking.
 
-    It keeps max_batch_size x max_tokens x vocab float32 logits per chunk: lower `max_batch_size` to
-    bound memory."""
+    Memory: a chunk of max_batch_size rows decodes at once (its KV cache); of the logits it keeps
+    one step's, and each token's log-prob."""
 
     # It samples from the trainer's own model object: in a float32 run the log-probs it returns are
     # the trainer's log pi_old (tests/test_train.py checks they agree), so the trainer need not
@@ -157,13 +197,28 @@ class HFEngine:
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         )
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Copy a full state dict (infra/shard.py's `gather`) into the model it samples from;
-        nothing to copy when that is the trainer's own model, whose tensors `weights` are."""
-        own = self.model.state_dict()
-        if all(own[k].data_ptr() == v.data_ptr() for k, v in weights.items()):
-            return
-        self.model.load_state_dict(weights)
+    def load_weights(self, weights: NamedTensors) -> None:
+        """Copy the policy's full weights (a state dict, or its (name, tensor) pairs one at a time:
+        infra/shard.py's Weights) into the model it samples from, each tensor as it comes (cast to
+        that model's dtype); nothing to copy where that model is the trainer's own, whose tensors
+        they are. Every name of the model's state dict, and no other, must come."""
+        own, seen = self.model.state_dict(), set()
+        with torch.no_grad():
+            for name, tensor in _pairs(weights):
+                if name not in own:
+                    raise ValueError(
+                        f"load_weights got {name!r}, which the HF engine's model does not have; "
+                        "pass the unwrapped HF model's full state dict (infra/shard.py's Weights)"
+                    )
+                if own[name].data_ptr() != tensor.data_ptr():
+                    own[name].copy_(tensor)
+                seen.add(name)
+        if len(seen) < len(own):
+            missing = sorted(own.keys() - seen)
+            raise ValueError(
+                f"load_weights got no {missing[0]!r} ({len(missing)} of {len(own)} tensors "
+                "missing); pass the unwrapped HF model's full state dict"
+            )
 
     def sleep(self) -> None:
         """Nothing to release: the model belongs to the trainer."""
@@ -200,7 +255,7 @@ class HFEngine:
         attention_mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
         stop = _StopOnText(self.tokenizer, sampling.stop, P) if sampling.stop else None
         greedy = sampling.temperature == 0
-        config = GenerationConfig(  # top_k 0 = off (default 50); output_logits: raw-logprobs
+        config = GenerationConfig(  # top_k 0 = off (default 50)
             max_new_tokens=sampling.max_tokens,
             do_sample=not greedy,
             top_k=None if greedy else 0,
@@ -208,30 +263,24 @@ class HFEngine:
             top_p=None if greedy else sampling.top_p,
             eos_token_id=self.eos_ids,
             pad_token_id=self.pad_id,
-            output_logits=True,
-            return_dict_in_generate=True,
         )
         # generate() fills every unset field from model.generation_config (the checkpoint's
         # sampling defaults); swap in an empty one for the call so that only `config` applies, as
         # vLLM ignores them given SamplingParams.
         saved, self.model.generation_config = self.model.generation_config, GenerationConfig()
         try:
-            out = self.model.generate(
-                input_ids=input_ids.to(self.model.device),
-                generation_config=config,
-                attention_mask=attention_mask.to(self.model.device),
-                stopping_criteria=StoppingCriteriaList([stop] if stop else []),
-            )
+            with _SampledLogprobs(self.model) as kept:
+                sequences = self.model.generate(
+                    input_ids=input_ids.to(self.model.device),
+                    generation_config=config,
+                    attention_mask=attention_mask.to(self.model.device),
+                    stopping_criteria=StoppingCriteriaList([kept] + ([stop] if stop else [])),
+                )  # (B, P + N)
         finally:
             self.model.generation_config = saved
-        new_ids = out.sequences[:, P:]  # (B, N)
-        logprobs = torch.stack(  # one step at a time: out.logits already holds N x (B, V) floats
-            [
-                torch.log_softmax(step.float(), -1).gather(-1, new_ids[:, t, None])[:, 0]  # (B,)
-                for t, step in enumerate(out.logits)
-            ],
-            dim=1,
-        )  # (B, N)
+        new_ids = sequences[:, P:]  # (B, N)
+        # (B, N); a step generate took back (a deferred stop check) is not in `sequences`
+        logprobs = torch.stack(kept.steps[: new_ids.shape[1]], dim=1)
         completions = []
         for row in range(B):
             ids = new_ids[row].tolist()
@@ -317,6 +366,9 @@ class VLLMEngine:
         )
         # asleep: what sleeps ("weights", "kv_cache"); reset_due: the prefix cache to drop at wake
         self.sleep_mode, self.asleep, self.reset_due = sleep, set(), False
+        # load_weights casts each tensor to it ("auto": leaves them for vLLM to cast)
+        self.dtype = getattr(torch, dtype) if dtype != "auto" else None
+        self.tensor_parallel_size = tensor_parallel_size
         self.prefill_tokens = 0  # prompt tokens given to generate (HF's engine has no prefix cache)
         # of those, served from the prefix cache instead of recomputed
         self.cached_prefill_tokens = 0
@@ -373,20 +425,22 @@ class VLLMEngine:
             completions.append(Completion(ids, logprobs, reason))
         return completions
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Copy an HF causal LM's full state dict (infra/shard.py's `gather`) into the running
-        engine (the workers' `reload_weights`), then drop the stale prefix cache."""
-        wrapped = [n for n in weights if n.startswith(("module.", "_orig_mod."))]
-        if wrapped:
-            raise ValueError(
-                f"load_weights got a wrapped model's weights (parameter {wrapped[0]!r}); pass the "
-                "unwrapped HF model's full (not sharded) state dict: infra/shard.py's gather"
-            )
+    def load_weights(self, weights: NamedTensors) -> None:
+        """Copy an HF causal LM's full weights (a state dict, or its (name, tensor) pairs one at a
+        time: infra/shard.py's Weights) into the running engine (the workers' `reload_weights`),
+        each cast to the engine's dtype as it passes, then drop the stale prefix cache. One
+        process (tensor parallel 1): the workers take the pairs as they come, so that a stream
+        holds one whole tensor at a time, in the policy's dtype and in the engine's; with tensor
+        parallel the pairs cross vLLM's RPC as one list, a full copy in the engine's dtype."""
         self._wake(["weights"])  # the KV cache sleeps on until the next generate (see `sleep`)
-        # references, no copies
-        weights = [(name, tensor.detach()) for name, tensor in weights.items()]
+        pairs = (
+            (self._unwrapped(name), tensor.detach().to(self.dtype))  # no copy in its own dtype
+            for name, tensor in _pairs(weights)
+        )
+        if self.tensor_parallel_size > 1:
+            pairs = list(pairs)
         try:  # vLLM renames and fuses q/k/v and gate/up itself
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
         except (TypeError, NotImplementedError) as e:
             import vllm
 
@@ -395,10 +449,19 @@ class VLLMEngine:
                 f"({e}); infra/engines.py needs a vLLM with in-place layerwise reloading (0.32 is "
                 "tested)"
             ) from e
-        del weights  # our references: the caller drops its dict before the KV cache wakes
+        del pairs  # our references: the caller drops its own before the KV cache wakes
         self.reset_due = True  # its KV was computed with the old weights
         if "kv_cache" not in self.asleep:
             self._reset_prefix_cache()
+
+    @staticmethod
+    def _unwrapped(name: str) -> str:
+        if name.startswith(("module.", "_orig_mod.")):
+            raise ValueError(
+                f"load_weights got a wrapped model's weights (parameter {name!r}); pass the "
+                "unwrapped HF model's full (not sharded) weights: infra/shard.py's Weights"
+            )
+        return name
 
     def _reset_prefix_cache(self) -> None:
         if not self.llm.reset_prefix_cache():
@@ -411,10 +474,10 @@ class VLLMEngine:
     def sleep(self) -> None:
         """With sleep mode on (--vllm_sleep): offload the weights to CPU memory and drop the KV
         cache, so that the update has the GPU memory vLLM held (level 1). Without: nothing. They
-        wake in verl's order: `load_weights` wakes the weights alone and loads the new ones; the
-        caller drops its state dict; the next `generate` wakes the KV cache. Each wake first
-        empties torch's caching allocator, which still holds what the update used (vLLM's wake
-        does not empty it)."""
+        wake in verl's order: `load_weights` wakes the weights alone and loads the new ones (a
+        stream leaves nothing behind; a caller's state dict is dropped); the next `generate`
+        wakes the KV cache. Each wake first empties torch's caching allocator, which still holds
+        what the update used (vLLM's wake does not empty it)."""
         if self.sleep_mode and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = {"weights", "kv_cache"}
@@ -516,76 +579,3 @@ def choose(kind: str) -> tuple[str, str]:
         if kind == "vllm"
         else " but no CUDA device; pass engine 'vllm' to run vLLM on CPU"
     )
-
-
-# --------------------------------------------------------------------------------------------------
-# loading a policy
-
-
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer.model",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-    "vocab.json",
-    "vocab.txt",
-    "*.tiktoken",
-)  # what AutoTokenizer reads (or a GGUF)
-
-
-def model_problem(name_or_dir: str, gguf_file: str = "") -> str:
-    """Why `load_policy` could not load `name_or_dir` (with `gguf_file`), judged from file names
-    alone, so that a script says it before anything heavy loads; empty when it may load. A name that
-    is no local path but has a hub name's form (NAME or ORG/NAME, ORG no local directory) is left to
-    transformers."""
-    path = name_or_dir
-    if not os.path.isdir(path):
-        hub = re.fullmatch(r"[\w-][\w.-]*(/[\w.-]+)?", path)
-        if hub and not os.path.isdir(path.split("/")[0]) and not os.path.exists(path):
-            return ""
-        if not os.path.isfile(path):
-            return f"no model at {path}: no such directory"
-        gguf = " (a GGUF file: pass its directory as --model, its name as --gguf_file)"
-        return f"no model at {path}: a file, not a directory" + gguf * path.endswith(".gguf")
-    files = os.listdir(path)
-    if gguf_file:  # the GGUF file holds config, weights and tokenizer
-        return "" if gguf_file in files else f"no model at {path}: no {gguf_file} in it"
-    if "config.json" not in files:
-        return (
-            f"no model at {path}: it has no config.json (a model directory holds config.json, "
-            f"weights and tokenizer files, as save_pretrained writes them); files there: "
-            f"{', '.join(sorted(files)) or 'none'}"
-        )
-    has = lambda *globs: any(fnmatch.fnmatch(f, g) for f in files for g in globs)
-    missing = []
-    if not has(*TOKENIZER_FILES):
-        missing.append(
-            f"tokenizer files (none of {', '.join(TOKENIZER_FILES)}: save the model's "
-            f"tokenizer there too)"
-        )
-    if not has("*.safetensors", "*.bin"):
-        missing.append("weights (*.safetensors, *.bin)")
-    return f"{path} has no {' and no '.join(missing)}" if missing else ""
-
-
-def load_policy(name_or_dir: str, gguf_file: str | None = None, dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) from a hub name, a local directory, or a GGUF file in it (transformers
-    dequantizes it)."""
-    # cuDNN's attention builds an execution plan for every new (batch, length) shape the first time
-    # it sees it (~10 ms on an H100); torch 2.11 tries it first for bf16 with a padding mask on
-    # Hopper, and an agent's batches keep changing shape: bf16 steps ran 8x slower than float32
-    # (which never takes cuDNN). Flash / memory-efficient attention need no plan. Process-wide.
-    torch.backends.cuda.enable_cudnn_sdp(False)
-    kw = {"gguf_file": gguf_file} if gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(name_or_dir, **kw)
-    model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=dtype, **kw)
-    if gguf_file:
-        # transformers dequantizes GGUF into ordinary tensors but keeps the model marked
-        # "quantized", which would block save_pretrained; what we train and save is plain weights
-        model.hf_quantizer = None
-        model.is_quantized = False
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer

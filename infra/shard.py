@@ -3,7 +3,8 @@ parameters are DTensors, each rank holding a shard) or whole (one process, or DD
 
 Sharding itself is Accelerate's (`accelerate launch` with an FSDP2 config, benchmarks/fsdp2.yaml:
 torch's `fully_shard` per decoder layer); this module only reads and writes what it made:
-- `gather`: the full state dict, once a step, for the engine's weight sync and for `final/`;
+- `Weights`: the full weights, one tensor at a time, once a step, for the engine's weight sync;
+  `gather`: the full state dict, for `final/`;
 - `accumulate`: under DDP gradients reduced once per mini-batch, not per micro-batch (`no_sync`);
   under FSDP2 at every micro-batch, so that they stay sharded;
 - `deal`: each rank's rows of a step's mini-batches, padded so that every rank makes as many
@@ -16,9 +17,9 @@ torch's `fully_shard` per decoder layer); this module only reads and writes what
 Under FSDP2 every rank still rolls out its own share of a step, as under DDP: a sharded forward
 needs every rank in lockstep (each layer's all-gather), while the agents' generate loops stop at
 different times on different ranks. So each rank's HF engine samples from a full copy of the
-policy (`rollout_model`), refreshed from the gathered state dict after each update; a vLLM engine
-loads the same dict. The copy costs the policy's size once more per rank (4 B a parameter in
-float32); `benchmarks/gpu_memory.py` counts it.
+policy (`rollout_model`), refreshed tensor by tensor from `Weights` after each update; a vLLM
+engine loads the same stream. The copy costs the policy's size once more per rank (4 B a parameter
+in float32); `benchmarks/gpu_memory.py` counts it.
 """
 
 import contextlib
@@ -60,12 +61,55 @@ def sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule) or any(isinstance(p, DTensor) for p in model.parameters())
 
 
+class Weights:
+    """The policy's full weights for the engine's weight sync, one step's: (name, tensor) pairs in
+    state-dict order, HF names, each whole tensor made as the engine takes it. Iterate once, on
+    every rank alike (sharded, each tensor is an all-gather: a collective). Whole weights: the
+    unwrapped model's own tensors (references, no copy). Sharded (FSDP2): each parameter gathered
+    alone, in its dtype, and dropped once the engine has it (copied into the HF engine's copy; cast
+    to the vLLM engine's dtype and loaded), so that at most two whole tensors live, the one gathered
+    and the one the engine still holds (the largest, the embedding: 1.16 GiB at 3 B in float32),
+    where a full state dict is the whole policy (11.5 GiB); a tied one (the embedding and the head)
+    is gathered once for each of its names. As they pass, each is checked: `nonfinite` names those
+    that hold a NaN or an inf, once all have passed."""
+
+    def __init__(self, accelerator, model: torch.nn.Module):
+        self.model = accelerator.unwrap_model(model)
+        self.names, self.bad, self.passed = 0, [], 0  # names: how many the state dict has
+
+    def __iter__(self):
+        if self.names:
+            raise RuntimeError("shard.Weights is iterated once a weight sync; make a new one")
+        named = self.model.state_dict(keep_vars=True)
+        self.names = len(named)
+        with torch.no_grad():
+            for name, p in named.items():
+                tensor = full(p.detach())  # sharded: gathered (a collective); else the same one
+                if not torch.isfinite(tensor).all():
+                    self.bad.append(name)
+                self.passed += 1
+                yield name, tensor
+                del tensor  # before the next one is gathered
+
+    @property
+    def nonfinite(self) -> list[str]:
+        """The names of the tensors that hold a NaN or an inf (health.nonfinite's of a dict)."""
+        if not self.names or self.passed < self.names:
+            raise RuntimeError(
+                f"the engine took {self.passed} of the policy's {self.names or 'unknown number of'}"
+                " tensors from shard.Weights; its load_weights must take them all (under FSDP2 "
+                "each is a collective every rank makes)"
+            )
+        return self.bad
+
+
 def gather(accelerator, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The policy's full state dict, HF names, on every rank. Whole weights: the unwrapped model's
-    own tensors (references, no copy). Sharded: every rank all-gathers every parameter once, tied
-    ones (the embedding and the head) once for both names, so the peak rises by one full copy of
-    the weights in their dtype (11.5 GiB for 3 B parameters in float32) until the caller drops the
-    dict; call it once a step, on every rank alike (each all-gather is a collective)."""
+    """The policy's full state dict, HF names, on every rank (for final/; the weight sync streams
+    them: `Weights`). Whole weights: the unwrapped model's own tensors (references, no copy).
+    Sharded: every rank all-gathers every parameter once, tied ones (the embedding and the head)
+    once for both names, so the peak rises by one full copy of the weights in their dtype (11.5 GiB
+    for 3 B parameters in float32) until the caller drops the dict; call it on every rank alike
+    (each all-gather is a collective)."""
     unwrapped = accelerator.unwrap_model(model)
     if not sharded(unwrapped):
         return unwrapped.state_dict()

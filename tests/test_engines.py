@@ -21,12 +21,14 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedTokenizerFast,
+    StoppingCriteriaList,
 )
 
-from infra.engines import HFEngine, Sampling, make_engine, model_problem
+from infra.engines import HFEngine, Sampling, _StopOnText, make_engine, model_problem
 
 # ids: 1 = <s>, rest = chars
 PROMPTS = [[1, 11, 12], [1, 30, 31, 32, 33, 34, 35], [1, 40], [1, 50, 51, 52, 53]]
@@ -170,6 +172,105 @@ def test_hf_eos_finish_and_training_mode_restored(hf):
     assert model.training
     assert c.finish_reason == "eos" and c.token_ids[-1] == tok.eos_token_id
     assert tok.eos_token_id not in c.token_ids[:-1] and len(c.token_ids) == len(c.logprobs) <= 3
+
+
+def output_logits_chunk(engine, prompts, sampling):
+    """What HFEngine's chunk computed before it kept log-probs as generate goes: generate with
+    `output_logits` (every step's float32 raw logits, kept to the end), then log_softmax at the
+    sampled ids. (new ids (B, N), log-probs (B, N)); the same settings as the engine's."""
+    P, device = max(len(p) for p in prompts), engine.model.device
+    input_ids = torch.tensor([[engine.pad_id] * (P - len(p)) + p for p in prompts])  # (B, P)
+    attention_mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])  # (B, P)
+    config = GenerationConfig(
+        max_new_tokens=sampling.max_tokens,
+        do_sample=True,
+        top_k=0,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        eos_token_id=engine.eos_ids,
+        pad_token_id=engine.pad_id,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    model = engine.model
+    saved, model.generation_config = model.generation_config, GenerationConfig()
+    stop = _StopOnText(engine.tokenizer, sampling.stop, P)
+    out = model.generate(
+        input_ids=input_ids.to(device),
+        generation_config=config,
+        attention_mask=attention_mask.to(device),
+        stopping_criteria=StoppingCriteriaList([stop]),
+    )
+    model.generation_config = saved
+    new_ids = out.sequences[:, P:]  # (B, N)
+    logprobs = torch.stack(
+        [
+            torch.log_softmax(step.float(), -1).gather(-1, new_ids[:, t, None])[:, 0]  # (B,)
+            for t, step in enumerate(out.logits)
+        ],
+        dim=1,
+    )  # (B, N)
+    return new_ids, logprobs
+
+
+def check_against_output_logits(engine, prompts, sampling) -> list:
+    """The engine's completions of `prompts` (chunks of its max_batch_size), checked against
+    output_logits_chunk's from the same seed: the same ids, and log-probs equal to the bit."""
+    new = engine.generate(prompts, sampling)
+    size, device = engine.max_batch_size, engine.model.device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(sampling.seed)
+        chunks = range(0, len(prompts), size)
+        old = [output_logits_chunk(engine, prompts[i : i + size], sampling) for i in chunks]
+    rows = [(ids[r], logprobs[r]) for ids, logprobs in old for r in range(len(ids))]
+    for c, (ids, logprobs) in zip(new, rows, strict=True):
+        n = len(c.token_ids)
+        assert c.token_ids == ids[:n].tolist()
+        assert torch.equal(torch.tensor(c.logprobs, dtype=torch.float32), logprobs[:n].cpu())
+    return new
+
+
+def test_hf_logprobs_kept_as_generate_goes_are_bitwise_output_logits_ones(hf):
+    # the engine no longer keeps every step's float32 logits (32 x 500 x 151,936 x 4 B = 9.06 GiB
+    # at 3 B): a forward hook keeps one step's raw logits and each sampled token's log-prob is
+    # taken from them; bit for bit what output_logits gave, and the same samples. Sampled with
+    # temperature and top_p (whose warped scores a logits processor would see instead), prompts of
+    # 2 to 9 ids in two chunks, rows ending by stop string, by EOS and by length; in float32, and
+    # under bf16 autocast with bf16 logits (each step's float32 copy made as generate makes it)
+    model, tok = hf
+    model = copy.deepcopy(model).eval()
+    with torch.no_grad():  # EOS likelier, so that rows end by EOS too
+        model.get_output_embeddings().weight[tok.eos_token_id] *= 2
+    prompts = PROMPTS + [[1, 20, 21, 22, 23, 24, 25, 26, 27], [1, 60]]
+    sampling = Sampling(temperature=0.7, top_p=0.9, max_tokens=24, stop=["ab", "x"], seed=0)
+    new = check_against_output_logits(HFEngine(model, tok, max_batch_size=4), prompts, sampling)
+    assert {c.finish_reason for c in new} == {"stop", "eos", "length"}
+    autocast = copy.deepcopy(model)
+    autocast.forward = torch.autocast("cpu", dtype=torch.bfloat16)(autocast.forward)
+    assert autocast(torch.tensor([PROMPTS[0]])).logits.dtype == torch.bfloat16
+    check_against_output_logits(HFEngine(autocast, tok, max_batch_size=4), prompts, sampling)
+
+
+def test_hf_engine_asks_generate_for_no_logits(hf, monkeypatch):
+    # neither output_logits nor return_dict_in_generate (whose output would hold the KV cache
+    # past generate): generate returns the ids alone, and what is kept a step is a (B,) log-prob
+    model, tok = hf
+    model = copy.deepcopy(model)
+    configs, generate = [], model.generate
+
+    def recording(**kwargs):
+        configs.append(kwargs["generation_config"])
+        out = generate(**kwargs)
+        assert isinstance(out, torch.Tensor)  # (B, P + N): no logits, no cache
+        return out
+
+    monkeypatch.setattr(model, "generate", recording)
+    sampling = Sampling(temperature=1.0, max_tokens=8, seed=0)
+    out = HFEngine(model, tok).generate(PROMPTS, sampling)
+    assert [len(c.logprobs) for c in out] == [8] * len(PROMPTS)
+    assert len(configs) == 1
+    assert not configs[0].output_logits and not configs[0].return_dict_in_generate
+    assert not model._forward_hooks  # the log-prob hook is gone after the call
 
 
 def test_make_engine_refuses_an_unknown_name_and_says_which_engine_it_chose(hf, capsys):
@@ -341,6 +442,109 @@ def test_vllm_sleep_is_refused_where_it_cannot_run(env):
             make_engine(kind, model, tok, str(env / "tiny"), sleep=True)
 
 
+def stand_in_engine(cls, llm, sleep_mode=False, dtype=None, tensor_parallel_size=1):
+    """A VLLMEngine's state around a stand-in `llm`, without starting vLLM."""
+    engine = object.__new__(cls)
+    engine.llm, engine.sleep_mode, engine.asleep, engine.reset_due = llm, sleep_mode, set(), False
+    engine.dtype, engine.tensor_parallel_size = dtype, tensor_parallel_size
+    return engine
+
+
+class StreamingLLM:
+    """A stand-in for vllm.LLM whose reload_weights takes the pairs as its workers do, one at a
+    time, recording each one's name, dtype and value, and how many of those before it still live
+    once it has it."""
+
+    def __init__(self):
+        self.names, self.dtypes, self.alive, self.values, self.given = [], [], [], {}, None
+
+    def collective_rpc(self, method, kwargs):
+        import weakref
+
+        assert method == "reload_weights"
+        self.given, refs = kwargs["weights_iterator"], []
+        for name, tensor in self.given:
+            self.alive.append(sum(r() is not None for r in refs))
+            refs.append(weakref.ref(tensor))
+            self.names.append(name)
+            self.dtypes.append(tensor.dtype)
+            self.values[name] = tensor.float().clone()
+
+    def reset_prefix_cache(self):
+        return True
+
+
+class Whole:
+    """An accelerator of one process, as shard.Weights reads it."""
+
+    def unwrap_model(self, model):
+        return model
+
+
+def test_vllm_load_weights_takes_a_stream_a_tensor_at_a_time_in_its_dtype(hf):
+    # the weight sync hands the engine shard.Weights, (name, whole tensor) pairs one at a time:
+    # each is cast to the engine's dtype as vLLM's workers take it, and dropped before the next
+    # (no full copy, in any dtype); the non-finite check is made as they pass
+    from infra import shard
+    from infra.engines import VLLMEngine
+
+    model, _ = hf
+    model = copy.deepcopy(model)
+    llm = StreamingLLM()
+    engine = stand_in_engine(VLLMEngine, llm, dtype=torch.bfloat16)
+    weights = shard.Weights(Whole(), model)
+    engine.load_weights(weights)
+    state = model.state_dict()
+    assert llm.names == list(state) and set(llm.dtypes) == {torch.bfloat16}
+    assert llm.alive == [0] * len(state)  # none of the casts before the current one lives
+    for name, tensor in state.items():
+        assert torch.equal(llm.values[name], tensor.to(torch.bfloat16).float()), name
+    assert weights.nonfinite == []
+    with pytest.raises(RuntimeError, match="iterated once"):  # a second pass: a fresh Weights
+        list(weights)
+    name = "model.layers.1.mlp.up_proj.weight"
+    with torch.no_grad():
+        model.get_parameter(name)[0, 0] = float("nan")
+    weights = shard.Weights(Whole(), model)
+    with pytest.raises(RuntimeError, match="the engine took 0 of"):
+        assert weights.nonfinite  # the engine has not taken them yet
+    engine.load_weights(weights)
+    assert weights.nonfinite == [name]
+    # tensor parallel: the pairs cross vLLM's RPC to other processes, so as one list
+    engine = stand_in_engine(
+        VLLMEngine, StreamingLLM(), dtype=torch.bfloat16, tensor_parallel_size=2
+    )
+    engine.load_weights(state)
+    assert isinstance(engine.llm.given, list) and len(engine.llm.given) == len(state)
+    with pytest.raises(ValueError, match="wrapped model's weights"):
+        engine.load_weights({"module.lm_head.weight": torch.zeros(2)})
+
+
+def test_hf_load_weights_copies_a_stream_and_names_what_does_not_fit(hf):
+    # the HF engine's own copy of the policy (under FSDP2) takes the stream tensor by tensor; the
+    # trainer's own model (one process) is left as it is: its tensors are the stream's
+    from infra import shard
+
+    model, tok = hf
+    trained, copy_ = copy.deepcopy(model), copy.deepcopy(model)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p += 0.5
+    HFEngine(copy_, tok).load_weights(shard.Weights(Whole(), trained))
+    for (name, a), b in zip(trained.state_dict().items(), copy_.state_dict().values()):
+        assert torch.equal(a, b), name
+    own = HFEngine(trained, tok)
+    before = {k: v.data_ptr() for k, v in trained.state_dict().items()}
+    own.load_weights(shard.Weights(Whole(), trained))
+    assert {k: v.data_ptr() for k, v in trained.state_dict().items()} == before
+    state = dict(trained.state_dict())
+    with pytest.raises(ValueError, match="'extra.weight', which the HF engine's model"):
+        own.load_weights({**state, "extra.weight": torch.zeros(1)})
+    del state["model.norm.weight"]
+    with pytest.raises(ValueError, match="no 'model.norm.weight' .1 of"):
+        own.load_weights(state)
+
+
 class RecordingLLM:
     """A stand-in for vllm.LLM that records the calls VLLMEngine makes (no vLLM needed)."""
 
@@ -363,20 +567,14 @@ class RecordingLLM:
 
 def test_vllm_sleep_wakes_in_verls_order_into_an_emptied_cache(monkeypatch):
     # the update leaves its memory in torch's caching allocator, and vLLM's wake does not empty
-    # it: the weights wake alone into an emptied cache, take the new weights, the caller drops its
-    # state dict, then the KV cache wakes into a cache emptied again (a wake of both at once, or
-    # without emptying, asks for the update's memory while torch still holds it)
+    # it: the weights wake alone into an emptied cache, take the new weights (streamed, nothing
+    # left of them), then the KV cache wakes into a cache emptied again (a wake of both at once,
+    # or without emptying, asks for the update's memory while torch still holds it)
     from infra.engines import VLLMEngine
 
     calls = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
-    engine = object.__new__(VLLMEngine)  # the engine's state, without starting vLLM
-    engine.llm, engine.sleep_mode, engine.asleep, engine.reset_due = (
-        RecordingLLM(calls),
-        True,
-        set(),
-        False,
-    )
+    engine = stand_in_engine(VLLMEngine, RecordingLLM(calls), sleep_mode=True)
     engine.sleep()  # before the update
     engine.load_weights({"lm_head.weight": torch.zeros(2, 2)})  # the weight sync
     assert calls == [

@@ -10,6 +10,7 @@ optimizer pointed at the new parameters. Everything else is train.py's own code.
 
 import faulthandler
 import gc
+import math
 import os
 import pickle
 import re
@@ -60,12 +61,16 @@ def test_fsdp2_shards_the_policy_trains_and_syncs_every_rank_engine(straight):
     rows = [r for r in metrics(run) if "train/loss" in r]
     assert [r["step"] for r in rows] == [1, 2] and all(r["train/skipped_steps"] == 0 for r in rows)
     check_lr(rows, ranks[0]["steps"])  # the warmup counts optimizer steps, as one process's
-    # the gathered state dict (a full copy of the policy under FSDP2) is dropped after its step:
-    # nothing of one gather lives at the next (steps 1, 2, then final/'s)
-    assert all(rank["alive_at_gather"] == [0, 0, 0] for rank in ranks), ranks
-    assert all(rank["tied_once"] for rank in ranks)  # the tiny policy ties its head to its input
-    # the engine's copy on each rank, after the last sync, holds the weights final/ holds: the
-    # gathered state dict (one gather a step serves both)
+    # the weight sync streams the policy (shard.Weights), never a full copy of it: each whole
+    # tensor is dropped once the engine's copy has it, so that while one is gathered at most the
+    # one before it lives (the engine's loop still holds it); every tensor passes, every step; and
+    # nothing of a step's stream lives at the next one's, nor at final/'s gather
+    names = len(ranks[0]["engine"])
+    for rank in ranks:
+        assert rank["passed"] == [names, names] and max(rank["alive_in_sync"]) <= 1, rank
+        assert rank["alive_at_sync"] == [0, 0] and rank["alive_at_gather"] == [0], rank
+        assert rank["tied_once"]  # final/'s gather: one all-gather for the tied head and input
+    # the engine's copy on each rank, after the last sync, holds the weights final/ holds
     final = load_file(run / "final" / "model.safetensors")
     for rank in ranks:
         for name, tensor in final.items():
@@ -178,6 +183,121 @@ def test_a_failed_distributed_checkpoint_is_an_error_the_handlers_catch():
         shard._dcp(save, {}, "/ckpt")
 
 
+def test_sharded_weights_stream_into_vllm_and_a_failed_checkpoint_is_clear_on_every_rank(
+    tmp_path,
+):
+    # two gloo ranks, a tiny tied policy sharded (this file's sync probe): the weight sync hands
+    # the vLLM engine's load_weights (a stand-in for vllm.LLM that takes the pairs one at a time,
+    # as its workers do) each whole tensor in bf16, one at a time, and checks them as they pass;
+    # a sharded checkpoint written where no directory can be made (under a file: the tests run as
+    # root, whom permissions do not stop) raises torch's CheckpointException, a BaseException that
+    # no handler saw: on every rank it is the RuntimeError naming the path that the run's
+    # checkpoint handlers catch, as is a load from where no checkpoint is
+    from test_multiprocess import launch_command
+
+    (tmp_path / "a_file").write_text("not a directory")
+    out = subprocess.run(
+        launch_command(Path(__file__), "sync", tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=CPU,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    ranks = [pickle.loads((tmp_path / f"sync{r}.pkl").read_bytes()) for r in (0, 1)]
+    full = ranks[0]["full"]  # shard.gather's state dict, float32
+    for rank in ranks:
+        assert rank["dtensor"] and rank["names"] == list(full), rank["names"]
+        assert set(rank["dtypes"]) == {torch.bfloat16}
+        # the casts before the current one are gone; of the gathered float32 tensors, the current
+        # one alone lives (a state dict would hold them all)
+        assert rank["alive"] == [0] * len(full) and max(rank["gathered_alive"]) == 1, rank
+        for name, tensor in full.items():
+            assert torch.equal(rank["values"][name], tensor.to(torch.bfloat16)), name
+        # a NaN in rank 1's shard alone: both ranks name the tensor (its whole holds it)
+        assert rank["nonfinite"] == [[], ["model.layers.0.mlp.up_proj.weight"]]
+        save, load = rank["checkpoint"]
+        assert save.startswith(f"torch.distributed.checkpoint's save at {tmp_path / 'a_file'}")
+        assert "rank 0: NotADirectoryError" in save and "rank 1: NotADirectoryError" in save
+        assert load.startswith("torch.distributed.checkpoint's load at ")
+    assert "CheckpointException" not in out.stderr
+
+
+def sync_probe(out: Path):
+    """The sync test's two ranks: each records (out/sync{rank}.pkl) what the stand-in vLLM engine
+    took from two weight syncs, and the messages of a failed sharded save and load."""
+    import torch.distributed.checkpoint as dcp
+    from accelerate import Accelerator
+    from test_engines import stand_in_engine
+    from torch.distributed.tensor import DTensor
+    from transformers import get_constant_schedule
+
+    from infra import run, shard, warmstart
+    from infra.engines import VLLMEngine
+
+    shard_in_prepare()
+    accelerator = Accelerator()
+    torch.manual_seed(0)
+    model = warmstart.tiny_llama(warmstart.world_tokenizer(), hidden=32, layers=2, heads=2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model, optimizer, scheduler = accelerator.prepare(
+        model, optimizer, get_constant_schedule(optimizer)
+    )
+    mine = {"dtensor": all(isinstance(p, DTensor) for p in model.parameters())}
+    mine["full"] = {k: v.clone() for k, v in shard.gather(accelerator, model).items()}
+    gathered, full = [], shard.full
+
+    def recording_full(x):  # the whole float32 tensors the stream gathers
+        whole = full(x)
+        gathered.append(weakref.ref(whole))
+        return whole
+
+    class LLM:  # vllm.LLM's reload_weights in one process: the pairs one at a time, recorded
+        def __init__(self):
+            self.log = {"alive": [], "gathered_alive": [], "names": [], "dtypes": [], "values": {}}
+
+        def collective_rpc(self, method, kwargs):
+            refs = []
+            for name, tensor in kwargs["weights_iterator"]:
+                self.log["alive"].append(sum(r() is not None for r in refs))
+                self.log["gathered_alive"].append(sum(r() is not None for r in gathered))
+                refs.append(weakref.ref(tensor))
+                self.log["names"].append(name)
+                self.log["dtypes"].append(tensor.dtype)
+                self.log["values"][name] = tensor.clone()
+
+        def reset_prefix_cache(self):
+            return True
+
+    shard.full, nonfinite = recording_full, []
+    for sync in range(2):  # the second with a NaN in rank 1's shard of one tensor
+        if sync == 1 and accelerator.process_index == 1:
+            with torch.no_grad():
+                model.get_parameter("model.layers.0.mlp.up_proj.weight").to_local()[0, 0] = math.nan
+        engine = stand_in_engine(VLLMEngine, LLM(), dtype=torch.bfloat16)
+        weights = shard.Weights(accelerator, model)
+        engine.load_weights(weights)
+        nonfinite.append(weights.nonfinite)
+        if sync == 0:
+            mine.update(engine.llm.log)
+    shard.full = full
+    mine["nonfinite"] = nonfinite
+    messages = []
+    try:
+        shard.save_state(accelerator, model, optimizer, scheduler, str(out / "a_file" / "ckpt"))
+    except RuntimeError as e:
+        messages.append(str(e))
+    weights_state, adam = shard.get_state_dict(model, shard._optimizer(optimizer))
+    try:
+        shard._dcp(dcp.load, {"model": weights_state, "optimizer": adam}, str(out / "none"))
+    except RuntimeError as e:
+        messages.append(str(e))
+    mine["checkpoint"] = messages
+    (out / f"sync{accelerator.process_index}.pkl").write_bytes(pickle.dumps(mine))
+    accelerator.wait_for_everyone()
+    run.end_processes(accelerator, 0)
+
+
 def test_fsdp2_update_equals_one_process_on_the_same_samples(env, tmp_path):
     # test_multiprocess's parity run (7 samples split 5 / 2, both loss aggregations, 2 epochs x 2
     # mini-batches) with the policy sharded: the same weights as one process, to float rounding
@@ -282,19 +402,31 @@ def train_probe(records: Path, argv: list[str]):
         mine.setdefault("steps", []).append({"grad_norms": out[1]})
         return out
 
-    refs = []  # weak references to the last gathered state dict's tensors
+    refs = []  # weak references to the whole tensors of the weight syncs and gathers so far
+    alive = lambda: sum(r() is not None for r in refs)
 
-    def recording_gather(accelerator, model):  # how much of the last gather still lives
+    def recording_stream(self):  # how many whole tensors live at once, as the engine takes them
         gc.collect()
-        mine.setdefault("alive_at_gather", []).append(sum(r() is not None for r in refs))
+        mine.setdefault("alive_at_sync", []).append(alive())
+        mine.setdefault("passed", []).append(0)
+        for name, tensor in stream(self):
+            mine.setdefault("alive_in_sync", []).append(alive())  # those before, with it made
+            refs.append(weakref.ref(tensor))
+            mine["passed"][-1] += 1
+            yield name, tensor
+            del tensor
+
+    def recording_gather(accelerator, model):  # final/'s: none of the syncs' tensors lives
+        gc.collect()
+        mine.setdefault("alive_at_gather", []).append(alive())
         weights = gather(accelerator, model)
-        refs[:] = [weakref.ref(t) for t in weights.values()]
         tied = weights.get("lm_head.weight"), weights.get("model.embed_tokens.weight")
         mine["tied_once"] = tied[0] is tied[1] is not None  # one all-gather for both names
         return weights
 
     Accelerator.prepare, run.end = recording_prepare, recording_end
     train.update, shard.gather = recording_update, recording_gather
+    stream, shard.Weights.__iter__ = shard.Weights.__iter__, recording_stream
     sys.argv = [str(ROOT / "train.py"), *argv]
     train.main(
         *flags.parse(
@@ -310,7 +442,10 @@ def train_probe(records: Path, argv: list[str]):
 
 if __name__ == "__main__":
     faulthandler.dump_traceback_later(WATCHDOG, exit=True)  # a hang dumps every rank's stacks
-    train_probe(Path(sys.argv[2]), sys.argv[3:])
+    if sys.argv[1] == "sync":
+        sync_probe(Path(sys.argv[2]))
+    else:
+        train_probe(Path(sys.argv[2]), sys.argv[3:])
 
 
 def test_sharded_gradients_sync_at_every_micro_batch_and_ddp_once(monkeypatch):

@@ -1,6 +1,7 @@
 """What only a GPU can show, skipped without CUDA (benchmarks/gpu_check.sh runs this file first):
-activation checkpointing's gradients under bf16 kernels, bf16's first step, and train.py under
-Accelerate's own FSDP2 plugin (benchmarks/fsdp2.yaml), trained, saved and resumed."""
+activation checkpointing's gradients under bf16 kernels, bf16's first step, train.py under
+Accelerate's own FSDP2 plugin (benchmarks/fsdp2.yaml), trained, saved and resumed, and the HF
+engine's log-probs, kept as generate goes, equal to the bit to output_logits' under bf16."""
 
 import json
 import os
@@ -78,3 +79,22 @@ def test_fsdp2_through_accelerate_trains_saves_and_resumes(env):
     AutoModelForCausalLM.from_pretrained(run / "final")
     state = json.loads((run / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["step"] == 3 and os.path.exists(run / "checkpoint-3" / "rank0.pkl")
+
+
+def test_hf_engine_logprobs_are_output_logits_ones_on_the_gpu_under_bf16():
+    # the HF engine keeps each sampled token's log-prob as generate goes (a forward hook on one
+    # step's raw logits) instead of every step's float32 logits: on CUDA under bf16 autocast too,
+    # the same samples and log-probs equal to the bit to what output_logits gave
+    from test_engines import check_against_output_logits
+
+    from infra import warmstart
+    from infra.engines import HFEngine, Sampling
+
+    tok = warmstart.world_tokenizer()
+    model = warmstart.tiny_llama(tok, hidden=64, layers=2, heads=2).cuda().eval()
+    model.forward = torch.autocast("cuda", dtype=torch.bfloat16)(model.forward)
+    questions = ["who wrote the book", "where was the author of the book born", "what", "when"]
+    prompts = [tok.encode(q) for q in questions]
+    sampling = Sampling(temperature=0.7, top_p=0.9, max_tokens=24, stop=["</search>"], seed=0)
+    out = check_against_output_logits(HFEngine(model, tok, max_batch_size=3), prompts, sampling)
+    assert [len(c.token_ids) for c in out] and all(c.logprobs for c in out)

@@ -86,6 +86,48 @@ def test_fsdp2_on_one_rank_with_a_bf16_reference_counts_the_same_shards(tmp_path
     }
 
 
+def test_the_rollout_and_gradient_sync_measurements_run_on_the_tiny_shape(tmp_path):
+    # the GPU check's HF-engine rollout (at 3 B: 32 prompts of 3,500 ids, 500 new tokens) and
+    # FSDP2's gradient sync off / on, on the CPU path: the code runs, the plan's terms for the
+    # same call stand beside the (GPU-only) peak, and nothing joins the plan's figures
+    a = gpu_memory.Args(shape="tiny", length=32, hf_sequences=3, hf_new_tokens=8)
+    stdout, figures = run_tiny(tmp_path, "--rollout", "--hf_sequences", "3", "--hf_new_tokens", "8")
+    r = figures["rollout"]
+    assert figures["measurement"] is None and "PLAN" not in stdout
+    assert (r["sequences"], r["prompt_tokens"], r["new_tokens"]) == (3, 24, 8)
+    assert 3 <= r["generated"] <= 24 and r["seconds"] > 0  # an EOS may end a row early
+    terms = {
+        t["key"]: t["gib"]
+        for t in gpu_memory.hf_terms(
+            Recipe("", "", length=32, shape="tiny"), a, 0, gpu_memory.config("tiny"), False
+        )
+    }
+    assert r["planned_above_resident_gib"] == {
+        "P": terms["kv_prefill"] + terms["prefill_transients"] + terms["logits"],
+        "D": terms["kv_cache"] + terms["logits"],
+    }
+    assert r["peak_above_resident_gib"] is None and "NOT a GPU figure" in stdout  # no CUDA
+    assert gpu_memory.earlier_measurement(str(tmp_path / "m.json")) is None  # not a plan figure
+    stdout, figures = run_tiny(tmp_path, "--grad_sync", "--fsdp", "--gradient_checkpointing")
+    s = figures["grad_sync"]
+    assert (s["parameters"], s["checkpointing"], s["sync"]) == (TINY_PARAMS, True, {})
+    assert "no CUDA: nothing measured" in stdout
+    for flags, said in (
+        (["--grad_sync"], "--grad_sync needs --fsdp"),
+        (["--rollout", "--grad_sync", "--fsdp"], "one measurement at a time"),
+        (["--rollout", "--hf_new_tokens", "32"], "--rollout needs --length above --hf_new_tokens"),
+    ):
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "gpu_memory.py"), "--shape", "tiny"]
+            + ["--length", "32", *flags],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        )
+        assert done.returncode != 0 and said in done.stderr, done.stderr[-2000:]
+
+
 def row(checkpointing, micro_batch, peak=None, oom=None, fsdp="none", shape="3B", length=4096):
     """A hand-made figure (3B, 4,096 tokens a row unless told), bf16 autocast, float32 reference."""
     return {
@@ -122,9 +164,12 @@ def test_the_plan_adds_its_terms_by_hand():
     # layer's gradients in bf16 and their float32 copy for the reduce-scatter: 3.04 GiB
     buffers = ((ROOT_3B + 2 * LAYER_3B) * 2 + (ROOT_3B + LAYER_3B) * 6) / GIB
     assert t["fsdp_buffers"] == buffers and abs(buffers - 3.04) < 5e-3
-    assert t["state_dict"] == 4 * P3B / GIB  # float32, tied weights once: 11.50 GiB
+    # the weight sync streams whole float32 tensors (shard.Weights): the one gathered and the one
+    # the engine still holds, at most the embedding's 311,164,928 x 4 B each, and the isfinite
+    # mask, 1 B an element: 9 B x 311,164,928 = 2.61 GiB (a state dict was 11.50)
+    assert t["state_dict"] == 9 * 311_164_928 / GIB and round(t["state_dict"], 2) == 2.61
     # the moments: the backward holds the activations and buffers, the step the temporaries, the
-    # sync the state dict; gradients are gone at the sync and in the rollout
+    # sync the streamed tensors; gradients are gone at the sync and in the rollout
     resident = t["weights"] + t["adamw"] + t["reference"] + t["engine"]
     m = p["moments_gib"]
     assert math.isclose(m["B"], resident + t["gradients"] + t["activations"] + buffers)
@@ -172,14 +217,20 @@ def test_the_rollout_phase_at_3b_and_the_readme_recipe():
     assert (hf.micro_batch, hf.length, hf.ref_dtype) == (2, 4096, "bfloat16")  # the README's
     p = gpu_memory.plan(hf, gpu_memory.table_rows()[1], a)
     t = p["terms_gib"]
-    assert t["logits"] == 32 * 500 * 151_936 * 4 / GIB and round(t["logits"], 2) == 9.06
+    # a step's logits, not every step's (output_logits kept 32 x 500 x 151,936 x 4 B = 9.06 GiB):
+    # six (32, 151,936) float32 tensors, and 32 x 500 float32 log-probs
+    assert t["logits"] == (6 * 32 * 151_936 + 32 * 500) * 4 / GIB and round(t["logits"], 2) == 0.11
     assert t["kv_cache"] == 32 * 4096 * 55_296 / GIB and t["kv_prefill"] == 32 * 3596 * 55_296 / GIB
     assert t["prefill_transients"] == 32 * 3596 * (3 * 11_008 * 2 + 2 * 2048 * 4) / GIB
     assert t["rollout_weights"] == 0  # it samples from the policy's own weights
     # the update: the measured peak at 2 x 4,096 with a bf16 reference, 64.35 GiB, term by term
     assert math.isclose(p["update_peak_gib"], 64.35) and p["fits"] == "yes"
     resident = (4 + 8 + 2) * P3B / GIB  # weights, AdamW, reference: 40.24 (measured 40.4)
-    assert math.isclose(p["rollout_peak_gib"], resident + t["kv_cache"] + t["logits"])  # 56.04
+    m = p["moments_gib"]
+    assert math.isclose(m["D"], resident + t["kv_cache"] + t["logits"])  # 47.09 (was 56.04)
+    # the prefill is the rollout phase's peak now: 40.24 + 5.93 + 8.83 + 0.11 = 55.10
+    prefill = resident + t["kv_prefill"] + t["prefill_transients"] + t["logits"]
+    assert math.isclose(m["P"], prefill) and p["rollout_peak_gib"] == m["P"] > m["D"]
     assert math.isclose(p["sync_gib"], resident)
 
 
@@ -198,10 +249,12 @@ def test_the_plan_terms_on_the_tiny_shape():
     assert t["adamw"] == 8 * n / 2 / GIB and t["reference"] == 2 * n / GIB
     assert math.isclose(t["activations"], 0.5)
     assert t["fsdp_buffers"] == ((root + 2 * layer) * 2 + (root + layer) * 6) / GIB
-    assert t["engine"] == 0.3 * 10.0 and t["state_dict"] == 4 * n / GIB
+    # the streamed tensors: twice the largest (the embedding, 512 x 64) and its isfinite mask
+    assert gpu_memory.largest_tensor("tiny") == 32_768
+    assert t["engine"] == 0.3 * 10.0 and t["state_dict"] == 9 * 32_768 / GIB
     assert "ddp_buckets" not in t
     resident = (4 * n / 2 + 8 * n / 2 + 2 * n) / GIB + 3.0
-    assert math.isclose(p["moments_gib"]["W"], resident + 4 * n / GIB)
+    assert math.isclose(p["moments_gib"]["W"], resident + 9 * 32_768 / GIB)
     assert math.isclose(p["rollout_peak_gib"], resident)
     # DDP over 2 GPUs: whole state, and its buckets a second copy of the gradients
     ddp = Recipe("2 GPUs DDP", "", gpus=2, length=32, shape="tiny")
@@ -215,10 +268,10 @@ def test_the_plan_terms_on_the_tiny_shape():
     assert math.isclose(t["activations"], 0.25) and t["rollout_weights"] == 0
     assert t["kv_prefill"] == 4 * 24 * 384 / GIB and t["kv_cache"] == 4 * 32 * 384 / GIB
     assert t["prefill_transients"] == 4 * 24 * (3 * 160 * 2 + 2 * 64 * 4) / GIB
-    assert t["logits"] == 4 * 8 * 512 * 4 / GIB
+    assert t["logits"] == (6 * 4 * 512 + 4 * 8) * 4 / GIB  # a step's: six (4, 512), 4 x 8 kept
     resident = (4 + 8 + 2) * n / GIB
     m = p["moments_gib"]
-    assert math.isclose(m["P"], resident + t["kv_prefill"] + t["prefill_transients"])
+    assert math.isclose(m["P"], resident + t["kv_prefill"] + t["prefill_transients"] + t["logits"])
     assert math.isclose(m["D"], resident + t["kv_cache"] + t["logits"])
     assert p["rollout_peak_gib"] == max(m["P"], m["D"])
     assert math.isclose(p["update_peak_gib"], resident + 4 * n / GIB + 0.25)  # B: grads + acts
@@ -244,7 +297,7 @@ def test_plan_only_prints_every_term_labelled(capsys):
         assert terms and set(kinds) <= {"measured", "derived"}, block
         assert "ROLLOUT-PHASE peak" in lines[end]
     eight = next(b for b in blocks if "FSDP2 over 8 ranks" in b.splitlines()[0])
-    assert "update peak 50.91 (B 50.91, S 36.69)" in eight and "weight sync 45.32" in eight
+    assert "update peak 50.91 (B 50.91, S 36.69)" in eight and "weight sync 36.43" in eight
     for term in ("weights / 8", "gradients / 8", "AdamW exp_avg", "foreach temporaries / 8"):
         assert f" {term}" in eight
     assert "| 12.62 | measured |" in eight and "| 23.76 | derived |" in eight
