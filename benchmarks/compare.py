@@ -38,8 +38,9 @@ from several sittings' results.json files (their seeds in one report; each summa
 --report writes results.md and curves.png from one. Each evaluation's per-question outcomes stay in
 the run directories (runs/ARM/eval_stepN.jsonl; step 0's in logs/step0.json).
 
-The arms, the groups each table compares, the claims and the settings: compare_arms.py. The
-statistics (paired t, minimum detectable effect, Holm), tables and figure: compare_report.py.
+The arms, the groups and families each table compares, the claims and the settings:
+compare_arms.py; the tables and figure: compare_report.py; the statistics (paired t, interval,
+equivalence, pooled sd, detectable effect, Holm, Dunnett): compare_stats.py.
 """
 
 import ast

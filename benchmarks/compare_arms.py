@@ -1,8 +1,10 @@
 """What benchmarks/compare.py compares: the arms (each one's train.py flags and its name in the
 tables), the groups each table sets side by side, the papers' claims set beside ours, the settings
 (worlds) every seed runs in, and which budget definition each pairing matches. A new arm or claim is
-an edit here; the running is compare.py's, the statistics and tables compare_report.py's."""
+an edit here; the running is compare.py's, the tables compare_report.py's, the statistics
+compare_stats.py's."""
 
+import functools
 import re
 
 from advantages import CreditConfig
@@ -38,7 +40,8 @@ CANDIDATES = {  # --calibrate's knobs per method; the budget grows with G, trees
     "treeps": [f"--algo treeps --treeps_N {n} --treeps_retain 2" for n in (3, 4, 5)],
 }
 TREE, G4 = MATCHED["tree_grpo"], grpo(4)
-GROUPS = [  # (title, [(an arm's flags, the arms it is compared with, paired by seed)])
+GROUPS = [  # (title, [(an arm's flags, the arms it is compared with, paired by seed)]); an ablation
+    # is compared with its parent only (against GRPO G=4 it would test nothing a paper claims)
     (
         "Tree-GRPO's budget sweep (its Table 3): chains against trees at ~2, 4, 8 trajectories",
         [
@@ -59,19 +62,24 @@ GROUPS = [  # (title, [(an arm's flags, the arms it is compared with, paired by 
     (
         "Tree-GRPO's advantage (its Table 4): intra-tree, inter-tree, both",
         [
-            (TREE + " --tree_mode intra", (G4, TREE)),
-            (TREE + " --tree_mode inter", (G4, TREE)),
-            (TREE, (G4,)),
+            (TREE + " --tree_mode intra", (TREE,)),
+            (TREE + " --tree_mode inter", (TREE,)),
+            (TREE, ()),
         ],
     ),
     (
         "each paper's own ablation at the matched budget",
         [
-            (MATCHED["treeps"] + " --no_treeps_process", (MATCHED["treeps"], G4)),
-            (MATCHED["carl"] + " --carl_update_all", (MATCHED["carl"], G4)),
-            (MATCHED["branpo"] + " --no_branpo_rsm", (MATCHED["branpo"], G4)),
+            (MATCHED["treeps"] + " --no_treeps_process", (MATCHED["treeps"],)),
+            (MATCHED["carl"] + " --carl_update_all", (MATCHED["carl"],)),
+            (MATCHED["branpo"] + " --no_branpo_rsm", (MATCHED["branpo"],)),
         ],
     ),
+]
+FAMILIES = [  # (name, title, the GROUPS whose pairings it tests, Dunnett's test (else Holm's))
+    ("primary", "the five methods against GRPO G=4", (1,), True),
+    ("sweep", "Tree-GRPO's Table 3 sweep, each tree against its chains", (0,), False),
+    ("ablation", "each ablation against the method it ablates", (2, 3), False),
 ]
 SETS = {  # --arms NAME: a group's arms (with "matched", 1 h per pair of hard-setting seeds)
     "matched": [f for f, _ in GROUPS[1][1]],  # the five methods at GRPO G=4's budget
@@ -179,6 +187,7 @@ def algo_config(flags: str) -> tuple[RolloutConfig, CreditConfig]:
     return parse(RolloutConfig, CreditConfig, args=flags.split())
 
 
+@functools.cache  # parsing flags takes 40 ms; the tables ask for hundreds of names
 def arm_name(flags: str) -> str:
     """An arm's name in the tables, from its method's knobs (the defaults where unset)."""
     r, c = algo_config(flags)

@@ -1,12 +1,15 @@
-"""The comparison's statistics, tables and figure (benchmarks/compare.py runs the arms): each arm's
-summary per seed, the paired differences with their minimum detectable effect and Holm-adjusted p,
-the claims, costs and budgets tables, the learning curves, and --merge / --report, which rebuild
-them from results.json files alone.
+"""The comparison's tables and figure (benchmarks/compare.py runs the arms): each arm's summary
+per seed, the paired differences in their families of tests, the claims, costs and budgets tables,
+the learning curves, and --merge / --report, which rebuild them from results.json files alone.
 
-Statistics: every paired difference is tested by a two-sided paired t-test over the seeds, beside
-the minimum detectable effect at 80% power for its sd and seed count (noncentral t) and its p
-adjusted by Holm over the tests of one table (one measure at one step); "higher" / "lower" /
-"agrees" / "disagrees" only where the adjusted p is below 0.05.
+Families (FAMILIES in compare_arms.py; the statistics in compare_stats.py): at each measure, the
+primary family, the five methods against GRPO G=4, is tested by Dunnett's many-to-one test on the
+sd pooled over its six arms (the seed x arm residual: each row's own sd rests on n - 1 df); the
+secondary families, Tree-GRPO's Table 3 sweep and each ablation against its parent, by Holm over
+their rows' paired t-tests; the claims table by Holm over its claims. Beside each difference: its
+95% interval and its equivalence test at ±MARGIN; under each table, the difference each family
+detects at the α its adjusted p uses. "higher" / "lower" / "agrees" / "disagrees" only where the
+adjusted p is below 0.05.
 """
 
 import json
@@ -15,14 +18,13 @@ import os
 import re
 import statistics
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.figure import Figure
-from scipy import optimize, stats
 
 from benchmarks.compare_arms import (
     CLAIMS,
+    FAMILIES,
     G4,
     GROUPS,
     MATCHED,
@@ -30,6 +32,16 @@ from benchmarks.compare_arms import (
     arms,
     matched_by,
     nominal,
+)
+from benchmarks.compare_stats import (
+    ALPHA,
+    MARGIN,
+    POWER,
+    Family,
+    Paired,
+    family,
+    holm,
+    paired,
 )
 from infra import files
 
@@ -79,90 +91,31 @@ def mean_std(xs: list[float], fmt: str = ".3f") -> str:
     return f"{statistics.mean(xs):{fmt}} ± {statistics.stdev(xs):{fmt}}"
 
 
-ALPHA, POWER = 0.05, 0.8  # every test two-sided at ALPHA; the detectable effect at POWER
-
-
-@dataclass
-class Paired:
-    """The seeds' paired differences d = arm - reference of one measure (seed order)."""
-
-    d: list[float]
-
-    @property
-    def mean(self) -> float:
-        return statistics.mean(self.d)
-
-    @property
-    def sd(self) -> float:  # nan for one seed
-        return statistics.stdev(self.d) if len(self.d) > 1 else math.nan
-
-    @property
-    def se(self) -> float:
-        return self.sd / math.sqrt(len(self.d))
-
-    @property
-    def p(self) -> float:
-        """The paired t-test's two-sided p (t = mean / se, n - 1 degrees of freedom); nan for one
-        seed or no spread."""
-        if not self.se > 0:
-            return math.nan
-        return 2 * stats.t.sf(abs(self.mean / self.se), len(self.d) - 1)
-
-    @property
-    def mde(self) -> float:
-        """Minimum detectable effect: the true mean difference this test finds at ALPHA with
-        probability POWER, given the observed sd and seed count."""
-        return detectable(len(self.d)) * self.sd / math.sqrt(len(self.d))
-
-
-def paired(a: list[float], b: list[float]) -> Paired:
-    return Paired([x - y for x, y in zip(a, b)])
-
-
-def detectable(n: int) -> float:
-    """The true mean difference, in standard errors, that a two-sided paired t-test on n seeds
-    detects at ALPHA with probability POWER: the noncentrality delta where P(|T| > t_crit) = POWER
-    for T noncentral t (n - 1 degrees of freedom, delta). 3.761 for 5 seeds (the normal
-    approximation t_.975 + t_.80 = 2.776 + 0.941 = 3.717 is 1% short); nan for one seed."""
-    if n < 2:
-        return math.nan
-    df, crit = n - 1, stats.t.ppf(1 - ALPHA / 2, n - 1)
-    power = lambda nc: stats.nct.sf(crit, df, nc) + stats.nct.sf(crit, df, -nc)  # both tails
-    return optimize.brentq(lambda nc: power(nc) - POWER, 0.0, 1000.0)
-
-
-def holm(ps: list[float]) -> list[float]:
-    """Holm's step-down adjustment of one family's p-values (nan: not a test, not counted): the
-    k-th smallest of m is multiplied by m - k + 1, capped at 1 and never below the one before."""
-    tests = sorted((p, i) for i, p in enumerate(ps) if not math.isnan(p))
-    out, floor = [math.nan] * len(ps), 0.0
-    for k, (p, i) in enumerate(tests):
-        floor = out[i] = max(floor, min(1.0, (len(tests) - k) * p))
-    return out
-
-
-def reading(x: Paired, holm_p: float, fmt: str = ".3f", sign: int = 0) -> str:
-    """One line: "higher" / "lower" (or, against a claimed sign, "agrees" / "disagrees") where the
-    Holm-adjusted p is below ALPHA; the same "before correction only" where only the raw p is; else
-    "inconclusive" with the smallest difference these seeds would detect."""
+def reading(x: Paired, adjusted: float, sign: int = 0, tost: bool = True) -> str:
+    """One cell: "higher" / "lower" (or, against a claimed sign, "agrees" / "disagrees") where the
+    family's adjusted p is below ALPHA, the same "before correction only" where only the raw p is;
+    "within ±MARGIN" where the equivalence test's p is below ALPHA (`tost`); else "inconclusive"."""
     if math.isnan(x.p):
         return "no test (one seed or no spread)"
     word = ("higher", "lower")[x.mean < 0]
     if sign:
         word = ("agrees", "disagrees")[x.mean * sign < 0]
-    if holm_p < ALPHA:
-        return word
-    if x.p < ALPHA:
-        return f"{word} before correction only"
-    return f"inconclusive: would detect ≥ {x.mde:{fmt}}"
+    words = [word] if adjusted < ALPHA else [f"{word} before correction only"] * (x.p < ALPHA)
+    words += [f"within ±{MARGIN:g}"] * (tost and x.tost() < ALPHA)
+    return "; ".join(words) or "inconclusive"
 
 
 def cells(x: Paired, fmt: str = ".3f") -> list[str]:
-    """Mean ± standard error, sd, minimum detectable effect, raw p; one seed: the difference."""
+    """Mean ± standard error, the 95% interval, raw p; one seed: the difference."""
     if len(x.d) < 2:
-        return [f"{x.mean:+{fmt}} (1 seed)", "-", "-", "-"]
+        return [f"{x.mean:+{fmt}} (1 seed)", "-", "-"]
     p = "-" if math.isnan(x.p) else f"{x.p:.3f}"
-    return [f"{x.mean:+{fmt}} ± {x.se:{fmt}}", f"{x.sd:{fmt}}", f"{x.mde:{fmt}}", p]
+    lo, hi = x.ci()
+    return [f"{x.mean:+{fmt}} ± {x.se:{fmt}}", f"[{lo:+{fmt}}, {hi:+{fmt}}]", p]
+
+
+def number(x: float, fmt: str = ".3f") -> str:
+    return "-" if math.isnan(x) else f"{x:{fmt}}"
 
 
 def row(*cells) -> str:
@@ -200,30 +153,49 @@ def em_tables(runs: dict[str, list[dict]]) -> list[str]:
     return out
 
 
-def pairs(runs: dict[str, list[dict]]) -> list[tuple[str, str]]:
-    """Every (arm, reference) of GROUPS once, both run."""
-    every = dict.fromkeys(
-        (arm_name(f), arm_name(r)) for _, members in GROUPS for f, refs in members for r in refs
+def families(runs: dict[str, list[dict]], pick) -> list[tuple[str, str, Family]]:
+    """Each family of FAMILIES whose pairings these runs hold, tested on the measure pick(summary)
+    (compare_stats.family): its name, its title, its tests."""
+    out = []
+    for name, title, groups, dunnett in FAMILIES:
+        pairs = dict.fromkeys(
+            (arm_name(f), arm_name(r))
+            for g in groups
+            for f, refs in GROUPS[g][1]
+            for r in refs
+            if arm_name(f) in runs and arm_name(r) in runs
+        )
+        if pairs:
+            values = {n: [pick(s) for s in runs[n]] for pair in pairs for n in pair}
+            out.append((name, title, family(values, list(pairs), dunnett)))
+    return out
+
+
+def family_line(name: str, title: str, f: Family) -> str:
+    """A family's test and what it detects, in one line."""
+    k, arms = len(f.tests), len({n for pair in f.tests for n in pair})
+    how = (
+        f"Dunnett over {k} on the pooled sd, critical t {number(f.crit, '.2f')} ({f.test_df} df)"
+        if f.dunnett
+        else f"Holm over {k}, the smallest p tested at {ALPHA:g}/{k} on its row's own sd "
+        f"({f.test_df} df)"
     )
-    return [p for p in every if p[0] in runs and p[1] in runs]
+    return (
+        f"- {name} ({title}): {how}. The sd of a paired difference pooled over its {arms} arms "
+        f"(seed × arm residual × √2, {f.df} df): {number(f.sd)}; at that sd, {POWER:.0%} power "
+        f"at this α detects {number(f.mde)}, at p < {ALPHA} alone {number(f.mde_alone)}"
+    )
 
 
 SIGNIFICANCE = (
-    f"sd: of the seeds' differences; MDE: the difference a two-sided paired t-test on these seeds "
-    f"detects at p < {ALPHA} with {POWER:.0%} power, for that sd; p: the paired t-test's; Holm p: "
-    f"adjusted over the table's tests (Holm's step-down); arm > ref: seeds where the arm is ahead. "
-    f'"higher" / "lower" where the Holm p is below {ALPHA}'
+    "Δ ± se, the 95% interval and p: the paired t-test over seeds on the row's own sd; TOST p: "
+    f"Schuirmann's two one-sided tests against ±{MARGIN} (below {ALPHA}: the 90% interval lies "
+    "within it); adjusted p: within the row's family of tests (family): primary, Dunnett's test "
+    "on the sd pooled over the family's arms; sweep and ablation, Holm over the family's rows; "
+    f'arm > ref: seeds where the arm is ahead. "higher" / "lower" where the adjusted p is below '
+    f'{ALPHA}, "within ±{MARGIN}" where the TOST p is. Under each table, what each family '
+    "detects"
 )
-
-
-def family(runs: dict[str, list[dict]], pick) -> dict[tuple[str, str], tuple[Paired, float]]:
-    """One table's tests: every (arm, reference) of GROUPS -> the seeds' paired differences of
-    pick(summary) and their Holm-adjusted p over the family."""
-    diffs = {
-        (arm, ref): paired([pick(s) for s in runs[arm]], [pick(s) for s in runs[ref]])
-        for arm, ref in pairs(runs)
-    }
-    return dict(zip(diffs, zip(diffs.values(), holm([x.p for x in diffs.values()]))))
 
 
 def difference_table(runs: dict[str, list[dict]]) -> list[str]:
@@ -240,23 +212,31 @@ def difference_table(runs: dict[str, list[dict]]) -> list[str]:
     picks = picks[early == end :]  # evaluated at step 0 and the end only: one table
     out = [
         "### Paired differences, arm − reference on the same seeds: one table per measure, each "
-        "its own family of tests",
+        "row in one family of tests",
         "",
         SIGNIFICANCE + ".",
         "",
     ]
+    head = ["family", "arm", "reference", "Δ ± se", "95% CI", "p", "adjusted p", "TOST p"]
     for title, pick in picks:
-        out += [
-            f"**{title}**",
-            "",
-            row("arm", "reference", "Δ ± se", "sd", "MDE", "p", "Holm p", "arm > ref", "reading"),
-            row(*["---"] * 9),
-        ]
-        for (arm, ref), (x, h) in family(runs, pick).items():
-            ahead = f"{sum(v > 0 for v in x.d)}/{len(x.d)}"
-            h_text = "-" if math.isnan(h) else f"{h:.3f}"
-            out.append(row(arm, ref, *cells(x), h_text, ahead, reading(x, h)))
-        out.append("")
+        out += [f"**{title}**", "", row(*head, "arm > ref", "reading"), row(*["---"] * 10)]
+        every = families(runs, pick)
+        for name, _, f in every:
+            for (arm, ref), (x, adjusted) in f.tests.items():
+                ahead = f"{sum(v > 0 for v in x.d)}/{len(x.d)}"
+                out.append(
+                    row(
+                        name,
+                        arm,
+                        ref,
+                        *cells(x),
+                        number(adjusted),
+                        number(x.tost()),
+                        ahead,
+                        reading(x, adjusted),
+                    )
+                )
+        out += ["", *(family_line(*f) for f in every), ""]
     return out
 
 
@@ -276,19 +256,19 @@ def claims_table(runs: dict[str, list[dict]]) -> list[str]:
         "ratio of means in brackets); Holm p over the table's claims; "
         '"agrees" / "disagrees" where the Holm p is below ' + f"{ALPHA}",
         "",
-        row("claim", "measure", "ours: arm − reference", "Δ ± se", "MDE", "p", "Holm p", "here"),
+        row("claim", "measure", "ours: arm − reference", "Δ ± se", "95% CI", "p", "Holm p", "here"),
         row(*["---"] * 8),
     ]
     for (claim, arm, ref, m, sign), x, h in zip(claims, diffs, adjusted):
         fmt = ".3f" if m in ("em", "multihop") else ".2f"
-        delta, _, mde, p = cells(x, fmt)
+        delta, ci, p = cells(x, fmt)
         if m not in ("em", "multihop"):
             ratio = statistics.mean(measure(s, m) for s in runs[arm]) / statistics.mean(
                 measure(s, m) for s in runs[ref]
             )
             delta += f" ({ratio - 1:+.0%})"
-        h_text = "-" if math.isnan(h) else f"{h:.3f}"
-        out.append(row(claim, m, f"{arm} − {ref}", delta, mde, p, h_text, reading(x, h, fmt, sign)))
+        here = reading(x, h, sign, tost=False)
+        out.append(row(claim, m, f"{arm} − {ref}", delta, ci, p, number(h), here))
     return out + [""]
 
 
@@ -314,7 +294,8 @@ def cost_table(runs: dict[str, list[dict]], walls: dict[str, list[float]]) -> li
     target = budget(runs, arm_name(G4)) if arm_name(G4) in runs else math.nan
     out = [
         "### Cost per arm: means over steps and seeds; seconds per RL step split as BranPO's "
-        "Table 8",
+        "Table 8 (seconds as the arms ran: --jobs at a time, in a fixed order, not a timing "
+        "experiment)",
         "",
         row(
             "arm",
@@ -322,10 +303,11 @@ def cost_table(runs: dict[str, list[dict]], walls: dict[str, list[float]]) -> li
             "vs GRPO G=4",
             *(c[0] for c in COST[1:]),
             "step s",
+            "rollout ms / generated token",
             "whole run: generated tokens, tool calls",
             "arm wall min",
         ),
-        row(*["---"] * (len(COST) + 5)),
+        row(*["---"] * (len(COST) + 6)),
     ]
     for arm, seeds in runs.items():
         cells = [f"{statistics.mean(s['means'][k] for s in seeds):{fmt}}" for _, k, fmt in COST]
@@ -334,6 +316,10 @@ def cost_table(runs: dict[str, list[dict]], walls: dict[str, list[float]]) -> li
             for s in seeds
         )
         total = statistics.mean(s["tokens"][max(s["tokens"])] for s in seeds)
+        per_token = statistics.mean(  # the run's rollout seconds over its generated tokens
+            s["means"]["train/time_rollout"] * max(s["tokens"]) / s["tokens"][max(s["tokens"])]
+            for s in seeds
+        )
         calls = statistics.mean(s["calls"] for s in seeds)
         vs = "-" if math.isnan(target) else f"{budget(runs, arm) / target - 1:+.0%}"
         out.append(
@@ -343,6 +329,7 @@ def cost_table(runs: dict[str, list[dict]], walls: dict[str, list[float]]) -> li
                 vs,
                 *cells[1:],
                 f"{step_s:.2f}",
+                f"{1000 * per_token:.2f}",
                 f"{total / 1000:.1f}k, {calls:.0f}",
                 f"{statistics.mean(walls[arm]) / 60:.1f}",
             )

@@ -1,7 +1,8 @@
-"""benchmarks/compare.py with compare_arms.py and compare_report.py: the statistics by hand, the
-arms, the result keys, step 0 measured once by eval.py, seeds of separate sittings merged, and the
---quick smoke run (end to end, resumed, refused under other settings)."""
+"""benchmarks/compare.py with compare_arms.py, compare_report.py and compare_stats.py: the
+statistics by hand, the arms, the result keys, step 0 measured once by eval.py, seeds of separate
+sittings merged, and the --quick smoke run (end to end, resumed, refused under other settings)."""
 
+import functools
 import json
 import math
 import statistics
@@ -11,10 +12,21 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
+from scipy import stats
 
 from benchmarks import compare, compare_arms, compare_report
-from benchmarks.compare_report import cells, detectable, holm, paired, reading
+from benchmarks.compare_report import cells, reading
+from benchmarks.compare_stats import (
+    detectable,
+    dunnett_critical,
+    dunnett_p,
+    family,
+    holm,
+    paired,
+    residual_sd,
+)
 from infra import data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,15 +39,22 @@ def test_paired_difference_by_hand():
     x = paired([0.5, 0.6, 0.7], [0.4, 0.4, 0.5])
     assert x.mean == pytest.approx(1 / 6) and x.se == pytest.approx(1 / 30)
     assert x.p == pytest.approx(1 - 5 / math.sqrt(27))
-    assert cells(x)[0] == "+0.167 ± 0.033" and cells(x)[3] == "0.038"
-    # one test in its family: Holm leaves p as it is; below 0.05 either way
+    # the 95% interval: with 2 df the t quantile is (2q - 1) / sqrt(2 q (1 - q)), at q = .975
+    # .95 / sqrt(.04875) = 4.3027; 1/6 -+ 4.3027 / 30 = 1/6 -+ .14342 = [.02324, .31009]
+    assert x.ci() == pytest.approx((1 / 6 - 4.3027 / 30, 1 / 6 + 4.3027 / 30), abs=1e-5)
+    assert cells(x) == ["+0.167 ± 0.033", "[+0.023, +0.310]", "0.038"]
+    # TOST at -+0.05: t = (1/6 + .05) / (1/30) = 6.5 and (1/6 - .05) / (1/30) = 3.5; the larger
+    # one-sided p is the second's, P(T <= 3.5) = 1/2 + t / (2 sqrt(2 + t^2)) = .5 + 3.5 / 7.5498
+    # = .96359 (2 df): not within -+0.05
+    assert x.tost() == pytest.approx(0.5 + 3.5 / (2 * math.sqrt(14.25)))
+    # one test in its family: adjusted p = p; below 0.05 either way
     assert reading(x, x.p) == "higher" and reading(x, x.p, sign=-1) == "disagrees"
     x = paired([0.7], [0.5])  # one seed: no test, never a verdict
     assert math.isnan(x.p) and reading(x, math.nan) == "no test (one seed or no spread)"
-    assert cells(x)[0] == "+0.200 (1 seed)"
+    assert cells(x)[0] == "+0.200 (1 seed)" and math.isnan(x.tost())
 
 
-def test_detectable_effect_and_holm_on_a_hand_made_table():
+def test_detectable_effect_holm_and_equivalence_on_a_hand_made_table():
     # Three comparisons on 5 seeds, d = arm - reference per seed. With 4 degrees of freedom the
     # t-test's two-sided p has a closed form: x = t / sqrt(4 + t^2), p = 1 - 1.5 x + 0.5 x^3.
     # A: d = [0, .02, .04, .06, .08]: mean .04; deviations -.04 -.02 0 .02 .04, squares .004,
@@ -55,15 +74,15 @@ def test_detectable_effect_and_holm_on_a_hand_made_table():
     x = {k: paired(d, zero) for k, d in table.items()}
     for k, sd, p in (("A", 0.031623, 0.04743), ("B", 0.031623, 0.51852), ("C", 0.015811, 0.00211)):
         assert x[k].sd == pytest.approx(sd, abs=1e-6) and x[k].p == pytest.approx(p, abs=1e-5)
-    # The minimum detectable effect at 80% power, alpha .05, 5 seeds: 3.761 standard errors (the
-    # noncentral t's root; the normal-style approximation t_.975 + t_.80 = 2.776 + .941 = 3.717 is
-    # 1% under it). A and B: 3.761 x .014142 = .0532; C: 3.761 x .0070711 = .0266.
-    assert detectable(5) == pytest.approx(3.761, abs=1e-3)
-    assert 2.776 + 0.941 < detectable(5) < 1.02 * (2.776 + 0.941)
-    assert x["A"].mde == pytest.approx(0.0532, abs=1e-4) == x["B"].mde
-    assert x["C"].mde == pytest.approx(0.0266, abs=1e-4)
-    # The hard setting's paired sd at step 15, 0.038 on 5 seeds: 3.761 x .038 / sqrt(5) = .0639
-    assert detectable(5) * 0.038 / math.sqrt(5) == pytest.approx(0.0639, abs=1e-4)
+    # The detectable effect at 80% power, alpha .05, 5 seeds (4 df, critical t 2.776): 3.761
+    # standard errors (the noncentral t's root; the normal-style approximation t_.975 + t_.80 =
+    # 2.776 + .941 = 3.717 is 1% under it). A and B: 3.761 x .014142 = .0532; C: .0266.
+    five = detectable(4, stats.t.ppf(0.975, 4))
+    assert five == pytest.approx(3.761, abs=1e-3) and 2.776 + 0.941 < five < 1.02 * 3.717
+    assert five * x["A"].se == pytest.approx(0.0532, abs=1e-4)
+    # at the alpha of the smallest of 17 Holm-adjusted tests, .05 / 17 (critical t 6.08 on 4
+    # df): 8.1 standard errors
+    assert detectable(4, stats.t.ppf(1 - 0.05 / 34, 4)) == pytest.approx(8.1, abs=0.05)
     # Holm over the three, smallest p first: C 3 x .00211 = .00633; A 2 x .04743 = .09486;
     # B 1 x .51852 = .51852 (never below the one before it). A nan (no test) is not counted.
     adjusted = holm([x["A"].p, x["B"].p, math.nan, x["C"].p])
@@ -72,11 +91,76 @@ def test_detectable_effect_and_holm_on_a_hand_made_table():
     assert adjusted[3] == pytest.approx(0.00633, abs=1e-4)
     assert holm([0.04, 0.01, 0.03]) == pytest.approx([0.06, 0.03, 0.06])  # 3x, 2x: .06
     assert holm([0.5, 0.9]) == [1.0, 1.0]  # 2 x .5 = 1; .9 is raised to the 1 before it
-    # readings: C survives Holm; A only before it; B cannot be told from 0, or from .0532
+    # TOST at -+.05 on 4 df, each one-sided p half a two-sided p above: A, mean .04: t = (.04 -
+    # .05) / .014142 = -.70711, P(T <= -.70711) = .51852 / 2 = .25926: not within. B, mean .01:
+    # t = (.01 - .05) / .014142 = -2.8284, P = .04743 / 2 = .02371 (the other side, t = 4.2426,
+    # is smaller): within -+.05; its 90% interval .01 -+ 2.1318 x .014142 = [-.0201, .0401]
+    assert x["A"].tost() == pytest.approx(0.25926, abs=1e-5)
+    assert x["B"].tost() == pytest.approx(0.02371, abs=1e-5)
+    assert x["B"].ci(0.9) == pytest.approx((0.01 - 0.030148, 0.01 + 0.030148), abs=1e-5)
+    # the 95% interval of A: .04 -+ 2.7764 x .014142 = [.00074, .07926]
+    assert x["A"].ci() == pytest.approx((0.00074, 0.07926), abs=1e-5)
+    # readings: C survives Holm; A only before it; B cannot be told from 0 but is within .05
     assert reading(x["C"], adjusted[3]) == "higher"
     assert reading(x["A"], adjusted[0]) == "higher before correction only"
-    assert reading(x["B"], adjusted[1]) == "inconclusive: would detect ≥ 0.053"
+    assert reading(x["B"], adjusted[1]) == "within ±0.05"
+    assert reading(x["B"], adjusted[1], tost=False) == "inconclusive"
     assert reading(x["A"], adjusted[0], sign=-1) == "disagrees before correction only"
+
+
+def test_the_seed_by_arm_residual_by_hand():
+    # two arms on three seeds: A [.5, .6, .7], B [.4, .4, .5]. Arm means .6, .43333; seed means
+    # .45, .5, .6; grand mean .51667. Residual y - arm - seed + grand, A: .5 - .6 - .45 + .51667
+    # = -.03333, .6 - .6 - .5 + .51667 = .01667, .7 - .6 - .6 + .51667 = .01667; B the
+    # negatives. Sum of squares 2 (.0011111 + 2 x .00027778) = .0033333 on (2 - 1)(3 - 1) = 2 df:
+    # sd sqrt(.0016667) = .040825, and x sqrt 2 = .057735, the sd of the paired differences
+    # [.1, .2, .2] (test_paired_difference_by_hand): with two arms the two are one
+    sd, df = residual_sd([[0.5, 0.6, 0.7], [0.4, 0.4, 0.5]])
+    assert df == 2 and sd == pytest.approx(0.040825, abs=1e-6)
+    assert sd * math.sqrt(2) == pytest.approx(paired([0.5, 0.6, 0.7], [0.4, 0.4, 0.5]).sd)
+    # a third arm C = A + .1: seed means .5, .56667, .66667, grand mean .57778; residuals of A
+    # and of C: .5 - .6 - .5 + .57778 = -.02222, .01111, .01111; of B: .4 - .43333 - .5 + .57778
+    # = .04444, -.02222, -.02222. Sum of squares 2 x .00074074 + .0029630 = .0044444 on
+    # (3 - 1)(3 - 1) = 4 df: sd sqrt(.0011111) = .033333
+    sd, df = residual_sd([[0.5, 0.6, 0.7], [0.4, 0.4, 0.5], [0.6, 0.7, 0.8]])
+    assert df == 4 and sd == pytest.approx(0.033333, abs=1e-6)
+    assert residual_sd([[0.5], [0.4]]) == (pytest.approx(math.nan, nan_ok=True), 0)
+
+
+def test_dunnett_against_students_t_and_a_second_method():
+    # one arm against the control: Dunnett is Student's t. 4 df: t_.975 = 2.7764; and the
+    # adjusted p of t = 2 sqrt 2 is the plain two-sided p, .04743 (the hand-made table's A)
+    assert dunnett_critical(1, 4) == pytest.approx(stats.t.ppf(0.975, 4), abs=1e-6)
+    assert dunnett_p(2 * math.sqrt(2), 1, 4) == pytest.approx(0.04743, abs=1e-5)
+    # five arms against one: 2.735 on 20 df (6 arms on 5 seeds), 2.635 on 35 (8 seeds); the same
+    # from scipy's multivariate t (quasi-Monte Carlo), whose T_i correlate 1/2 (a shared control)
+    for df, c in ((20, 2.735), (35, 2.635)):
+        assert dunnett_critical(5, df) == pytest.approx(c, abs=5e-4)
+        shape = np.full((5, 5), 0.5) + 0.5 * np.eye(5)
+        mvt = stats.multivariate_t(np.zeros(5), shape, df=df, seed=0)
+        cover = mvt.cdf(np.full(5, c), lower_limit=np.full(5, -c))
+        assert cover == pytest.approx(0.95, abs=1e-3)
+    # p at the critical value is ALPHA; a larger |t| a smaller p
+    assert dunnett_p(dunnett_critical(5, 20), 5, 20) == pytest.approx(0.05, abs=1e-9)
+    assert dunnett_p(-3.5, 5, 20) < 0.05 < dunnett_p(2.0, 5, 20) < 1
+
+
+def test_a_family_of_two_arms_is_the_paired_test():
+    # with one pair the pooled sd is the pair's own (test_the_seed_by_arm_residual_by_hand) and
+    # Dunnett over one is the plain t-test: the adjusted p is the paired p, 1 - 5 / sqrt(27)
+    values = {"A": [0.5, 0.6, 0.7], "B": [0.4, 0.4, 0.5]}
+    for dunnett in (True, False):
+        f = family(values, [("A", "B")], dunnett)
+        x, adjusted = f.tests["A", "B"]
+        assert adjusted == pytest.approx(x.p) == pytest.approx(1 - 5 / math.sqrt(27))
+        assert f.sd == pytest.approx(x.sd) and f.df == f.test_df == 2
+        # its detectable effect at alpha .05 on 2 df, at the pooled se 1/30
+        assert f.mde == pytest.approx(detectable(2, stats.t.ppf(0.975, 2)) / 30)
+    # a Holm family of two: the smallest p is tested at .05 / 2
+    values["C"] = [0.4, 0.5, 0.5]
+    f = family(values, [("A", "B"), ("A", "C")], dunnett=False)
+    assert f.crit == pytest.approx(stats.t.ppf(1 - 0.05 / 4, 2))
+    assert [h for _, h in f.tests.values()] == holm([x.p for x, _ in f.tests.values()])
 
 
 @pytest.mark.parametrize(
@@ -91,7 +175,8 @@ def test_detectable_effect_and_holm_on_a_hand_made_table():
             5,
             15,
             "0, 5, 10, 15",
-            "| Tree-GRPO (1,2,1) | GRPO G=2 | +0.044 ± 0.015 | 0.034 | 0.058 | 0.044 | 0.752 |",
+            "| sweep | Tree-GRPO (1,2,1) | GRPO G=2 | +0.044 ± 0.015 | [+0.002, +0.087] | 0.044 | "
+            "0.133 |",
         ),
         # seeds 5-7 of the matched arms (steps 0 and 15) merged with the five: 6 arms, 2 steps
         (
@@ -128,79 +213,198 @@ def test_report_regenerates_each_settings_tables_byte_for_byte(
     assert len(runs) == arms and {len(s) for s in runs.values()} == {seeds}
 
 
-def result_rows() -> list[list[str]]:
-    """The rows of docs/comparison.md's result table (The result: seeds 0–4), as cells."""
-    text = (ROOT / "docs" / "comparison.md").read_text()
-    table = text[text.index("| arm | reference | matched by |") :].split("\n\n")[0]
+def table_rows(text: str, header: str) -> list[list[str]]:
+    """The rows of the markdown table in `text` whose header line starts with `header`, as cells."""
+    table = text[text.index(header) :].split("\n\n")[0]
     return [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
 
 
-def seeds_needed(sd: float, effect: float = 0.02) -> int:
-    """The fewest seeds at which a paired t-test detects `effect` at 80% power, given sd."""
-    n = 2
-    while compare_report.detectable(n) * sd / math.sqrt(n) > effect:
-        n += 1
-    return n
+@functools.cache
+def committed() -> tuple[dict, dict]:
+    """The committed runs, the default's five seeds, the hard setting's five and its eight (seeds
+    5-7 of the matched arms merged in), as compare_report.merge reads them; and their families of
+    tests of EM at step 15 (setting -> family name -> compare_stats.Family)."""
+    docs = ROOT / "docs"
+    hard = [str(docs / "comparison_hard.json")]
+    runs = {
+        "default": compare_report.merge([str(docs / "comparison_default.json")], None)[3],
+        "hard": compare_report.merge(hard, None)[3],
+        "hard8": compare_report.merge(hard + [str(docs / "comparison_hard_seeds5-7.json")], "hard")[
+            3
+        ],
+    }
+    em = lambda s: compare_report.measure(s, "em")
+    fam = {k: {n: f for n, _, f in compare_report.families(r, em)} for k, r in runs.items()}
+    return runs, fam
 
 
-def test_the_comparison_result_table_is_the_committed_numbers():
-    # every cell of every row but the labels, recomputed from docs/comparison_default.json and
-    # docs/comparison_hard.json: the tokens ratio in each setting (mean over steps and seeds,
-    # against the reference), the paired Δ EM at step 15 ± se (MDE) in each, and on hard its p /
-    # Holm p over the 17 step-15 tests and the multi-hop Δ
-    def ratio(runs, arm, ref) -> str:
-        x = compare_report.budget(runs, arm) / compare_report.budget(runs, ref) - 1
+MATCHED = ["Tree-GRPO (2,1,1)", "Tree-GRPO (2,2,1)", "BranPO N=2", "CARL (1,6)", "TreePS (3,2)"]
+COMPARISON = (ROOT / "docs" / "comparison.md").read_text()
+WORDS = " ".join(COMPARISON.split())  # the prose, its line breaks as spaces
+
+
+def test_the_comparison_result_tables_are_the_committed_numbers():
+    # every cell of docs/comparison.md's two result tables but the labels, recomputed from the
+    # committed runs: the primary family at step 15 in three columns (default, hard on 5 and 8
+    # seeds), with the line under it; the secondary families on five seeds
+    runs, fam = committed()
+    pick = lambda s: compare_report.measure(s, "multihop")
+    multihop = {n: f for n, _, f in compare_report.families(runs["hard"], pick)}
+
+    def ratio(setting, arm, ref) -> str:
+        r = runs[setting]
+        x = compare_report.budget(r, arm) / compare_report.budget(r, ref) - 1
         return "±0%" if round(100 * x) == 0 else f"{x:+.0%}"
 
-    def family(setting: str, measure: str) -> dict:
-        return compare_report.family(runs[setting], lambda s: compare_report.measure(s, measure))
+    def interval(x) -> str:
+        lo, hi = x.ci()
+        return f"{x.mean:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
-    docs = ROOT / "docs"
-    runs = {
-        s: compare_report.merge([str(docs / f"comparison_{s}.json")], s)[3]
-        for s in ("default", "hard")
-    }
-    em, multihop = {s: family(s, "em") for s in runs}, family("hard", "multihop")
-    rows = result_rows()
-    assert len(rows) == 9
-    for label, ref, _, tokens, default, hard, p_holm, multi in rows:
+    rows = table_rows(COMPARISON, "| arm | matched by |")
+    assert [r[0] for r in rows] == MATCHED
+    for arm, _, tokens, *columns, tost, dunnett in rows:
+        assert tokens == f"{ratio('default', arm, 'GRPO G=4')}, {ratio('hard', arm, 'GRPO G=4')}"
+        tests = [fam[k]["primary"].tests[arm, "GRPO G=4"] for k in ("default", "hard", "hard8")]
+        assert columns == [interval(x) for x, _ in tests], arm
+        assert tost == ", ".join("yes" if x.tost() < 0.05 else "no" for x, _ in tests), arm
+        assert dunnett == ", ".join(f"{p:.2f}" for _, p in tests), arm
+    primary = [fam[k]["primary"] for k in ("default", "hard", "hard8")]
+    join = lambda xs, fmt=".3f": ", ".join(f"{x:{fmt}}" for x in xs)
+    assert [f.df for f in primary] == [20, 20, 35]
+    assert (
+        f"(the seed × arm residual × √2; 20, 20 and 35 df): {join(f.sd for f in primary)}. "
+        f"Dunnett's critical t: {join((f.crit for f in primary), '.2f')}. At those sd the seeds "
+        f"detect {join(f.mde for f in primary)} EM with 80% power at Dunnett's α, and "
+        f"{join(f.mde_alone for f in primary)} at p < 0.05 alone"
+    ) in WORDS
+    rows = table_rows(COMPARISON, "| arm | reference | family |")
+    assert len(rows) == 7
+    for label, ref, name, default, hard, p_holm, multi in rows:
         arm = label if label[0] != "(" else "Tree-GRPO " + label
-        assert tokens == f"{ratio(runs['default'], arm, ref)}, {ratio(runs['hard'], arm, ref)}"
-        for setting, cell in (("default", default), ("hard", hard)):
-            x = em[setting][arm, ref][0]
-            assert cell == f"{x.mean:+.3f} ± {x.se:.3f} ({x.mde:.3f})", (setting, arm)
-        x, h = em["hard"][arm, ref]
-        assert p_holm == f"{x.p:.3f} / " + ("1" if h > 0.9995 else f"{h:.2f}")
-        y = multihop[arm, ref][0]
-        assert multi == f"{y.mean:+.3f} ± {y.se:.3f}"
-    # the text's "no comparison survives Holm": the smallest adjusted p at step 15 per setting
-    assert min(h for _, h in em["default"].values()) > 0.9995
-    assert round(min(h for _, h in em["hard"].values()), 2) == 0.75
-    # "+0.02 needs ≈ N seeds": the four token-matched methods' median paired sd at step 15, on the
-    # hard setting's five seeds (31 at 0.038) and on its eight (seeds 5-7 merged in)
-    text = (docs / "comparison.md").read_text()
-    eight = compare_report.merge(
-        [str(docs / "comparison_hard.json"), str(docs / "comparison_hard_seeds5-7.json")], "hard"
-    )[3]
-    matched = ["Tree-GRPO (2,1,1)", "BranPO N=2", "CARL (1,6)", "TreePS (3,2)"]
-    for setting_runs, seeds, at in ((runs["hard"], 31, "0.038"), (eight, 45, "0.047")):
-        step15 = compare_report.family(setting_runs, lambda s: compare_report.measure(s, "em"))
-        sds = [step15[arm, "GRPO G=4"][0].sd for arm in matched]
-        assert f"{statistics.median(sds):.3f}" == at
-        assert seeds_needed(statistics.median(sds)) == seeds
-    needed = [seeds_needed(sd) for sd in sds]  # the eight seeds', method by method
-    words = " ".join(text.split())
-    assert "about 31 seeds for 80% at sd 0.038" in words
-    assert "a +0.02 difference needs ≈ 45 seeds" in words
-    assert f"0.047 ({min(needed)}–{max(needed)} seeds across them)" in words
-    # on hard's five seeds the four are all above zero at step 5; at step 15 TreePS (3,2) is not
-    step5 = compare_report.family(runs["hard"], lambda s: s["evals"][5]["eval/em"])
-    assert all(step5[arm, "GRPO G=4"][0].mean > 0 for arm in matched)
-    at15 = {arm: em["hard"][arm, "GRPO G=4"][0].mean for arm in matched}
-    assert [arm for arm, d in at15.items() if d <= 0] == ["TreePS (3,2)"]
-    assert f"{at15['TreePS (3,2)']:.4f}" == "-0.0004" and "TreePS (3,2) is −0.0004" in words
+        x, h = fam["hard"][name].tests[arm, ref]
+        assert default == interval(fam["default"][name].tests[arm, ref][0]) and hard == interval(x)
+        assert p_holm == f"{x.p:.3f} / " + ("1" if h > 0.9995 else f"{h:.2f}"), arm
+        y = multihop[name].tests[arm, ref][0]
+        assert multi == f"{y.mean:+.3f} ± {y.se:.3f}", arm
+
+
+def test_what_the_comparison_says_of_the_primary_family_is_the_committed_numbers():
+    runs, fam = committed()
+    tests = {k: fam[k]["primary"].tests for k in fam}
+    # the smallest Dunnett p at step 15, BranPO's on hard's five seeds; Holm over the five rows'
+    # own p: 5 x .1689 = .844 (5 x the printed .169 would give .85)
+    smallest = min(p for t in tests.values() for _, p in t.values())
+    assert smallest == tests["hard"]["BranPO N=2", "GRPO G=4"][1] and f"{smallest:.2f}" == "0.29"
+    own = holm([x.p for x, _ in tests["hard"].values()])
+    assert f"{min(own):.3f}" == "0.844" and "Holm over the five rows' own p gives 0.84" in WORDS
+    # TOST: all five on the default; (2,2,1) and TreePS on hard's five seeds; all but CARL on eight
+    within = {k: [a for (a, _), (x, _) in t.items() if x.tost() < 0.05] for k, t in tests.items()}
+    assert within["default"] == MATCHED and within["hard"] == [MATCHED[1], MATCHED[4]]
+    assert within["hard8"] == [a for a in MATCHED if a != "CARL (1,6)"]
+    lo, hi = tests["hard8"]["CARL (1,6)", "GRPO G=4"][0].ci(0.9)
+    assert f"[{lo:+.3f}, {hi:+.3f}]" == "[-0.064, +0.023]"
+    assert "CARL is not (90% interval [−0.064, +0.023])" in WORDS
+    high = {a: f"{x.ci()[1]:+.3f}" for (a, _), (x, _) in tests["hard"].items()}
+    assert (high["BranPO N=2"], high["Tree-GRPO (2,1,1)"], high["CARL (1,6)"]) == (
+        "+0.075",
+        "+0.066",
+        "+0.066",
+    )
+    # +0.02 EM at hard's eight-seed pooled sd: 41 seeds at p < .05 alone, 59 at Dunnett's alpha
+    # (the primary family on n seeds: 6 arms, 5 (n - 1) df)
+    sd = fam["hard8"]["primary"].sd
+
+    def detects(n: int, dunnett: bool) -> bool:
+        df = 5 * (n - 1)
+        crit = dunnett_critical(5, df) if dunnett else stats.t.ppf(0.975, df)
+        return detectable(df, crit) * sd / math.sqrt(n) <= 0.02
+
+    assert detects(41, False) and not detects(40, False)
+    assert detects(59, True) and not detects(58, True)
+    assert f"+0.02 would need about 41 seeds at p < 0.05 alone at hard's pooled sd ({sd:.3f})" in (
+        WORDS
+    )
+    # a sd on 4 df: the true sd lies within .60-2.87 times it (95%: sqrt(4 / the chi2 quantiles));
+    # BranPO's own sd on the default, .008, gave a detectable effect of .014 (3.761 se); pooled .033
+    factors = [math.sqrt(4 / stats.chi2.ppf(q, 4)) for q in (0.975, 0.025)]
+    assert [f"{f:.2f}" for f in factors] == ["0.60", "2.87"]
+    branpo = tests["default"]["BranPO N=2", "GRPO G=4"][0]
+    own_mde = detectable(4, stats.t.ppf(0.975, 4)) * branpo.se
+    pooled = fam["default"]["primary"].sd
+    assert [f"{v:.3f}" for v in (branpo.sd, own_mde, pooled)] == ["0.008", "0.014", "0.033"]
+    # on five seeds TreePS (3,2) is the one below zero at step 15; on eight, three are
+    at15 = {a: tests["hard"][a, "GRPO G=4"][0].mean for a in MATCHED}
+    assert [a for a, v in at15.items() if v <= 0] == ["TreePS (3,2)"]
+    assert f"{at15['TreePS (3,2)']:.4f}" == "-0.0004" and "TreePS (3,2) at −0.0004" in WORDS
+    five = ", ".join(f"{v:+.3f}" for v in list(at15.values())[:4]) + ", −0.0004"
+    eight = ", ".join(f"{tests['hard8'][a, 'GRPO G=4'][0].mean:+.3f}" for a in MATCHED)
+    said = f"the estimates were {five} ((2,1,1), (2,2,1), BranPO, CARL, TreePS); on eight, {eight}"
+    assert said.replace("-", "−") in WORDS
+    assert f"every Dunnett p is {min(p for _, p in tests['hard8'].values()):.2f} or more" in WORDS
+
+
+def test_what_the_comparison_says_of_the_earlier_tables_and_the_timings_is_the_committed_numbers():
+    runs, fam = committed()
+    # the earlier tables: 17 pairings (these 12 and the 5 ablations against GRPO G=4) x 4 measures
+    # x 2 settings = 136 paired tests, 4 of them with raw p < .05 ((1,2,1) twice on hard, CARL
+    # update-all twice on the default), where chance alone gives .05 x 136 = 6.8
+    ablations = [a for a in runs["default"] if " only" in a or " no " in a or "-all" in a]
+    pairs = [p for f in fam["default"].values() for p in f.tests]
+    earlier = list(dict.fromkeys(pairs + [(a, "GRPO G=4") for a in ablations]))
+    assert len(ablations) == 5 and len(earlier) == 17
+    raw = []
+    for setting, top in (("default", 4), ("hard", 6)):
+        picks = [
+            lambda s: s["evals"][5]["eval/em"],
+            lambda s: compare_report.measure(s, "em"),
+            lambda s: compare_report.measure(s, "multihop"),
+            lambda s, top=top: compare_report.last(s)[f"eval/em_hop{top}"],
+        ]
+        r = runs[setting]
+        for pick in picks:
+            raw += [paired([pick(s) for s in r[a]], [pick(s) for s in r[b]]).p for a, b in earlier]
+    assert len(raw) == 136 and sum(p < 0.05 for p in raw) == 4
+    assert "one of 4 raw p < 0.05 among the 136 paired EM tests" in WORDS
+    # (1,2,1) - GRPO G=2, multi-hop, pooled over the settings: the mean of the two means, its se
+    # from the settings' own variances (8 df): +.015 +- .013, p .29; the settings differ, p .017
+    d = [
+        paired(
+            [compare_report.measure(s, "multihop") for s in runs[k]["Tree-GRPO (1,2,1)"]],
+            [compare_report.measure(s, "multihop") for s in runs[k]["GRPO G=2"]],
+        )
+        for k in ("default", "hard")
+    ]
+    mean, se = (d[0].mean + d[1].mean) / 2, math.sqrt(d[0].se ** 2 + d[1].se ** 2) / 2
+    p = 2 * stats.t.sf(abs(mean / se), 8)
+    between = 2 * stats.t.sf(abs(d[1].mean - d[0].mean) / (2 * se), 8)
+    said = f"pooled over both settings {mean:+.3f} ± {se:.3f}, p {p:.2f}, with a setting × arm"
+    assert f"{said} interaction of p {between:.3f}" in WORDS and f"{between:.3f}" == "0.017"
+    # on hard's five seeds the four token-matched methods are all ahead at step 5 (Dunnett p
+    # .31-.53): one event, their paired differences correlate .69 on average (.28 to .93)
+    four = ["Tree-GRPO (2,1,1)", "BranPO N=2", "CARL (1,6)", "TreePS (3,2)"]
+    step5 = compare_report.families(runs["hard"], lambda s: s["evals"][5]["eval/em"])
+    at5 = [dict((n, f) for n, _, f in step5)["primary"].tests[a, "GRPO G=4"] for a in four]
+    assert all(x.mean > 0 for x, _ in at5)
+    assert f"Dunnett p {min(p for _, p in at5):.2f}–{max(p for _, p in at5):.2f})" in WORDS
+    corr = np.corrcoef([x.d for x, _ in at5])[np.triu_indices(4, 1)]
+    assert [f"{c:.2f}" for c in (corr.mean(), corr.min(), corr.max())] == ["0.69", "0.28", "0.93"]
+    assert "correlate 0.69 on average (0.28 to 0.93)" in WORDS
+
+    # BranPO's rollout per generated token (the cost tables' column) and its extra tokens
+    def per_token(setting, arm):
+        return 1000 * statistics.mean(
+            s["means"]["train/time_rollout"] * max(s["tokens"]) / s["tokens"][max(s["tokens"])]
+            for s in runs[setting][arm]
+        )
+
+    ms = [f"{per_token(k, a):.2f}" for k in ("default", "hard") for a in ("BranPO N=2", "GRPO G=4")]
+    assert "1.49 against 0.97 ms on the default, 1.47 against 0.93 on hard" in WORDS
+    assert ms == ["1.49", "0.97", "1.47", "0.93"]
+    tokens = {k: compare_report.budget(runs[k], "BranPO N=2") for k in ("default", "hard")}
+    extra = [tokens[k] / compare_report.budget(runs[k], "GRPO G=4") - 1 for k in tokens]
+    assert [f"{x:.0%}" for x in extra] == ["14%", "32%"] and "14–32% more tokens" in WORDS
     # BranPO's Table 8 Holm p (0.006, 0.069, 0.13) is over each setting's claims table: 11 claims
-    assert len(compare_arms.CLAIMS) == 11 and "Holm over each setting's 11 claims" in words
+    assert len(compare_arms.CLAIMS) == 11 and "Holm over each setting's 11 claims" in WORDS
 
 
 def test_report_reproduces_a_run_of_the_default_setting_as_written(tmp_path):
