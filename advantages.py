@@ -1,11 +1,12 @@
 """Credit assignment: one function per paper, from the rollout trees of ONE prompt to per-step
 advantages.
 
-Each function (grpo, tree_grpo, branpo, carl, treeps) returns one `Trajectory` per trained leaf:
-the advantage multiplying each step's tokens in that trajectory's loss, None where the step is not
-trained there. They are not pure: each also writes, on the trees it is given, and nothing else,
+Each function (grpo, gigpo, tree_grpo, arpo, branpo, carl, treeps, at2po) returns one
+`Trajectory` per trained leaf: the advantage multiplying each step's tokens in that trajectory's
+loss, None where the step is not trained there. They are not pure: each also writes, on the trees
+it is given, and nothing else,
 - `value` on every node: its method's V(n) where it defines one (BranPO's r_base on a prefix end,
-  CARL's V on every node, TreePS-RAG's V on every node), else None;
+  CARL's, TreePS-RAG's and AT2PO's V on every node), else None;
 - `advantage` on every node: the one advantage every trajectory that trains it uses, else None;
 for tree.render, the command line and the pictures. Never `reward`. No model or optimizer code.
 
@@ -20,11 +21,18 @@ Deviations from the papers, each cited by its name (argued in docs/paper_code.md
 - carl-phase1: CARL's first-phase chains are trained (Eqs. 13/15), not left out (App. C.1)
 - first-untruncated: a step trained once is trained in the first trajectory not `truncated`
 - treeps-sampled: TreePS-RAG trains the drawn paths (every leaf of an unmarked tree)
+- gigpo-exact-state: GiGPO's anchor states match exactly by key (official search code: similarity)
+- gigpo-episode-stats: GiGPO's Eq. 3 statistics are per trajectory (official code: over step rows)
+- at2po-unbiased-std: AT2PO z-scores leaves with the unbiased std (official code: population std)
+- at2po-ppo-loss: AT2PO's credit trains under our token PPO loss, not its turn-level GSPO objective
+- arpo-hard-once: ARPO's hard credit trains a shared step once, with its leaves' mean advantage
+- treepo-unwhitened: TreePO's advantages are not whitened over the batch (official code: they are)
 """
 
 import math
 import runpy
 from dataclasses import dataclass
+from statistics import fmean
 from typing import Literal
 
 import torch
@@ -37,8 +45,8 @@ from tree import Node, Trajectory, Tree, leaves, path, scored_leaves, truncated,
 class CreditConfig:
     """Every paper's credit options, one name each (--algo, the rollout knobs: RolloutConfig)."""
 
-    tree_mode: Literal["both", "intra", "inter"] = "both"
-    """Tree-GRPO advantage: intra + inter (paper), or one of them (Table 4 ablation)."""
+    tree_mode: Literal["both", "intra", "inter", "treepo"] = "both"
+    """Tree-GRPO advantage: intra + inter (paper), one of them (Table 4), or TreePO's subgroups."""
     branpo_norm: Literal["prompt", "prefix"] = "prompt"
     """BranPO: branch advantage normalized per prompt (Eq. 12) or per prefix (Algorithm 1)."""
     branpo_skip_empty_base: bool = False
@@ -51,6 +59,16 @@ class CreditConfig:
     """CARL: train the forked actions of the N0 first chains (Eqs. 13, 15); False: App. C.1."""
     treeps_process: bool = True
     """TreePS-RAG: process advantage (False = GRPO over its trajectories, Table 2 ablation)."""
+    gigpo_state: Literal["obs", "docs"] = "obs"
+    """GiGPO: a step's anchor state, its parent's observation text or retrieved doc-id set."""
+    gigpo_step_rows: bool = False
+    """GiGPO: Eq. 3's statistics over step rows (a chain of T steps T times), as its code."""
+    at2po_value: Literal["entropy", "child", "leaf"] = "entropy"
+    """AT2PO: V(n), the entropy-softmax-weighted or plain child mean, or the mean leaf."""
+    at2po_advantage: Literal["value", "parent", "root", "both"] = "value"
+    """AT2PO: A(n) = V(n), V(n) - V(parent), V(n) - V(root), or the sum of the last two."""
+    arpo_credit: Literal["soft", "hard"] = "soft"
+    """ARPO: soft (GRPO over the leaves) or hard (a shared step: its leaves' mean, once)."""
 
     __post_init__ = flags.check_choices  # a choice no field has: refused, in Python calls too
 
@@ -93,6 +111,16 @@ def _mark_node_advantages(trajectories: list[Trajectory]) -> list[Trajectory]:
     return trajectories
 
 
+def _refuse_branching(trees: list[Tree], method: str) -> None:
+    """A method of GRPO chains (grpo, gigpo) refuses a tree that branches, naming where."""
+    for t in trees:
+        if branching := [n.id for n in walk(t.root) if len(n.children) > 1]:
+            raise ValueError(
+                f"{method} expects chains, but tree {t.root.id!r} branches at {branching}; "
+                f"use tree_grpo (or treeps with process=False) for trees"
+            )
+
+
 # --------------------------------------------------------------------------------------------------
 
 
@@ -101,14 +129,60 @@ def grpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     over the G trajectories of the prompt, broadcast to every step of trajectory i. Each tree must
     be a chain. GRPO has no option in `cfg`."""
     scored = _reset(trees)
-    for t in trees:
-        if branching := [n.id for n in walk(t.root) if len(n.children) > 1]:
-            raise ValueError(
-                f"grpo expects chains, but tree {t.root.id!r} branches at {branching}; "
-                f"use tree_grpo (or treeps with process=False) for trees"
-            )
+    _refuse_branching(trees, "grpo")
     A = group_normalize([leaf.reward for leaf in scored])  # one A_i per trajectory, G = len(scored)
     return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(scored, A)])
+
+
+GIGPO_GAMMA = 0.95  # GiGPO's discount γ (Eq. 5) in its search-agent setting
+GIGPO_OMEGA = 1.0  # GiGPO's weight ω of the step advantage (Eq. 8), the paper's
+
+
+def _anchor_state(step: Node, cfg: CreditConfig):
+    """GiGPO's anchor state of `step`, the state it was taken from, as a key that matches exactly
+    (gigpo-exact-state): the question for a first step; else the parent's observation text, or with
+    `cfg.gigpo_state="docs"` the set of doc ids the parent retrieved (its text if it retrieved
+    none)."""
+    parent = step.parent
+    if parent.parent is None:
+        return None  # the prompt: every chain's first step is taken from the question
+    if cfg.gigpo_state == "docs" and parent.doc_ids:
+        return frozenset(parent.doc_ids)
+    return parent.obs_text
+
+
+def gigpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
+    """GiGPO (Feng et al. 2025, §4) on GRPO chains (each tree a chain, as `grpo`), step t of chain i
+    (T_i steps, reward R_i at its end) taken from anchor state s_t^i:
+        A^E(τ_i)   = (R_i - mean_j R_j) / std_j R_j, j over the prompt's chains          (Eq. 3)
+        R_t^i      = γ^(T_i - t) R_i, the discounted return of a reward at the end       (Eq. 5)
+        G^S(s)     = {(a_t^j, R_t^j) : s_t^j = s}, the steps taken from the same state  (Eq. 6)
+        A^S(a_t^i) = (R_t^i - mean over G^S(s_t^i)) / std over G^S(s_t^i)               (Eq. 7)
+        A(a_t^i)   = A^E(τ_i) + ω A^S(a_t^i)                     (Eq. 8; γ, ω: GIGPO_*)
+    F_norm is the std (its search setting), unbiased, + 1e-6; a group of one gets 0
+    (group-of-one): a step from a state no other chain visited has A^S = 0. Anchor states:
+    `_anchor_state` (`cfg.gigpo_state`). `cfg.gigpo_step_rows`: Eq. 3's statistics over step rows,
+    a chain of T steps counted T times, as the official code (gigpo-episode-stats). Each step is
+    trained in its one chain. With ω = 0 and per-chain statistics, this is GRPO."""
+    scored = _reset(trees)
+    _refuse_branching(trees, "gigpo")
+    rows = [leaf for leaf in scored for _ in range(leaf.depth if cfg.gigpo_step_rows else 1)]
+    A_E = dict(zip(rows, group_normalize([leaf.reward for leaf in rows])))  # Eq. 3: leaf -> A^E
+    R_t = {
+        s: GIGPO_GAMMA ** (leaf.depth - s.depth) * leaf.reward
+        for leaf in scored
+        for s in path(leaf)
+    }
+    groups: dict[object, list[Node]] = {}  # anchor state -> G^S, its steps (Eq. 6)
+    for step in R_t:
+        groups.setdefault(_anchor_state(step, cfg), []).append(step)
+    A_S = {s: a for G in groups.values() for s, a in zip(G, group_normalize([R_t[s] for s in G]))}
+    return _mark_node_advantages(
+        [
+            Trajectory(leaf, [A_E[leaf] + GIGPO_OMEGA * A_S[s] for s in path(leaf)])
+            for leaf in scored
+        ]
+    )
 
 
 def tree_grpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
@@ -116,7 +190,7 @@ def tree_grpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     leaves of H_i's own tree T_i (intra) and over the leaves of all M trees of the prompt (inter).
     Each root-to-leaf trajectory H_i is trained with its own A_tree(H_i): a prefix shared by k
     leaves is trained k times, as in the paper's objective. `cfg.tree_mode` = "intra" or "inter" is
-    the Table 4 ablation (inter alone is GRPO over the tree leaves)."""
+    the Table 4 ablation (inter alone is GRPO over the tree leaves); "treepo" is TreePO's credit."""
     scored = _reset(trees)
     inter = group_normalize([leaf.reward for leaf in scored])  # G_inter: the leaves of all M trees
     # G_intra(T_i)
@@ -124,8 +198,47 @@ def tree_grpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
         a for t in trees for a in group_normalize([leaf.reward for leaf in scored_leaves(t.root)])
     ]
     both = [a + b for a, b in zip(intra, inter)]
-    A = {"both": both, "intra": intra, "inter": inter}[cfg.tree_mode]
+    if cfg.tree_mode == "treepo":
+        A = _treepo(trees, scored)
+    else:
+        A = {"both": both, "intra": intra, "inter": inter}[cfg.tree_mode]
     return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(scored, A)])
+
+
+def _treepo(trees: list[Tree], scored: list[Node]) -> list[float]:
+    """TreePO's tree-based advantage (Li et al. 2025, Fig. 3) of each scored leaf i:
+        A_i = (1/|J_i|) Σ_{j ∈ J_i} (R_i - mean_{k ∈ G_j} R_k)
+    over its ancestor subgroups G_j (an ancestor's scored leaves): the prompt's (all its trees'
+    leaves) always, each ancestor below it (a tree's root when the prompt has several trees, then
+    each step above the leaf) only with more than one leaf. No std (treepo-unwhitened)."""
+    prompt = fmean(leaf.reward for leaf in scored)  # the root subgroup's mean
+    A = []
+    for leaf in scored:
+        steps = path(leaf)
+        above = ([steps[0].parent] if len(trees) > 1 else []) + steps[:-1]
+        groups = [G for n in above if len(G := scored_leaves(n)) > 1]
+        means = [prompt] + [fmean(x.reward for x in G) for G in groups]
+        A.append(fmean(leaf.reward - m for m in means))  # 1/|J_i| Σ_j
+    return A
+
+
+def arpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
+    """ARPO (Dong et al. 2025, §3, advantage attribution) on the prompt's trees, leaf j scored:
+        Â_j  = (R_j - mean R) / std R over every scored leaf of the prompt
+        soft: trajectory j trains each of its steps with Â_j (GRPO over the leaves, exactly
+              `tree_grpo` with tree_mode "inter"), so a step shared by d leaves is trained d times
+        hard: step n gets Â(n) = (1/d) Σ_{j ∈ L(n)} Â_j over the d scored leaves L(n) below it
+              (an unshared step: its leaf's Â_j), trained once (arpo-hard-once, first-untruncated)
+    `cfg.arpo_credit`; soft is the paper's default, hard its text's alternative (no code)."""
+    scored = _reset(trees)
+    A = dict(zip(scored, group_normalize([j.reward for j in scored])))  # Â_j
+    if cfg.arpo_credit == "soft":
+        return _mark_node_advantages([Trajectory(j, [A[j]] * j.depth) for j in scored])
+    owner = _first_trained(scored)
+    mean = {s: fmean(A[j] for j in scored_leaves(s)) for s in owner}  # (1/d) Σ_j Â_j
+    return _mark_node_advantages(
+        [Trajectory(j, [mean[s] if owner[s] is j else None for s in path(j)]) for j in scored]
+    )
 
 
 def _prefix_ends(trees: list[Tree]) -> list[Node]:
@@ -276,6 +389,49 @@ def treeps(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     return _mark_node_advantages(
         [Trajectory(leaf, [A[step] for step in path(leaf)]) for leaf in chosen]
     )
+
+
+def _at2po_value(n: Node, children: list[Node], mode: str) -> float:
+    """AT2PO's V(n) of an inner node from its `children` with a value (`cfg.at2po_value`)."""
+    if mode == "leaf":
+        L = scored_leaves(n)
+        return sum(leaf.value for leaf in L) / len(L)
+    if mode == "child":
+        return sum(c.value for c in children) / len(children)
+    # H(c): step c's mean token NLL, as AT2PO's rollout measures it (0 without log-probs)
+    H = [-sum(c.logprobs) / len(c.logprobs) if c.logprobs else 0.0 for c in children]
+    w = torch.softmax(torch.tensor(H, dtype=torch.float64), 0)  # (children,)
+    return float((w * torch.tensor([c.value for c in children], dtype=torch.float64)).sum())
+
+
+def at2po(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
+    """AT2PO (Zong et al. 2026, turn-wise credit assignment) on each tree T of the prompt:
+        V(leaf) = (R - mean_T R) / (std_T R + 1e-6), leaves z-scored within T (at2po-unbiased-std)
+        V(n)    = Σ_c softmax_c(H(c)) V(c)   "entropy": H(c) the mean token NLL of child step c
+                  mean_c V(c)                "child"
+                  mean_{leaf ∈ L(n)} V(leaf) "leaf"              (cfg.at2po_value)
+        A(n)    = V(n) | V(n) - V(parent) | V(n) - V(root) | both differences summed
+                  "value" | "parent" | "root" | "both"         (cfg.at2po_advantage)
+    c over n's children that have a value (not those whose every leaf was discarded). Every step of
+    every scored trajectory is trained with its A(n), a shared step once per trajectory, as the
+    official code; its turn-level GSPO objective is not our loss (at2po-ppo-loss). The defaults are
+    the paper's run: child softmax over entropies, the value as the advantage."""
+    scored = _reset(trees)
+    A: dict[Node, float] = {}
+    for t in trees:
+        L = scored_leaves(t.root)
+        for leaf, z in zip(L, group_normalize([leaf.reward for leaf in L])):
+            leaf.value = z
+        nodes = list(walk(t.root))
+        for n in reversed(nodes):  # every child before its parent
+            if n.children and (valued := [c for c in n.children if c.value is not None]):
+                n.value = _at2po_value(n, valued, cfg.at2po_value)
+        for n in nodes[1:]:  # the steps; the root is the prompt
+            if n.value is not None:
+                local, glob = n.value - n.parent.value, n.value - t.root.value
+                modes = {"value": n.value, "parent": local, "root": glob, "both": local + glob}
+                A[n] = modes[cfg.at2po_advantage]
+    return _mark_node_advantages([Trajectory(leaf, [A[s] for s in path(leaf)]) for leaf in scored])
 
 
 # python advantages.py --demo | --algo ALGO --trees FILE | --budget M,N,L: scripts/credit.py

@@ -6,9 +6,9 @@ The agent speaks Search-R1's protocol (<think>, <search> query </search>, <infor
 below reads a step's text into its action).
 `Agent.step` advances a frontier of nodes across all prompts by one step with ONE batched engine
 call and ONE batched retriever call; `Agent.run` steps until every branch has ended. A strategy
-(chain for GRPO, tree_grpo, branpo, carl, treeps) picks the nodes to continue from; a chain is the
-degenerate tree. ALGOS, the algorithm registry, pairs each with its credit function in
-advantages.py; each reads its knobs from the RolloutConfig (or CreditConfig) it is given.
+(chain for GRPO and GiGPO, tree_grpo, branpo, carl, treeps, at2po, arpo) picks the nodes to continue
+from; a chain is the degenerate tree. ALGOS, the algorithm registry, pairs each with its credit
+function in advantages.py; each reads its knobs from the RolloutConfig (or CreditConfig) given.
 
 Abnormal outcomes ("Cut the Bill" §5.4), each a flag on the node and a counter: too_many_calls,
 parse_error, repeated_query (5.4.1) and max_turns (5.4.3) stop with reward 0; env_error (retrieval
@@ -27,6 +27,10 @@ Deviations from the papers, each cited by its name (argued in docs/paper_code.md
 - format-penalty: -0.5 for format breaks and answers without search; other abnormal ends keep 0
 - expand-without-replacement: N expansion nodes drawn without replacement (`--tree_replace`: with)
 - squad-reward: SQuAD's EM / F1 on the best golden answer, Unicode punctuation, HotpotQA's yes / no
+- at2po-truncated-leaf: a step whose observation overflows the token budget is a leaf, not resampled
+- arpo-entropy: H is a step's mean sampled-token NLL, not the normalised top-10 entropy of 20 tokens
+- arpo-branch-step: ΔH is the tool-calling step's (the official code's), not the step's after it
+- arpo-initial-entropy: ΔH against the first step of its own chain or branch, in this rollout only
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from copy import copy
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 from scipy.cluster.hierarchy import cut_tree, linkage
@@ -58,8 +63,11 @@ from infra.squad import exact_match, token_f1  # the outcome reward's EM and F1 
 from retriever import RetrievalError
 from tree import Node, Tree, context_ids, path, scored_leaves, walk
 
-Algorithm = Literal["grpo", "tree_grpo", "branpo", "carl", "treeps"]  # --algo: ALGOS's names
+# --algo: ALGOS's names
+Algorithm = Literal["grpo", "tree_grpo", "branpo", "carl", "treeps", "gigpo", "at2po", "arpo"]
 CORRECT_F1 = 0.8  # BranPO App. A.1: "an F1 score of 0.8 is used as a threshold" for correctness
+AT2PO_ALPHA = 0.05  # AT2PO: branching penalty per existing sibling (official code's constant)
+ARPO_BEAM, ARPO_BETA, ARPO_TAU = 2, 0.2, 0.5  # ARPO: beam size, ΔH weight, threshold (official run)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -220,13 +228,13 @@ class RolloutConfig:
     algo: Algorithm = "tree_grpo"
     """Which paper: its rollout strategy below and its credit function (ALGOS, the registry)."""
     grpo_G: int = 8
-    """GRPO: trajectories per prompt (Search-R1: 5; Cut the Bill: 8)."""
+    """GRPO: trajectories per prompt (Search-R1: 5; Cut the Bill: 8); ARPO: initial chains."""
     tree_M: int = 2
-    """Tree-GRPO: trees per prompt (paper default (M, N, L) = (2, 2, 1))."""
+    """Tree-GRPO: trees per prompt (paper default (M, N, L) = (2, 2, 1)); AT2PO: initial chains."""
     tree_N: int = 2
-    """Tree-GRPO: expansions per tree per round."""
+    """Tree-GRPO, AT2PO: expansions per tree per round."""
     tree_L: int = 1
-    """Tree-GRPO: expansion rounds."""
+    """Tree-GRPO, AT2PO: expansion rounds."""
     tree_replace: bool = False
     """Tree-GRPO: draw the N expansion nodes with replacement (official code: random.choices)."""
     branpo_N: int = 4
@@ -245,15 +253,19 @@ class RolloutConfig:
     """TreePS-RAG: depth limit D <= max_turns + 1; 0 = max_turns + 1 (the paper uses D = 4)."""
     treeps_train: int = 0
     """TreePS-RAG: root-to-leaf paths sampled for training (§2.3); 0 = treeps_N, as the paper."""
+    at2po_leaves: int = 0
+    """AT2PO: leaves per tree, pruned or padded to (official run: 22); 0 = M + L N, as grown."""
+    arpo_M: int = 16
+    """ARPO: trajectories per prompt in all, the initial chains included (official run: 16)."""
 
 
 RULES = protocol.RULES + [  # flags.check: AgentConfig's (infra/protocol.py), RolloutConfig's
     (
-        "grpo_G tree_M tree_N branpo_N carl_N0 treeps_N treeps_retain",
+        "grpo_G tree_M tree_N branpo_N carl_N0 treeps_N treeps_retain arpo_M",
         "an integer >= 1",
         lambda v: v >= 1,
     ),
-    ("tree_L carl_N treeps_D treeps_train", "an integer >= 0", lambda v: v >= 0),
+    ("tree_L carl_N treeps_D treeps_train at2po_leaves", "an integer >= 0", lambda v: v >= 0),
 ]
 
 
@@ -487,6 +499,83 @@ def treeps(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> li
     return [[t] for t in trees]
 
 
+def at2po_pick(tree: Tree, n: int) -> list[Node]:
+    """AT2PO's selection (official `sample_expansion_nodes`, "entropy"): the n best of the root and
+    the non-leaf steps by H(x) - alpha (siblings - 1), H = `_action_nll` (the root's 0), siblings
+    its parent's children (the root's: its own); ties go breadth first; too few candidates cycle."""
+    score = lambda x: _action_nll(x) - AT2PO_ALPHA * max(0, len((x.parent or x).children) - 1)
+    ranked = sorted((x for x in walk(tree.root) if x.children), key=lambda x: (-score(x), x.depth))
+    return [ranked[k % len(ranked)] for k in range(n)]
+
+
+def at2po_fit(tree: Tree, k: int, rng: random.Random):
+    """AT2PO's fixed leaf count (official `sample_leaves`): of more than k leaves (breadth first), k
+    drawn with `rng` are kept and the others pruned, with the steps left without a leaf; fewer are
+    padded with copies of the last leaf (breadth first) as its siblings, trained as trajectories."""
+    leaves = sorted(tree.leaves(), key=lambda x: x.depth)  # breadth first: by depth, stable
+    keep = rng.sample(leaves, k) if len(leaves) > k else leaves
+    for node in (x for x in leaves if x not in keep):
+        while len(node.parent.children) == 1 and node.parent.parent is not None:
+            node = node.parent  # the highest step with no other leaf below
+        node.parent.children.remove(node)
+    last = leaves[-1]  # copied field by field but for id, parent and children (fields 0-2)
+    for _ in range(k - len(leaves)):
+        last.parent.add_child(**{f.name: copy(getattr(last, f.name)) for f in fields(Node)[3:]})
+
+
+def at2po(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list[list[Tree]]:
+    """AT2PO §3, Entropy-Guided Tree Expansion (official code: the offline tree search of
+    vllm_rollout_with_tools_tree_offline.py), one tree per prompt: M chains from the root, then L
+    rounds in which each tree's N nodes picked by `at2po_pick` are resampled, each by one new full
+    continuation from its parent (the root: from itself), all trees in one batch; ended steps are
+    leaves (at2po-truncated-leaf). `at2po_fit` then prunes or pads each tree to K leaves. M, N, L,
+    K: cfg.tree_M, tree_N, tree_L, at2po_leaves (0: M + L N, the leaves grown)."""
+    M, N, L = cfg.tree_M, cfg.tree_N, cfg.tree_L
+    trees = [agent.new_tree(ex, f"p{i}") for i, ex in enumerate(examples)]
+    agent.run([(t, t.root) for t in trees for _ in range(M)])
+    for _ in range(L):  # a step picked is sampled again from its parent; the root from itself
+        agent.run([(t, x.parent or x) for t in trees for x in at2po_pick(t, N)])
+    for t in trees:
+        at2po_fit(t, cfg.at2po_leaves or M + L * N, rng)
+    return [[t] for t in trees]
+
+
+def arpo_branch(heads: list, made: list[int], roots: list[Node], M: int, rng: random.Random):
+    """ARPO's adaptive beaming (official "Apply beam search" block), after a wave. heads: the open
+    (prompt, step, first), first the first step of its chain or branch; made: trajectories started
+    per prompt, updated. Prompt by prompt (first appearance), while fewer than M, each step branches
+    ARPO_BEAM - 1 times if U - beta ΔH <= tau, U = rng.random(), ΔH = H(step) - H(first), H =
+    `_action_nll`; a prompt with no open step starts a chain. Returns the new heads."""
+    new = []
+    for i in dict.fromkeys(i for i, _, _ in heads):
+        for step, first in [(s, f) for j, s, f in heads if j == i]:
+            dH = _action_nll(step) - _action_nll(first)
+            for _ in range(ARPO_BEAM - 1):
+                if made[i] < M and rng.random() - ARPO_BETA * dH <= ARPO_TAU:
+                    new.append((i, step, None))  # its first step: not sampled yet
+                    made[i] += 1
+    for i in (i for i in range(len(roots)) if made[i] < M and all(i != j for j, _, _ in heads)):
+        new.append((i, roots[i], None))
+        made[i] += 1
+    return new
+
+
+def arpo(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list[list[Tree]]:
+    """ARPO §3, Entropy-based Adaptive Rollout (official code: vllm_rollout_with_tools.py), one tree
+    per prompt of M trajectories: N = min(grpo_G, M) chains from the root, stepped a wave at a time,
+    every prompt's open steps (searches with their observation) in one batch; after each wave
+    `arpo_branch` branches open steps by their entropy change ΔH and starts a chain for a prompt
+    with none open (arpo-entropy, arpo-branch-step, arpo-initial-entropy). N, M: grpo_G, arpo_M."""
+    M, trees = cfg.arpo_M, [agent.new_tree(ex, f"p{i}") for i, ex in enumerate(examples)]
+    made = [min(cfg.grpo_G, M)] * len(trees)  # trajectories started per prompt
+    heads = [(i, t.root, None) for i, t in enumerate(trees) for _ in range(made[i])]
+    while heads:  # (prompt, node, the first step of its chain or branch, None before it)
+        steps = zip(heads, agent.step([(trees[i], node) for i, node, _ in heads]))
+        heads = [(i, x, first or x) for (i, _, first), (_, x) in steps if not x.ended]
+        heads += arpo_branch(heads, made, [t.root for t in trees], M, rng)
+    return [[t] for t in trees]
+
+
 # --------------------------------------------------------------------------------------------------
 # The algorithm registry: --algo picks one entry, train.py's loop calls it.
 
@@ -505,4 +594,7 @@ ALGOS = {
     "branpo": Algo(branpo, advantages.branpo),
     "carl": Algo(carl, advantages.carl),
     "treeps": Algo(treeps, advantages.treeps),
+    "gigpo": Algo(chain, advantages.gigpo),  # GiGPO's groups come from plain GRPO chains
+    "at2po": Algo(at2po, advantages.at2po),
+    "arpo": Algo(arpo, advantages.arpo),
 }

@@ -20,8 +20,9 @@ by a hash of its ids). SE(A*) = sqrt(SE(V(s'))^2 + SE(V(s))^2), each the K rewar
 One set of trees per prompt ("shared"), grown by --strategy at the comparison's matched budget
 (benchmarks/compare_arms.py's MATCHED), is credited by every credit function that can read it:
 GRPO (the trees' root-to-leaf paths copied into chains, as `python advantages.py --demo` does),
-Tree-GRPO both / intra / inter, CARL, TreePS-RAG, and BranPO where `prefix_end` marks exist (its
-own trees only). This isolates credit from rollout. --own adds each method on its own strategy's
+Tree-GRPO both / intra / inter (inter is ARPO's soft credit), CARL, TreePS-RAG, GiGPO (on the
+chains, as GRPO), AT2PO, ARPO hard, TreePO, and BranPO where `prefix_end` marks exist (its own trees
+only). This isolates credit from rollout. --own adds each method on its own strategy's
 trees at the matched budget (rollout and credit together). A method's credit on a step is what its
 tokens receive in the loss (`tree.step_credit`: the sum over the trajectories that train it).
 
@@ -93,9 +94,15 @@ SHARED = {
     "CARL": ("carl", CreditConfig()),
     "TreePS": ("treeps", CreditConfig()),
     "BranPO": ("branpo", CreditConfig()),  # where rollout.branpo marked the prefix ends
+    "GiGPO": ("gigpo", CreditConfig()),  # on the chains, as GRPO; a node's copies share its state
+    "AT2PO": ("at2po", CreditConfig()),
+    "ARPO hard": ("arpo", CreditConfig(arpo_credit="hard")),  # ARPO soft: Tree-GRPO inter
+    "TreePO": ("tree_grpo", CreditConfig(tree_mode="treepo")),
 }
+ON_CHAINS = ("grpo", "gigpo")  # the credits of GRPO chains: given the trees' paths as chains
 OWN = {"grpo": "GRPO", "tree_grpo": "Tree-GRPO", "branpo": "BranPO", "carl": "CARL"}
-OWN["treeps"] = "TreePS"  # --own: the credit each strategy's trees are trained with
+OWN["treeps"] = "TreePS"  # --own: the credit each strategy's trees are trained with (the later
+# methods have no matched budget yet: benchmarks/compare_arms.py's MATCHED)
 GROUP_ROWS = 512  # continuations sampled together (one agent.run): prompts are grouped to ~this
 HF_BATCH = 256  # rows per HF generate call (train.py's engine: 32); larger, the same distribution
 
@@ -122,7 +129,7 @@ def credits(trees: list[Tree], names: list[str]) -> dict[str, dict[str, float]]:
         algo, cfg = SHARED[name]
         if algo == "branpo" and not marked:
             continue
-        chains = as_chains(trees) if algo == "grpo" else trees
+        chains = as_chains(trees) if algo in ON_CHAINS else trees
         out[name] = step_credit(rollout.ALGOS[algo].credit(chains, cfg))
     return out
 

@@ -59,7 +59,9 @@ MACHINERY = {
     "infra.files": "atomic file writes",
     "infra.draw": "pictures",
 }
-CORE_MAX = {"code lines": 600, "definitions": 60, "files": 6}  # the shared core's bounds
+# the shared core's bounds: 600 lines for the five papers' step, + 15 for the knobs of the three
+# later methods (GiGPO, AT2PO, ARPO) in the two config classes every path reads
+CORE_MAX = {"code lines": 615, "definitions": 60, "files": 6}
 LOOP_MODULE, LOOP_FUNCTION, LOOP_VARIABLE = "train", "main", "step"
 MAX_LINE = 100  # characters: pyproject.toml's line-length
 FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef)

@@ -61,6 +61,9 @@ PANELS = {  # method -> (title, what its credit is, the marks it draws)
         ("(2V(n) - V(root) - V(parent)) / sqrt|L(n)|\non every step of each sampled path"),
         ("retained", "sampled"),
     ),
+    "gigpo": ("GiGPO", "episode advantage + step advantage\namong steps from the same state", ()),
+    "at2po": ("AT2PO", "V(n) from its children (entropy-\nweighted); leaves z-scored per tree", ()),
+    "arpo": ("ARPO", "GRPO over every leaf\n(soft; hard: a shared step's mean)", ()),
 }
 
 

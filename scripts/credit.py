@@ -209,9 +209,10 @@ def tree_grpo_budget(M: int, N: int, L: int) -> tuple[int, float]:
 
 def demo(credits: dict, cfg):
     """A worked tree (one prompt, two original trajectories: one with branches and a redundant step,
-    one split at its last step with no branch kept) and every method's trajectories on it (GRPO's on
-    the tree's root-to-leaf paths, each copied into a chain of its own). `credits`: name -> credit
-    function (advantages.py's), each run with `cfg` (a CreditConfig: the command's credit flags)."""
+    one split at its last step with no branch kept) and every method's trajectories on it (GRPO's
+    and GiGPO's on the tree's root-to-leaf paths, each copied into a chain of its own). `credits`:
+    name -> credit function (advantages.py's), each run with `cfg` (a CreditConfig: the command's
+    credit flags)."""
     worked = tree.Tree.from_dict(
         {
             "id": "q",
@@ -220,6 +221,7 @@ def demo(credits: dict, cfg):
                     "id": "q.0",
                     "action": "search",
                     "query": "who founded Acme",
+                    "obs_text": "<information>Acme was founded by Ivo Ra.</information>",
                     "prefix_end": True,
                     "children": [
                         {"id": "q.0.0", "action": "answer", "answer": "Ivo", "reward": 1.0},
@@ -244,6 +246,7 @@ def demo(credits: dict, cfg):
                     "id": "q.1",
                     "action": "search",
                     "query": "Acme founder",
+                    "obs_text": "<information>Acme: a firm in Oda.</information>",
                     "prefix_end": True,
                     "children": [
                         {"id": "q.1.0", "action": "answer", "answer": "Oda", "reward": 0.0}
@@ -257,7 +260,10 @@ def demo(credits: dict, cfg):
     for chain, leaf in zip(chains, leaves):
         for step in tree.path(chain.find(leaf.id)):
             step.parent.children = [step]  # prune the copy to the root-to-leaf path
-    runs = {name: fn(chains if name == "grpo" else [worked], cfg) for name, fn in credits.items()}
+    on_chains = ("grpo", "gigpo")  # the methods of GRPO chains
+    runs = {
+        name: fn(chains if name in on_chains else [worked], cfg) for name, fn in credits.items()
+    }
     return worked, runs
 
 
@@ -349,9 +355,8 @@ def main():
         print(demo_table(credits, cfg))
         if args.plot:
             worked, runs = demo(credits, cfg)
-            notes = {
-                "grpo": "the tree's 4 paths as 4 chains:\na step adds up the chains through it"
-            }
+            chains = "the tree's 4 paths as 4 chains:\na step adds up the chains through it"
+            notes = {"grpo": chains, "gigpo": chains}
             panels = [
                 {"algo": k, "nodes": drawing([worked], trajectories), "note": notes.get(k, "")}
                 for k, trajectories in runs.items()

@@ -687,8 +687,23 @@ def test_demo_credit_per_step_hand_computed():
     # sqrt3), in three paths: 3 * that = 1/sqrt3; q.0.0 and q.0.1: (2 - 1/2 - 2/3) / 1 = 5/6;
     # q.0.1.0 (2 - 1/2 - 1) = 1/2; q.0.2 (0 - 1/2 - 2/3) = -7/6; q.1 (0 - 1/2 - 1/2) / 1 = -1; q.1.0
     # (0 - 1/2 - 0) = -1/2
+    # GiGPO (on the 4 chains, gamma 0.95, omega 1): A^E = +-a as GRPO; returns gamma^(T-t) R:
+    # first steps (all from the question) [0.95, 0.95^2, 0, 0] (chains q.0.0, q.0.1.0, q.0.2,
+    # q.1.0); the 3 steps after q.0's observation [1, 0.95, 0]; q.0.1.0 and q.1.0 alone: A^S = 0
+    g1 = [0.95, 0.95**2, 0.0, 0.0]
+    m1, s1 = sum(g1) / 4, math.sqrt(sum((x - sum(g1) / 4) ** 2 for x in g1) / 3)
+    z1 = [(x - m1) / s1 for x in g1]  # 0.90984, 0.82108, -0.86546, -0.86546
+    s2 = math.sqrt(((1 - 0.65) ** 2 + (0.95 - 0.65) ** 2 + 0.65**2) / 2)  # mean 0.65
+    z2 = [(1 - 0.65) / s2, (0.95 - 0.65) / s2, -0.65 / s2]  # 0.62115, 0.53241, -1.15355
+    # q.0 in three chains: (a + z1[0]) + (a + z1[1]) + (-a + z1[2]) = a + 0.86546
+    # AT2PO (leaves z-scored in the one tree: +-a; V = the child mean, no log-probs so equal
+    # weights; A = V): V(q.0) = (a + a - a) / 3 = a/3 in three trajectories = a; every other step
+    # its leaf's +-a. ARPO soft: GRPO over the four leaves, +-a broadcast: GRPO's numbers
     want = {
         "grpo": [a, a, a, a, -a, -a, -a],
+        "gigpo": [a + sum(z1[:3]), a + z2[0], a + z2[1], a, -a + z2[2], -a + z1[3], -a],
+        "at2po": [a, a, a, a, -a, -a, -a],
+        "arpo": [a, a, a, a, -a, -a, -a],
         "tree_grpo": [2 * a, 2 * a, 2 * a, 2 * a, -2 * a, -2 * a, -2 * a],
         "branpo": [b, a, None, a, -a, -b, -a],
         "carl": [1 / 3, 1 / 3, 1 / 3, None, -2 / 3, -1 / 3, None],
@@ -898,7 +913,9 @@ def test_credit_config_refuses_an_unknown_choice_in_python_calls_too():
     # KeyError at the first credit
     with pytest.raises(ValueError, match=r"branpo_norm='x' \(one of 'prompt', 'prefix'\)"):
         CreditConfig(branpo_norm="x")
-    with pytest.raises(ValueError, match=r"tree_mode='all' \(one of 'both', 'intra', 'inter'\)"):
+    with pytest.raises(
+        ValueError, match=r"tree_mode='all' \(one of 'both', 'intra', 'inter', 'treepo'\)"
+    ):
         CreditConfig(tree_mode="all")
     assert CreditConfig(tree_mode="intra").tree_mode == "intra"
 
@@ -916,7 +933,8 @@ def test_rewards_at_the_largest_magnitude_read_give_finite_advantages(tmp_path):
         )
     )
     for algo, credit in CREDITS.items():
-        trajectories = credit(load_trees(str(chains if algo == "grpo" else f), None, True), C)
+        on_chains = algo in ("grpo", "gigpo")
+        trajectories = credit(load_trees(str(chains if on_chains else f), None, True), C)
         advantages = [a for tr in trajectories for a in tr.advantages if a is not None]
         assert advantages and all(map(math.isfinite, advantages)), algo
         assert any(a != 0 for a in advantages), algo

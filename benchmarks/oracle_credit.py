@@ -1,0 +1,377 @@
+"""Writes tests/fixtures/oracle_credit.json: the official code of GiGPO, AT2PO and TreePO run on
+seeded random prompts built as our Trees, their inputs and outputs side by side.
+
+    python benchmarks/oracle_credit.py \\
+        --gigpo /tmp/oracle/core_gigpo.py --gigpo_from "OWNER/REPO PATH COMMIT" \\
+        --at2po /tmp/oracle/ATPO --at2po_from "OWNER/REPO PATH COMMIT" \\
+        --treepo /tmp/oracle/core_algos.py --treepo_from "OWNER/REPO PATH COMMIT"
+
+The official files are local copies given on the command line, never part of this repository: their
+code is read and run here, at generation time, and only numbers are written. What each file needs
+and we do not have (verl's DataProto and torch_functional, a logger) is a small shim below; the
+rest runs as written:
+- GiGPO (`gigpo/core_gigpo.py`): `compute_step_discounted_returns` on a shim batch, then
+  `compute_gigpo_outcome_advantage` ("mean_std_norm", exact state matching), once as written
+  (episode statistics over step rows) and once with `episode_norm_reward`'s
+  `compute_mean_std_cross_steps=False` (per trajectory, Eq. 3); each with the anchor observation
+  as text and as a doc-id set. One row per step of every chain not discarded.
+- AT2PO (the tree rollout file under `--at2po`): class `ToolTreeNode` and, from
+  `generate_sequences`, the three statements that z-score the leaves (`leaf_value_norm`), set
+  `node_value_mode`'s values and `node_adv_mode`'s advantages, for every pair of modes.
+- TreePO (`verl/trainer/ppo/core_algos.py`): its tree estimator,
+  `compute_tree_reinforce_plus_plus_baseline_outcome_advantage`, with its script's "average"
+  weighting and the batch whitening left out (treepo-unwhitened).
+tests/test_beyond_credit.py runs our functions on the same trees and compares the numbers.
+"""
+
+import ast
+import contextlib
+import functools
+import io
+import logging
+import random
+import sys
+import types
+import typing
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from advantages import GIGPO_GAMMA
+from infra import files, flags
+from tree import Node, Tree, path, scored_leaves, walk
+
+REWARDS = [0.0, 1.0, 0.5, 0.25, -0.5]  # exact in float32: the official code's ties stay exact
+AT2PO_MODES = {"child": "child_mean", "entropy": "child_softmax", "leaf": "leaf_mean"}
+AT2PO_ADVANTAGES = {
+    "value": "node_value",
+    "parent": "diff_parent",
+    "root": "diff_global",
+    "both": "diff_localglobal",
+}
+AT2PO_FILE = (
+    "ATPO/verl_atpo/verl/workers/rollout/vllm_rollout/vllm_rollout_with_tools_tree_offline.py"
+)
+
+
+@dataclass
+class Args:
+    gigpo: str
+    """A local copy of verl-agent's gigpo/core_gigpo.py."""
+    gigpo_from: str
+    """Where it came from: "OWNER/REPO PATH COMMIT"."""
+    at2po: str
+    """A local copy of the AT2PO repository (at least its tree rollout file, at its path)."""
+    at2po_from: str
+    """Where it came from: "OWNER/REPO PATH COMMIT"."""
+    treepo: str
+    """A local copy of TreePO's verl/trainer/ppo/core_algos.py."""
+    treepo_from: str
+    """Where it came from: "OWNER/REPO PATH COMMIT"."""
+    out: str = "tests/fixtures/oracle_credit.json"
+    """The fixture to write."""
+    seed: int = 0
+    """Seed of the random prompts."""
+    cases: int = 8
+    """Random batches (GiGPO, TreePO) or trees (AT2PO) per method."""
+
+
+def source(spec: str) -> dict:
+    repo, path_, commit = spec.split()
+    return {"repo": repo, "path": path_, "commit": commit}
+
+
+def run_quietly(f, *args, **kwargs):
+    """Call `f`, its prints (group-size summaries, progress) swallowed."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        return f(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------------
+# Random trees
+
+
+def step(parent: Node, rng: random.Random) -> Node:
+    """A random step under `parent`: a few log-probs, an observation text and doc ids drawn from
+    small pools, so that states repeat across chains."""
+    lp = [round(-3 * rng.random(), 3) for _ in range(rng.randint(1, 5))]
+    docs = rng.sample(["d1", "d2", "d3"], rng.randint(0, 2))
+    return parent.add_child(logprobs=lp, obs_text=rng.choice(["o1", "o2"]), doc_ids=docs)
+
+
+def end(leaf: Node, rng: random.Random, discard: bool) -> None:
+    """Reward a leaf; now and then flag it truncated (still scored) or, if `discard`, env_error."""
+    leaf.reward = rng.choice(REWARDS)
+    if rng.random() < 0.15:
+        leaf.flags.append("truncated")
+    elif discard and rng.random() < 0.15:
+        leaf.flags.append("env_error")
+
+
+def chains(prompt: str, rng: random.Random) -> list[Tree]:
+    """A prompt's GRPO chains (2-5, 1-4 steps each); at least two are scored."""
+    while True:
+        trees = []
+        for i in range(rng.randint(2, 5)):
+            node = Node(f"{prompt}c{i}")
+            trees.append(Tree(node))
+            for _ in range(rng.randint(1, 4)):
+                node = step(node, rng)
+            end(node, rng, discard=True)
+        if sum(len(scored_leaves(t.root)) for t in trees) >= 2:
+            return trees
+
+
+def branching(root_id: str, rng: random.Random, discard: bool) -> Tree:
+    """A random tree of 2 or more leaves: each node below depth 4 has 1-3 children."""
+    while True:
+        root = Node(root_id)
+        grow = [root]
+        while grow:
+            node = grow.pop()
+            k = rng.choice([1, 1, 2, 3]) if node.depth < 4 else 0
+            k = max(k, 2) if node.parent is None else k
+            if node.parent is not None and (k == 0 or rng.random() < 0.25):
+                end(node, rng, discard)
+                continue
+            grow += [step(node, rng) for _ in range(k)]
+        if len(scored_leaves(root)) >= 2:
+            return Tree(root)
+
+
+# --------------------------------------------------------------------------------------------------
+# GiGPO
+
+
+def load_gigpo(file: str) -> dict:
+    """The namespace of core_gigpo.py, run with a stub for `from verl import DataProto`."""
+    verl = types.ModuleType("verl")
+    verl.DataProto = object  # only a type annotation there
+    sys.modules.setdefault("verl", verl)
+    ns = {"__name__": "core_gigpo"}
+    exec(compile(Path(file).read_text(), file, "exec"), ns)
+    return ns
+
+
+def anchor(node: Node, docs: bool):
+    """The anchor observation of the step `node` as verl-agent's search setting has it: the question
+    at the first step, else the latest observation; `docs`: the doc ids, sorted (text if none)."""
+    parent = node.parent
+    if parent.parent is None:
+        return "question"
+    return tuple(sorted(parent.doc_ids)) if docs and parent.doc_ids else parent.obs_text
+
+
+def gigpo_case(ns: dict, prompts: list[list[Tree]]) -> dict:
+    """One batch of the official code: a row per step of every scored chain of every prompt."""
+    rows = [
+        (p, leaf, s)
+        for p, trees in enumerate(prompts)
+        for t in trees
+        for leaf in scored_leaves(t.root)
+        for s in path(leaf)
+    ]
+    n = len(rows)
+    batch = SimpleNamespace(
+        non_tensor_batch={
+            "rewards": np.array([leaf.reward if s is leaf else 0.0 for _, leaf, s in rows]),
+            "traj_uid": np.array([leaf.id for _, leaf, _ in rows], dtype=object),
+            "active_masks": np.ones(n, dtype=bool),
+        },
+        batch={"input_ids": torch.zeros(n, 1)},
+    )
+    returns = run_quietly(ns["compute_step_discounted_returns"], batch, gamma=GIGPO_GAMMA)  # (n,)
+    # every row carries its episode's reward at its last token, as verl-agent's reward manager
+    token_rewards = torch.zeros(n, 3, dtype=torch.float64)  # (n, T)
+    token_rewards[:, -1] = torch.tensor([leaf.reward for _, leaf, _ in rows], dtype=torch.float64)
+    index = np.array([str(p) for p, _, _ in rows], dtype=object)
+    traj = np.array([leaf.id for _, leaf, _ in rows], dtype=object)
+    out = {}
+    original = ns["episode_norm_reward"]
+    for stats, cross_steps in (("rows", True), ("chains", False)):
+        ns["episode_norm_reward"] = functools.partial(
+            original, compute_mean_std_cross_steps=cross_steps
+        )
+        for state in ("obs", "docs"):
+            obs = np.empty(n, dtype=object)
+            obs[:] = [anchor(s, state == "docs") for _, _, s in rows]
+            scores, _ = run_quietly(
+                ns["compute_gigpo_outcome_advantage"],
+                token_rewards,
+                returns.double(),  # (n,): the float32 returns, exactly, in float64 from here on
+                torch.ones(n, 3, dtype=torch.float64),
+                obs,
+                index,
+                traj,
+                epsilon=1e-6,
+                step_advantage_w=1.0,
+                mode="mean_std_norm",
+            )
+            adv = defaultdict(list)
+            for (_, leaf, _), a in zip(rows, scores[:, 0].tolist()):
+                adv[leaf.id].append(a)
+            out[f"{state},{stats}"] = dict(adv)
+    ns["episode_norm_reward"] = original
+    R = defaultdict(list)
+    for (_, leaf, _), r in zip(rows, returns.tolist()):
+        R[leaf.id].append(r)
+    return {
+        "prompts": [[t.to_dict() for t in trees] for trees in prompts],
+        "returns": dict(R),
+        "advantages": out,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# AT2PO
+
+
+def load_at2po(folder: str):
+    """ToolTreeNode and the credit statements of `generate_sequences` (steps 1-3 of its
+    `node_adv_mode != "vanilla"` branch), as a function credit(self, root_nodes,
+    samples_per_tree)."""
+    file = Path(folder) / AT2PO_FILE
+    module = ast.parse(file.read_text())
+    (node_class,) = [n for n in module.body if getattr(n, "name", "") == "ToolTreeNode"]
+    (method,) = [n for n in ast.walk(module) if getattr(n, "name", "") == "generate_sequences"]
+    (branch,) = [
+        n
+        for n in ast.walk(method)
+        if isinstance(n, ast.If) and "node_adv_mode == 'vanilla'" in ast.unparse(n.test)
+    ]
+    credit = [
+        s
+        for s in branch.orelse
+        if isinstance(s, ast.If)
+        and any(
+            k in ast.unparse(s.test) for k in ("leaf_value_norm", "node_value_mode", "node_adv")
+        )
+    ]
+    if len(credit) != 3:
+        raise SystemExit(f"{file}: expected the 3 credit statements, found {len(credit)}")
+    body = "\n".join("    " + line for s in credit for line in ast.unparse(s).splitlines())
+    code = f"{ast.unparse(node_class)}\n\ndef credit(self, root_nodes, samples_per_tree):\n{body}\n"
+    ns = {"np": np, "logger": logging.getLogger("at2po"), "random": random}
+    ns |= {"List": list, "Dict": dict, "Optional": typing.Optional}
+    exec(compile(code, str(file), "exec"), ns)
+    return ns["ToolTreeNode"], ns["credit"]
+
+
+def at2po_case(ToolTreeNode, credit, t: Tree) -> dict:
+    """The official credit of one tree for every (node_value_mode, node_adv_mode)."""
+    out = {}
+    for value, value_mode in AT2PO_MODES.items():
+        for advantage, adv_mode in AT2PO_ADVANTAGES.items():
+            theirs = {}
+            for n in walk(t.root):
+                lp = n.logprobs
+                theirs[n] = ToolTreeNode(
+                    tree_uid="t",
+                    node_uid=n.id,
+                    prompt_token_ids=[],
+                    curr_token_ids=[],
+                    result_mask=[],
+                    parent_node=theirs.get(n.parent),
+                    is_root=n.parent is None,
+                    is_leaf=not n.children,
+                    depth=n.depth,
+                    entropy=-sum(lp) / len(lp) if lp else 0.0,  # as its rollout sets it
+                )
+                if n.parent is not None:
+                    theirs[n.parent].add_child(theirs[n])
+                    theirs[n].value = n.reward if not n.children else None
+            self = SimpleNamespace(
+                leaf_value_norm=True, node_value_mode=value_mode, node_adv_mode=adv_mode
+            )
+            run_quietly(credit, self, [theirs[t.root]], len(t.leaves()))
+            out[f"{value},{advantage}"] = {
+                n.id: [float(x.value), float(x.advantage)] for n, x in theirs.items() if n.parent
+            }
+    return {"tree": t.to_dict(), "credit": out}
+
+
+# --------------------------------------------------------------------------------------------------
+# TreePO
+
+
+def load_treepo(file: str):
+    """compute_tree_reinforce_plus_plus_baseline_outcome_advantage, its batch whitening an
+    identity (treepo-unwhitened)."""
+    module = ast.parse(Path(file).read_text())
+    name = "compute_tree_reinforce_plus_plus_baseline_outcome_advantage"
+    (f,) = [n for n in module.body if getattr(n, "name", "") == name]
+    verl_F = SimpleNamespace(masked_whiten=lambda values, mask: values)
+    ns = {"torch": torch, "np": np, "defaultdict": defaultdict, "verl_F": verl_F}
+    exec(compile(ast.unparse(f), file, "exec"), ns)
+    return ns[name]
+
+
+def treepo_case(f, prompts: list[list[Tree]]) -> dict:
+    """One batch: a row per scored leaf, its uid the prompt and the ids on its path joined by "#"
+    (a tree's root among them when the prompt has several trees)."""
+    rows = []
+    for p, trees in enumerate(prompts):
+        for t in trees:
+            top = [t.root.id] if len(trees) > 1 else []
+            rows += [
+                (leaf, "#".join([f"p{p}", *top, *(s.id for s in path(leaf))]))
+                for leaf in scored_leaves(t.root)
+            ]
+    token_rewards = torch.zeros(len(rows), 3, dtype=torch.float64)  # (n, T)
+    token_rewards[:, -1] = torch.tensor([leaf.reward for leaf, _ in rows], dtype=torch.float64)
+    index = np.array([uid for _, uid in rows], dtype=object)
+    scores, _ = f(
+        token_rewards, torch.ones_like(token_rewards), index, adv_weight_strategy="average"
+    )
+    return {
+        "prompts": [[t.to_dict() for t in trees] for trees in prompts],
+        "advantages": {leaf.id: a for (leaf, _), a in zip(rows, scores[:, 0].tolist())},
+    }
+
+
+def main():
+    (args,) = flags.parse(Args)
+    rng = random.Random(args.seed)
+    gigpo_ns = load_gigpo(args.gigpo)
+    ToolTreeNode, credit = load_at2po(args.at2po)
+    treepo = load_treepo(args.treepo)
+    fixture = {
+        "about": "written by benchmarks/oracle_credit.py, read by tests/test_beyond_credit.py",
+        "sources": {
+            k: source(v)
+            for k, v in (
+                ("gigpo", args.gigpo_from),
+                ("at2po", args.at2po_from),
+                ("treepo", args.treepo_from),
+            )
+        },
+        "gigpo": [
+            gigpo_case(gigpo_ns, [chains(f"p{p}", rng) for p in range(rng.randint(1, 3))])
+            for _ in range(args.cases)
+        ],
+        "at2po": [
+            at2po_case(ToolTreeNode, credit, branching(f"t{i}", rng, discard=False))
+            for i in range(args.cases)
+        ],
+        "treepo": [
+            treepo_case(
+                treepo,
+                [
+                    [branching(f"p{p}t{m}", rng, True) for m in range(rng.choice([1, 1, 2]))]
+                    for p in range(rng.randint(1, 3))
+                ],
+            )
+            for _ in range(args.cases)
+        ],
+    }
+    files.write_json(args.out, fixture)
+    print(f"wrote {args.out}: {args.cases} cases of GiGPO, AT2PO and TreePO")
+
+
+if __name__ == "__main__":
+    main()
