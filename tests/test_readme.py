@@ -108,6 +108,8 @@ def test_the_credit_truth_table_is_the_committed_runs():
         "Tree-GRPO intra": "Tree-GRPO intra",
         "CARL": "CARL",
         "TreePS-RAG": "TreePS",
+        "GiGPO": "GiGPO",
+        "AT2PO": "AT2PO",
     }
     shown = [cells(r) for r in README.splitlines() if r.startswith("| ") and "ρ" not in r]
     shown = [c for c in shown if c[0] in names]
