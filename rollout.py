@@ -518,9 +518,9 @@ def at2po_fit(tree: Tree, k: int, rng: random.Random):
         while len(node.parent.children) == 1 and node.parent.parent is not None:
             node = node.parent  # the highest step with no other leaf below
         node.parent.children.remove(node)
-    last = leaves[-1]  # copied field by field but for id, parent and children (fields 0-2)
-    for _ in range(k - len(leaves)):
-        last.parent.add_child(**{f.name: copy(getattr(last, f.name)) for f in fields(Node)[3:]})
+    own = [f.name for f in fields(Node) if f.name not in ("id", "parent", "children")]
+    for _ in range(k - len(leaves)):  # copies of the last leaf: every field but its place
+        leaves[-1].parent.add_child(**{name: copy(getattr(leaves[-1], name)) for name in own})
 
 
 def at2po(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list[list[Tree]]:
