@@ -456,7 +456,7 @@ def calibration_table(rows: dict[str, list[dict]], steps: int) -> list[str]:
                     f"{ratio:+.0%}",
                     "yes" if abs(ratio) <= 0.15 else "no",
                     f"{step_s:.1f}",
-                    "yes" * (MATCHED[algo] == f),
+                    "yes" * (MATCHED.get(algo) == f),
                 )
             )
     return out + [""]

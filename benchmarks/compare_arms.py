@@ -32,12 +32,18 @@ MATCHED = {
     "carl": "--algo carl --carl_N0 1 --carl_N 6",  # -1%, -3%; (1,8) +19%, +21%
     "treeps": "--algo treeps --treeps_N 3 --treeps_retain 2",  # +9%, +2%; (4,2) +28%, +18%
 }
+AT2PO = [(2, 2, 1), (3, 1, 1), (2, 1, 2)]  # --calibrate's AT2PO (M, N, L): 4 leaves each
 CANDIDATES = {  # --calibrate's knobs per method; the budget grows with G, trees, N, forks, nodes
     "grpo": [grpo(4)],
     "tree_grpo": [tree(2, 1, 1), tree(2, 1, 2), tree(2, 2, 1)],
     "branpo": [f"--algo branpo --branpo_N {n}" for n in (1, 2, 3)],
     "carl": [f"--algo carl --carl_N0 1 --carl_N {n}" for n in (4, 6, 8, 10)],
     "treeps": [f"--algo treeps --treeps_N {n} --treeps_retain 2" for n in (3, 4, 5)],
+    # the later methods: no MATCHED entry until --calibrate has chosen one (GiGPO's chains are
+    # GRPO's; AT2PO's one tree has M + L N leaves; ARPO starts G chains and ends with M leaves)
+    "gigpo": ["--algo gigpo --grpo_G 4"],
+    "at2po": [f"--algo at2po --tree_M {m} --tree_N {n} --tree_L {x}" for m, n, x in AT2PO],
+    "arpo": [f"--algo arpo --grpo_G {g} --arpo_M {m}" for g, m in ((2, 4), (2, 5), (3, 5))],
 }
 TREE, G4 = MATCHED["tree_grpo"], grpo(4)
 GROUPS = [  # (title, [(an arm's flags, the arms it is compared with, paired by seed)]); an ablation
@@ -191,7 +197,9 @@ def algo_config(flags: str) -> tuple[RolloutConfig, CreditConfig]:
 def arm_name(flags: str) -> str:
     """An arm's name in the tables, from its method's knobs (the defaults where unset)."""
     r, c = algo_config(flags)
-    mode = {"intra": " intra only", "inter": " inter only"}.get(c.tree_mode, "")
+    mode = {"intra": " intra only", "inter": " inter only", "treepo": " TreePO"}.get(
+        c.tree_mode, ""
+    )
     return {
         "grpo": f"GRPO G={r.grpo_G}",
         "tree_grpo": f"Tree-GRPO ({r.tree_M},{r.tree_N},{r.tree_L})" + mode,
@@ -199,6 +207,9 @@ def arm_name(flags: str) -> str:
         "carl": f"CARL ({r.carl_N0},{r.carl_N})" + " update-all" * c.carl_update_all,
         "treeps": f"TreePS ({r.treeps_N},{r.treeps_retain})"
         + " no process" * (not c.treeps_process),
+        "gigpo": f"GiGPO G={r.grpo_G}",
+        "at2po": f"AT2PO ({r.tree_M},{r.tree_N},{r.tree_L})",
+        "arpo": f"ARPO ({r.grpo_G},{r.arpo_M})" + " hard" * (c.arpo_credit == "hard"),
     }[r.algo]
 
 
