@@ -38,7 +38,7 @@ from typing import Literal
 import torch
 
 from infra import flags
-from tree import Node, Trajectory, Tree, leaves, path, scored_leaves, truncated, walk
+from tree import Node, Trajectory, Tree, action_nll, leaves, path, scored_leaves, truncated, walk
 
 
 @dataclass
@@ -398,8 +398,7 @@ def _at2po_value(n: Node, children: list[Node], mode: str) -> float:
         return sum(leaf.value for leaf in L) / len(L)
     if mode == "child":
         return sum(c.value for c in children) / len(children)
-    # H(c): step c's mean token NLL, as AT2PO's rollout measures it (0 without log-probs)
-    H = [-sum(c.logprobs) / len(c.logprobs) if c.logprobs else 0.0 for c in children]
+    H = [action_nll(c) for c in children]  # H(c): as AT2PO's rollout measures it
     w = torch.softmax(torch.tensor(H, dtype=torch.float64), 0)  # (children,)
     return float((w * torch.tensor([c.value for c in children], dtype=torch.float64)).sum())
 

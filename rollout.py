@@ -61,7 +61,7 @@ from infra.protocol import (
 )
 from infra.squad import exact_match, token_f1  # the outcome reward's EM and F1 (squad-reward)
 from retriever import RetrievalError
-from tree import Node, Tree, context_ids, path, scored_leaves, walk
+from tree import Node, Tree, action_nll, context_ids, path, scored_leaves, walk
 
 # --algo: ALGOS's names
 Algorithm = Literal["grpo", "tree_grpo", "branpo", "carl", "treeps", "gigpo", "at2po", "arpo"]
@@ -401,16 +401,11 @@ def branpo(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> li
     return prompts
 
 
-def _action_nll(node: Node) -> float:
-    """CARL Eq. 8: length-normalised negative log-likelihood of the action sampled into `node`."""
-    return -sum(node.logprobs) / len(node.logprobs) if node.logprobs else 0.0
-
-
 def _states(tree: Tree) -> list[Node]:
     """Set H(s) (CARL Eq. 6-8) on every state of `tree` (root and inner nodes); return them."""
     states = [n for n in walk(tree.root) if n.children]
     for s in states:
-        s.entropy = sum(_action_nll(c) for c in s.children) / len(s.children)
+        s.entropy = sum(action_nll(c) for c in s.children) / len(s.children)
     return states
 
 
@@ -501,9 +496,9 @@ def treeps(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> li
 
 def at2po_pick(tree: Tree, n: int) -> list[Node]:
     """AT2PO's selection (official `sample_expansion_nodes`, "entropy"): the n best of the root and
-    the non-leaf steps by H(x) - alpha (siblings - 1), H = `_action_nll` (the root's 0), siblings
+    the non-leaf steps by H(x) - alpha (siblings - 1), H = `action_nll` (the root's 0), siblings
     its parent's children (the root's: its own); ties go breadth first; too few candidates cycle."""
-    score = lambda x: _action_nll(x) - AT2PO_ALPHA * max(0, len((x.parent or x).children) - 1)
+    score = lambda x: action_nll(x) - AT2PO_ALPHA * max(0, len((x.parent or x).children) - 1)
     ranked = sorted((x for x in walk(tree.root) if x.children), key=lambda x: (-score(x), x.depth))
     return [ranked[k % len(ranked)] for k in range(n)]
 
@@ -545,11 +540,11 @@ def arpo_branch(heads: list, made: list[int], roots: list[Node], M: int, rng: ra
     (prompt, step, first), first the first step of its chain or branch; made: trajectories started
     per prompt, updated. Prompt by prompt (first appearance), while fewer than M, each step branches
     ARPO_BEAM - 1 times if U - beta ΔH <= tau, U = rng.random(), ΔH = H(step) - H(first), H =
-    `_action_nll`; a prompt with no open step starts a chain. Returns the new heads."""
+    `action_nll`; a prompt with no open step starts a chain. Returns the new heads."""
     new = []
     for i in dict.fromkeys(i for i, _, _ in heads):
         for step, first in [(s, f) for j, s, f in heads if j == i]:
-            dH = _action_nll(step) - _action_nll(first)
+            dH = action_nll(step) - action_nll(first)
             for _ in range(ARPO_BEAM - 1):
                 if made[i] < M and rng.random() - ARPO_BETA * dH <= ARPO_TAU:
                     new.append((i, step, None))  # its first step: not sampled yet

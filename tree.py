@@ -136,6 +136,12 @@ def truncated(leaf: Node) -> bool:
     return any("truncated" in s.flags for s in path(leaf))
 
 
+def action_nll(node: Node) -> float:
+    """The length-normalised negative log-likelihood of the step sampled into `node`, from its
+    rollout log-probs (0 without): CARL's per-action H (Eq. 8), AT2PO's and ARPO's step entropy."""
+    return -sum(node.logprobs) / len(node.logprobs) if node.logprobs else 0.0
+
+
 def context_ids(node: Node) -> list[int]:
     """TITO: the exact ids the model sees after `node`: prompt + each step's tokens + obs_tokens."""
     steps = path(node)
