@@ -21,7 +21,8 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from infra import server
-from infra.engines import Sampling, load_policy, make_engine, model_problem
+from infra.engines import Sampling, make_engine
+from infra.policy import load_policy, model_problem
 from infra.search import load_corpus, make_retriever
 from infra.server import RemoteRetriever, RetrievalError
 

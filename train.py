@@ -35,7 +35,7 @@ import retriever
 import rollout
 from advantages import CreditConfig
 from eval import evaluate
-from infra import data, engines, flags, protocol, run, rundir, shard, startup
+from infra import data, flags, policy, protocol, run, rundir, shard, startup
 from infra.bookkeeping import Book
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
@@ -408,7 +408,7 @@ def main(
         with book.timed("warm start"):
             cfgs = (world, warm, agent_cfg, args.seed, search)
             startup.on_main(accelerator, warmstart.ensure, model_path, *cfgs)
-    load = partial(engines.load_policy, model_path, args.gguf_file or None)  # (dtype): model, tok
+    load = partial(policy.load_policy, model_path, args.gguf_file or None)  # (dtype): model, tok
     model, ref_model, tok = startup.policies(accelerator, args, load)  # ref: frozen, the KL anchor
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scheduler = get_constant_schedule_with_warmup(optimizer, args.warmup_steps)

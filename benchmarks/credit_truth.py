@@ -56,7 +56,7 @@ from benchmarks.compare import parse_train  # noqa: E402
 from benchmarks.compare_arms import MATCHED, algo_config, arm_name  # noqa: E402
 from benchmarks.compare_report import commit  # noqa: E402
 from benchmarks.credit_truth_report import report_file, write  # noqa: E402
-from infra import data, engines, flags, loaders  # noqa: E402
+from infra import data, engines, flags, loaders, policy  # noqa: E402
 from rollout import Agent, Algorithm, RolloutConfig  # noqa: E402
 from scripts import warmstart  # noqa: E402
 from tree import Node, Tree, context_ids, path, scored_leaves, step_credit, walk  # noqa: E402
@@ -254,7 +254,7 @@ def main(a: Args):
     model_path = targs.model or os.path.join(targs.out_dir, "warmstart")
     if not targs.model:
         warmstart.ensure(model_path, world, warm, agent_cfg, targs.seed, search)
-    model, tok = engines.load_policy(model_path, targs.gguf_file or None)
+    model, tok = policy.load_policy(model_path, targs.gguf_file or None)
     kw = dict(dtype=targs.vllm_dtype, gpu_memory_utilization=targs.vllm_gpu_memory_utilization)
     engine = engines.make_engine(targs.engine, model.eval(), tok, model_path, HF_BATCH, **kw)
     print(f"policy {model_path}, retriever: {where}, {a.prompts} prompts, K = {a.K}", flush=True)

@@ -10,7 +10,7 @@ memory plan for docs/gpu.md's recipes built from measured figures.
     python benchmarks/gpu_memory.py --grad_sync --fsdp --gradient_checkpointing  # sync off / on
 
 The step: a policy built from benchmarks/shapes/SHAPE/config.json (random init, float32 as
-engines.load_policy loads it), the frozen reference in --ref_dtype ("compute": the accelerator's
+policy.load_policy loads it), the frozen reference in --ref_dtype ("compute": the accelerator's
 mixed-precision dtype), AdamW, optional gradient checkpointing (as train.py enables it), optional
 1-rank FSDP2 (torch's fully_shard per decoder layer and on the root, with accelerate's bf16 policy;
 --offload: CPUOffloadPolicy), an Accelerator with --mixed_precision; then --micro_batches rows of

@@ -57,6 +57,7 @@ MACHINERY = {
     "infra.loaders": "data loaders",
     "infra.warmstart": "the embedded default's warm start",
     "infra.files": "atomic file writes",
+    "infra.policy": "loading a policy and its tokenizer",
     "infra.draw": "pictures",
 }
 # the shared core's bounds: 600 lines for the five papers' step, + 15 for the knobs of the three

@@ -26,7 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import rollout
 from infra import data, flags, health, loaders, protocol
-from infra.engines import load_policy, make_engine
+from infra.engines import make_engine
+from infra.policy import load_policy
 from infra.search import BM25Retriever, load_corpus
 from rollout import RolloutConfig
 

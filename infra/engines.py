@@ -24,7 +24,6 @@ from transformers import (
 )
 
 from infra import shard
-from infra.policy import TOKENIZER_FILES, load_policy, model_problem  # noqa: F401 (callers' names)
 
 # --------------------------------------------------------------------------------------------------
 # the protocol

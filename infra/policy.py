@@ -1,6 +1,5 @@
 """Loading a policy: (model, tokenizer) from a hub name, a model directory or a GGUF file in it, and
-what a directory lacks, judged from its file names before anything heavy loads. infra/engines.py
-re-exports both (`engines.load_policy`, `engines.model_problem`)."""
+what a directory lacks, judged from its file names before anything heavy loads."""
 
 import fnmatch
 import os

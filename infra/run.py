@@ -24,7 +24,7 @@ import torch
 from accelerate.commands.config import default_config_file
 from matplotlib.figure import Figure
 
-from infra import engines, files, flags, health, rundir, shard, warmstart
+from infra import engines, files, flags, health, policy, rundir, shard, warmstart
 
 TRACKERS = {
     n: getattr(accelerate.utils, f"is_{n}_available")
@@ -75,7 +75,7 @@ def validate(args, configs, rules, depth):
     together (`depth`: rollout.depth_rule's (broken?, message)); one message lists all broken."""
     warm = next(c for c in configs if isinstance(c, warmstart.WarmConfig))
     one_file = args.data.endswith((".parquet", ".jsonl", ".json"))
-    no_model = engines.model_problem(args.model, args.gguf_file) if args.model else ""
+    no_model = policy.model_problem(args.model, args.gguf_file) if args.model else ""
     ranks = int(os.environ.get("WORLD_SIZE", "1"))  # the processes `accelerate launch` starts
     no_dir = rundir.unwritable(args.out_dir)
     flags.check(

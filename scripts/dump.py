@@ -15,7 +15,8 @@ import rollout
 from advantages import CreditConfig
 from infra import data, draw, files, flags, health, loaders
 from infra.engines import RULES as ENGINE_RULES
-from infra.engines import load_policy, make_engine, model_problem
+from infra.engines import make_engine
+from infra.policy import load_policy, model_problem
 from infra.protocol import AgentConfig
 from infra.search import BM25Retriever, load_corpus
 from scripts.credit import drawing, save_trees

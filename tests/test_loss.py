@@ -169,7 +169,7 @@ def test_token_logprobs_equal_the_full_log_softmax(env, monkeypatch):
     # (log_softmax over all positions at once, entropy from it): log-probs, entropy and the gradient
     # reaching the weights are bit for bit the same, so default runs do not move
     import train
-    from infra.engines import load_policy
+    from infra.policy import load_policy
 
     model, _ = load_policy(str(env / "tiny"))
     V = model.config.vocab_size
@@ -211,7 +211,8 @@ def test_hf_engine_logprobs_are_the_trainers_pi_old(env):
     import random
 
     from infra import loaders, protocol
-    from infra.engines import HFEngine, load_policy
+    from infra.engines import HFEngine
+    from infra.policy import load_policy
     from infra.search import BM25Retriever, load_corpus
     from train import token_logprobs
     from tree import to_samples

@@ -188,14 +188,14 @@ def test_two_process_eval_equals_one_process_eval_of_the_same_model(env, launche
     # final model: the same report, and the same answer to every question
     import eval as evaluation
     import rollout
-    from infra import data, engines, loaders, protocol
+    from infra import data, engines, loaders, policy, protocol
     from infra.search import BM25Retriever, load_corpus
 
     run, ranks, _ = launched("grpo")
     (row,) = [r for r in metrics(run) if "eval/em" in r and r["step"] == 2]
     world = env / "out" / "world"
     test_rows = data.spread(loaders.load_rows(str(world), "test"), 8)
-    model, tok = engines.load_policy(str(run / "final"))
+    model, tok = policy.load_policy(str(run / "final"))
     cfg = protocol.for_eval(protocol.AgentConfig(max_step_tokens=12, max_turns=2))
     search = BM25Retriever(load_corpus(str(world / "corpus.jsonl")))
     agent = rollout.Agent(engines.HFEngine(model, tok), search, tok, cfg, seed=0)

@@ -9,7 +9,7 @@ import pytest
 import rollout
 from infra import loaders, protocol, warmstart
 from infra.data import QARow
-from infra.engines import load_policy
+from infra.policy import load_policy
 from infra.search import BM25Retriever, load_corpus
 from scripts import warmstart as driver
 
