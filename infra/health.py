@@ -141,15 +141,9 @@ def warnings(history: list[dict]) -> str:
     return said
 
 
-def nonfinite(weights: dict) -> list[str]:
-    """The names of the tensors of `weights` (the policy's full state dict, infra/shard.py's
-    gather) that hold a NaN or an inf."""
-    return [name for name, p in weights.items() if not torch.isfinite(p).all()]
-
-
 def check_finite(bad: list[str], step: int, applied: int, skipped: int):
     """Stop the run after `step` when its update left weights NaN or inf (`bad`: their names,
-    `nonfinite`; a --lr too large), or when none of its optimizer steps could be applied
+    shard.Weights.nonfinite; a --lr too large), or when none of its optimizer steps could be applied
     (`applied`; `skipped`: those dropped for a non-finite loss or gradient norm): what it would go
     on to train, and save as final/, is not a policy. Every rank decides alike (the ranks hold the
     same weights and skip alike)."""

@@ -93,7 +93,7 @@ class Weights:
 
     @property
     def nonfinite(self) -> list[str]:
-        """The names of the tensors that hold a NaN or an inf (health.nonfinite's of a dict)."""
+        """The names of the tensors that hold a NaN or an inf."""
         if not self.names or self.passed < self.names:
             raise RuntimeError(
                 f"the engine took {self.passed} of the policy's {self.names or 'unknown number of'}"
