@@ -31,6 +31,10 @@ MATCHED = {
     "branpo": "--algo branpo --branpo_N 2",  # +21%, +6%; N=1 -45%, N=3 +85%
     "carl": "--algo carl --carl_N0 1 --carl_N 6",  # -1%, -3%; (1,8) +19%, +21%
     "treeps": "--algo treeps --treeps_N 3 --treeps_retain 2",  # +9%, +2%; (4,2) +28%, +18%
+    # the later methods, calibrated after the five's comparison had run (on its seed 0)
+    "gigpo": "--algo gigpo --grpo_G 4",  # -0%: GRPO's chains, GRPO G=4's budget by construction
+    "at2po": "--algo at2po --tree_M 3 --tree_N 1 --tree_L 1",  # -5%; (2,2,1) -13%, (2,1,2) -14%
+    "arpo": "--algo arpo --grpo_G 2 --arpo_M 5",  # -3%; (2,4) -13%, (3,5) +13%
 }
 AT2PO = [(2, 2, 1), (3, 1, 1), (2, 1, 2)]  # --calibrate's AT2PO (M, N, L): 4 leaves each
 CANDIDATES = {  # --calibrate's knobs per method; the budget grows with G, trees, N, forks, nodes
@@ -39,8 +43,8 @@ CANDIDATES = {  # --calibrate's knobs per method; the budget grows with G, trees
     "branpo": [f"--algo branpo --branpo_N {n}" for n in (1, 2, 3)],
     "carl": [f"--algo carl --carl_N0 1 --carl_N {n}" for n in (4, 6, 8, 10)],
     "treeps": [f"--algo treeps --treeps_N {n} --treeps_retain 2" for n in (3, 4, 5)],
-    # the later methods: no MATCHED entry until --calibrate has chosen one (GiGPO's chains are
-    # GRPO's; AT2PO's one tree has M + L N leaves; ARPO starts G chains and ends with M leaves)
+    # the later methods (GiGPO's chains are GRPO's; AT2PO's one tree has M + L N leaves; ARPO
+    # starts G chains and ends with M leaves)
     "gigpo": ["--algo gigpo --grpo_G 4"],
     "at2po": [f"--algo at2po --tree_M {m} --tree_N {n} --tree_L {x}" for m, n, x in AT2PO],
     "arpo": [f"--algo arpo --grpo_G {g} --arpo_M {m}" for g, m in ((2, 4), (2, 5), (3, 5))],
@@ -66,6 +70,11 @@ GROUPS = [  # (title, [(an arm's flags, the arms it is compared with, paired by 
         + [(MATCHED[a], (G4,)) for a in ("branpo", "carl", "treeps")],
     ),
     (
+        "the later methods at GRPO G=4's budget (GiGPO, AT2PO, ARPO: added after the five's "
+        "comparison, over its seeds and warm starts)",
+        [(G4, ())] + [(MATCHED[a], (G4,)) for a in ("gigpo", "at2po", "arpo")],
+    ),
+    (
         "Tree-GRPO's advantage (its Table 4): intra-tree, inter-tree, both",
         [
             (TREE + " --tree_mode intra", (TREE,)),
@@ -84,11 +93,18 @@ GROUPS = [  # (title, [(an arm's flags, the arms it is compared with, paired by 
 ]
 FAMILIES = [  # (name, title, the GROUPS whose pairings it tests, Dunnett's test (else Holm's))
     ("primary", "the five methods against GRPO G=4", (1,), True),
+    (
+        "later",
+        "the later methods against GRPO G=4 (a family of their own: added after)",
+        (2,),
+        True,
+    ),
     ("sweep", "Tree-GRPO's Table 3 sweep, each tree against its chains", (0,), False),
-    ("ablation", "each ablation against the method it ablates", (2, 3), False),
+    ("ablation", "each ablation against the method it ablates", (3, 4), False),
 ]
 SETS = {  # --arms NAME: a group's arms (with "matched", 1 h per pair of hard-setting seeds)
     "matched": [f for f, _ in GROUPS[1][1]],  # the five methods at GRPO G=4's budget
+    "later": [f for f, _ in GROUPS[2][1]],  # the later methods and GRPO G=4
 }
 CLAIMS = [  # (a paper's claim, its numbers; arm; reference; measure(); the sign it claims)
     (

@@ -5,8 +5,10 @@ the learning curves, and --merge / --report, which rebuild them from results.jso
 Families (FAMILIES in compare_arms.py; the statistics in compare_stats.py): at each measure, the
 primary family, the five methods against GRPO G=4, is tested by Dunnett's many-to-one test on the
 sd pooled over its six arms (the seed x arm residual: each row's own sd rests on n - 1 df); the
-secondary families, Tree-GRPO's Table 3 sweep and each ablation against its parent, by Holm over
-their rows' paired t-tests; the claims table by Holm over its claims. Beside each difference: its
+later methods (GiGPO, AT2PO, ARPO) against GRPO G=4 likewise, a family of their own (added after
+the primary family's results were seen, they leave its tests as they were); the secondary
+families, Tree-GRPO's Table 3 sweep and each ablation against its parent, by Holm over their rows'
+paired t-tests; the claims table by Holm over its claims. Beside each difference: its
 95% interval and its equivalence test at ±MARGIN; under each table, the difference each family
 detects at the α its adjusted p uses. "higher" / "lower" / "agrees" / "disagrees" only where the
 adjusted p is below 0.05.
@@ -122,34 +124,42 @@ def row(*cells) -> str:
     return "| " + " | ".join(map(str, cells)) + " |"
 
 
+def shown(runs: dict[str, list[dict]]) -> list[tuple[str, list[str]]]:
+    """Each group of GROUPS that holds one of its pairings in these runs: its title and the arms
+    of it the runs hold."""
+    return [
+        (title, [arm_name(f) for f, _ in members if arm_name(f) in runs])
+        for title, members in GROUPS
+        if any(arm_name(f) in runs and arm_name(r) in runs for f, refs in members for r in refs)
+    ]
+
+
 def em_tables(runs: dict[str, list[dict]]) -> list[str]:
     first = next(iter(runs.values()))
     steps, end = sorted(first[0]["evals"]), max(first[0]["evals"])
     hops = sorted(k for k in last(first[0]) if k.startswith("eval/em_hop"))
     out = [f"### Greedy test EM, mean ± std over {len(first)} seed(s) (step 0: warm start)", ""]
-    for title, members in GROUPS:
-        names = [arm_name(f) for f, _ in members if arm_name(f) in runs]
-        if names:
-            out += [
-                f"**{title}**",
-                "",
+    for title, names in shown(runs):
+        out += [
+            f"**{title}**",
+            "",
+            row(
+                "arm",
+                *(f"step {t}" for t in steps),
+                *(f"{h[len('eval/em_hop') :]}-hop @ {end}" for h in hops),
+            ),
+            row(*["---"] * (1 + len(steps) + len(hops))),
+        ]
+        for arm in names:
+            seeds = runs[arm]
+            out.append(
                 row(
-                    "arm",
-                    *(f"step {t}" for t in steps),
-                    *(f"{h[len('eval/em_hop') :]}-hop @ {end}" for h in hops),
-                ),
-                row(*["---"] * (1 + len(steps) + len(hops))),
-            ]
-            for arm in names:
-                seeds = runs[arm]
-                out.append(
-                    row(
-                        arm,
-                        *(mean_std([s["evals"][t]["eval/em"] for s in seeds]) for t in steps),
-                        *(mean_std([last(s)[h] for s in seeds]) for h in hops),
-                    )
+                    arm,
+                    *(mean_std([s["evals"][t]["eval/em"] for s in seeds]) for t in steps),
+                    *(mean_std([last(s)[h] for s in seeds]) for h in hops),
                 )
-            out.append("")
+            )
+        out.append("")
     return out
 
 
@@ -358,11 +368,11 @@ BUDGET = [  # (column, metric, format): each as the arm's value and its ratio to
 
 
 def budget_table(runs: dict[str, list[dict]]) -> list[str]:
-    """The budget sweep's and the matched methods' pairings (GROUPS' first two groups): which
+    """The budget sweep's and the matched methods' pairings (GROUPS' first three groups): which
     definition each matches, and what each costs against its reference."""
     flags = arms()
     chosen = dict.fromkeys(
-        (arm_name(f), arm_name(r)) for _, members in GROUPS[:2] for f, refs in members for r in refs
+        (arm_name(f), arm_name(r)) for _, members in GROUPS[:3] for f, refs in members for r in refs
     )
     out = [
         "### Budgets: each arm against its reference, means over steps and seeds (ratio in "
@@ -395,8 +405,7 @@ def budget_table(runs: dict[str, list[dict]]) -> list[str]:
 def figure(runs: dict[str, list[dict]], path: str):
     """Test EM against step (left) and cumulative generated tokens (right), a row per group, a line
     per arm (mean over seeds), the seeds' min-max as a band."""
-    groups = [(t, [arm_name(f) for f, _ in m if arm_name(f) in runs]) for t, m in GROUPS]
-    groups = [(t, names) for t, names in groups if names]
+    groups = shown(runs)
     fig = Figure(figsize=(11, 3.2 * len(groups)))
     for axes, (title, names) in zip(fig.subplots(len(groups), 2, squeeze=False), groups):
         for i, arm in enumerate(names):
@@ -473,51 +482,66 @@ def refuse_overwrite(out: str, inputs: list[str], merging: bool):
 def merge(paths: list[str], setting: str | None) -> tuple[dict, list[int], str, dict, dict, str]:
     """Several results.json files as one run, seeds in order: their setting (`setting`'s; None:
     any) and shared flags must agree, except --eval_every (evaluating draws nothing from
-    training's random state: tests/test_train.py), and no seed may repeat. The arms every file
+    training's random state: tests/test_train.py). Files join seeds (later seeds of the same arms)
+    and arms (later arms over the same seeds, each seed's warm start the same: its step-0
+    evaluation equal in every file); a seed's arm comes from one file only. The arms every seed
     holds are kept, at the evaluation steps all their seeds share: a file of `--arms matched
     --train_flags=""` (steps 0 and 15) adds seeds to the matched-budget tables. Returns what main()
     writes, and where it came from."""
     parts = [read_results(p) for p in paths]
-    first, seeds = parts[0], [s for p in parts for s in p["seeds"]]
+    first = parts[0]
     keys = ("setting", "world flags", "warm start flags", "train_flags")
-    kept = [n for n in first["runs"] if all(n in p["runs"] for p in parts)]
     problems = [
         f"{path}: {k} {p.get(k)!r}, not {first.get(k)!r} as in {paths[0]}"
         for path, p in zip(paths, parts)
         for k in keys
         if p.get(k) != first.get(k)
         and (k != "train_flags" or without_eval_every(p[k]) != without_eval_every(first[k]))
-    ] + [f"no arm is in every file ({', '.join(paths)})"] * (not kept)
+    ]
     if setting is not None and first.get("setting", "default") != setting:
         problems.append(
             f"the files hold setting {first.get('setting', 'default')!r}: pass --setting"
         )
-    if len(set(seeds)) < len(seeds):
-        problems.append(f"a seed is in two files (seeds {seeds})")
+    cells, step0 = {}, {}  # seed -> arm -> (summary, wall); seed -> (path, its step-0 EM)
+    for path, p in zip(paths, parts):
+        for n, summaries in p["runs"].items():
+            for seed, s, wall in zip(p["seeds"], summaries, p["walls"][n]):
+                if n in cells.setdefault(seed, {}):
+                    problems.append(f"seed {seed}'s {n} is in two files")
+                cells[seed][n] = s, wall
+                where, em = step0.setdefault(seed, (path, s["evals"]["0"]))
+                if em != s["evals"]["0"]:
+                    problems.append(
+                        f"seed {seed}'s step 0 in {path} is not the one in {where} (another warm "
+                        f"start)"
+                    )
+    seeds = sorted(cells)
+    every = list(dict.fromkeys(n for p in parts for n in p["runs"]))
+    kept = [n for n in every if all(n in cells[seed] for seed in seeds)]
+    problems += [f"no arm is at every seed ({', '.join(paths)})"] * (not kept)
     if problems:
         raise SystemExit(
             "--merge: the files do not make one run (nothing was written):\n  "
-            + "\n  ".join(problems)
+            + "\n  ".join(dict.fromkeys(problems))
         )
-    order = sorted(range(len(seeds)), key=seeds.__getitem__)
 
     def steps(d: dict) -> dict:  # JSON made the steps strings
         return {int(k): v for k, v in d.items()}
 
-    schedules = {frozenset(steps(s["evals"])) for p in parts for n in kept for s in p["runs"][n]}
-    shared = frozenset.intersection(*schedules)
-    runs, walls = {}, {}
-    for n in kept:
-        summaries = [s for p in parts for s in p["runs"][n]]
-        runs[n] = [
+    shared = frozenset.intersection(
+        *(frozenset(steps(cells[seed][n][0]["evals"])) for seed in seeds for n in kept)
+    )
+    runs = {
+        n: [
             {**s, "evals": {t: e for t, e in steps(s["evals"]).items() if t in shared}}
             | {"tokens": steps(s["tokens"])}
-            for s in map(summaries.__getitem__, order)
+            for s in (cells[seed][n][0] for seed in seeds)
         ]
-        wall = [w for p in parts for w in p["walls"][n]]
-        walls[n] = [wall[i] for i in order]
+        for n in kept
+    }
+    walls = {n: [cells[seed][n][1] for seed in seeds] for n in kept}
     named = {k: first[k] for k in keys[:3] if k in first}
-    flags, every = {p["train_flags"] for p in parts}, {n for p in parts for n in p["runs"]}
+    flags = {p["train_flags"] for p in parts}
     source = "; ".join(
         f"seed{'s' * (len(p['seeds']) > 1)} {', '.join(map(str, p['seeds']))} from {path} (commit "
         f"{p.get('commit', 'not recorded')}"
@@ -525,14 +549,14 @@ def merge(paths: list[str], setting: str | None) -> tuple[dict, list[int], str, 
         + ")"
         for path, p in zip(paths, parts)
     )
-    if every != set(kept):
-        source += f"; arms not in every file, left out: {', '.join(sorted(every - set(kept)))}"
-    if len(schedules) > 1:
+    if len(kept) < len(every):
+        source += f"; arms not at every seed, left out: {', '.join(sorted(set(every) - set(kept)))}"
+    if any(frozenset(steps(cells[seed][n][0]["evals"])) != shared for seed in seeds for n in kept):
         source += f"; the evaluation steps every seed has: {', '.join(map(str, sorted(shared)))}"
     train_flags = (
         first["train_flags"] if len(flags) == 1 else without_eval_every(first["train_flags"])
     )
-    return named, sorted(seeds), train_flags, runs, walls, source
+    return named, seeds, train_flags, runs, walls, source
 
 
 def render(named: dict, seeds: list[int], train_flags: str, runs: dict, walls: dict, how: str):

@@ -430,7 +430,7 @@ def test_report_reproduces_a_run_of_the_default_setting_as_written(tmp_path):
 def test_every_arm_runs_once_under_its_own_name():
     arms = compare_arms.arms()
     names = [compare_arms.arm_name(f) for _, members in compare_arms.GROUPS for f, _ in members]
-    assert sorted(arms) == sorted(set(names)) and names.count("GRPO G=4") == 2  # run once
+    assert sorted(arms) == sorted(set(names)) and names.count("GRPO G=4") == 3  # run once
     assert compare_arms.arm_name(compare_arms.TREE + " --tree_mode intra").endswith(" intra only")
     assert (
         compare_arms.arm_name("--algo carl --carl_update_all") == "CARL (1,16) update-all"
@@ -455,7 +455,7 @@ def test_settings_apply_to_every_arm_and_warm_start_and_leave_the_default_as_it_
     # hard: the agent's flags in the arms' and the warm start's, --train_flags / --warm_flags after
     hard = compare_arms.SETTINGS["hard"]
     a, arms, shared = compare.configure(compare.Args(setting="hard", warm_flags="--val_n 10"))
-    assert shared == hard["agent"] + " --eval_every 5" and len(arms) == 15
+    assert shared == hard["agent"] + " --eval_every 5" and len(arms) == 18
     assert a.warm_flags == hard["agent"] + " " + hard["warm"] + " --val_n 10"
     assert a.out.endswith("out/compare-hard")
     a, _, shared = compare.configure(compare.Args(setting="hard", quick=True))
@@ -521,18 +521,59 @@ def test_merge_joins_the_seeds_of_separate_sittings_in_order_and_refuses_what_do
     assert f"mean ± std over {len(seeds)} seed(s)" in text
     again = compare_report.merge([str(tmp_path / "all" / "results.json")], "hard")
     assert again[:5] == (named, seeds, flags, runs, walls)
-    # refused, with every reason: a seed twice, other shared flags, the wrong --setting
-    other = tmp_path / "other.json"
-    other.write_text(json.dumps({**original, "seeds": [1], "train_flags": "--lr 1"}))
+    # refused, with every reason: a seed's arm twice, another warm start (step 0), other shared
+    # flags, the wrong --setting
+    other, copy = tmp_path / "other.json", json.loads(stored.read_text())
+    copy["runs"]["GRPO G=4"][1]["evals"]["0"]["eval/em"] += 0.001
+    other.write_text(json.dumps({**copy, "seeds": [0, 1], "train_flags": "--lr 1"}))
     with pytest.raises(SystemExit) as refused:
         compare_report.merge([str(stored), str(other)], "default")
     for reason in (
-        "a seed is in two files (seeds [",
+        "seed 0's GRPO G=4 is in two files",
+        f"seed 1's step 0 in {other} is not the one in {stored} (another warm start)",
         "train_flags '--lr 1', not",
         "the files hold setting 'hard': pass --setting",
         "nothing was written",
     ):
         assert reason in str(refused.value)
+
+
+def test_merge_joins_later_arms_run_over_the_same_seeds(tmp_path):
+    # a later method's arms, run over the committed seeds from the same warm starts, join the
+    # committed arms: the default's 15 arms split into two files (GRPO G=4 in the first only) merge
+    # back to the one file's run, whichever file comes first
+    stored = ROOT / "docs" / "comparison_default.json"
+    d = json.loads(stored.read_text())
+    later = [n for n in d["runs"] if n.startswith(("CARL", "TreePS"))]
+    assert len(later) == 4 and "GRPO G=4" not in later
+    files = []
+    for name, arms in (("committed", [n for n in d["runs"] if n not in later]), ("later", later)):
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(
+            json.dumps(
+                {
+                    **d,
+                    "runs": {n: d["runs"][n] for n in arms},
+                    "walls": {n: d["walls"][n] for n in arms},
+                }
+            )
+        )
+    whole = compare_report.merge([str(stored)], None)
+    for order in (files, files[::-1]):
+        named, seeds, flags, runs, walls, source = compare_report.merge(list(map(str, order)), None)
+        assert (named, seeds, flags, walls) == whole[:3] + (whole[4],) and runs == whole[3]
+        assert "left out" not in source and source.count("seeds 0, 1, 2, 3, 4 from") == 2
+    # a later arm on seeds 0-2 only: the report keeps the seeds and arms it can pair
+    short = json.loads(files[1].read_text())
+    short["seeds"] = [0, 1, 2]
+    short["runs"] = {n: ss[:3] for n, ss in short["runs"].items()}
+    short["walls"] = {n: w[:3] for n, w in short["walls"].items()}
+    files[1].write_text(json.dumps(short))
+    runs, source = (r := compare_report.merge(list(map(str, files)), None))[3], r[5]
+    assert sorted(runs) == sorted(set(d["runs"]) - set(later)) and r[1] == [0, 1, 2, 3, 4]
+    assert source.endswith(
+        "left out: CARL (1,6), CARL (1,6) update-all, TreePS (3,2), TreePS (3,2) no process"
+    )
 
 
 def test_merge_adds_seeds_of_the_matched_arms_evaluated_at_0_and_15_only(tmp_path):
@@ -542,7 +583,7 @@ def test_merge_adds_seeds_of_the_matched_arms_evaluated_at_0_and_15_only(tmp_pat
     a, chosen, _ = compare.configure(compare.Args(setting="hard", arms=["matched"], train_flags=""))
     matched = ["GRPO G=4", "Tree-GRPO (2,1,1)", "Tree-GRPO (2,2,1)", "BranPO N=2", "CARL (1,6)"]
     assert list(chosen) == [*matched, "TreePS (3,2)"] and "--eval_every" not in a.train_flags
-    with pytest.raises(SystemExit, match=r"the sets \['matched'\]"):
+    with pytest.raises(SystemExit, match=r"the sets \['matched', 'later'\]"):
         compare.configure(compare.Args(arms=["matchd"]))
     full = ROOT / "docs" / "comparison_hard.json"
     d = json.loads(full.read_text())
