@@ -10,10 +10,11 @@ import sys
 import pytest
 from test_rollout import EX, TOK, MemoryRetriever
 
-from benchmarks.credit_truth import SHARED, credits, step_rows
+from benchmarks.compare_arms import MATCHED, algo_config
+from benchmarks.credit_truth import OWN, SHARED, credits, step_rows
 from benchmarks.credit_truth_report import measures, report_file, write
 from infra.engines import Completion
-from rollout import Agent, AgentConfig, RolloutConfig, tree_grpo
+from rollout import ALGOS, Agent, AgentConfig, RolloutConfig, tree_grpo
 from tree import Tree, walk
 
 # ---- (a) a world whose values are written by hand --------------------------------------------
@@ -146,6 +147,18 @@ def test_each_credits_rank_correlation_on_a_hand_built_tree():
     assert abs(measures(rows, None)["all"] - 9.5 / (10 * 9.5) ** 0.5) < 1e-9
     # zero credit where A* != 0: Tree-GRPO intra on a single tree is GRPO, never 0 there
     assert measures(rows, "GRPO")["zero"] == 0
+
+
+def test_own_trees_every_strategy_at_its_matched_budget_with_its_own_credit():
+    # --own: each strategy of the registry grows at the comparison's matched budget and is scored
+    # with the credit it trains with; ARPO's soft credit (its default) is Tree-GRPO's inter
+    assert set(OWN) == set(ALGOS) == set(MATCHED)
+    for algo, name in OWN.items():
+        assert algo_config(MATCHED[algo])[0].algo == algo
+        credit, cfg = SHARED[name]
+        assert (credit, cfg.tree_mode) == (
+            ("tree_grpo", "inter") if algo == "arpo" else (algo, cfg.tree_mode)
+        )
 
 
 def test_report_writes_the_table_again_byte_for_byte(tmp_path):
