@@ -125,13 +125,18 @@ def row(*cells) -> str:
 
 
 def shown(runs: dict[str, list[dict]]) -> list[tuple[str, list[str]]]:
-    """Each group of GROUPS that holds one of its pairings in these runs: its title and the arms
-    of it the runs hold."""
-    return [
-        (title, [arm_name(f) for f, _ in members if arm_name(f) in runs])
+    """The groups of GROUPS a report shows: each that holds one of its pairings in these runs, or
+    an arm no such group shows; its title and the arms of it the runs hold."""
+    held = [
+        (
+            title,
+            [arm_name(f) for f, _ in members if arm_name(f) in runs],
+            any(arm_name(f) in runs and arm_name(r) in runs for f, refs in members for r in refs),
+        )
         for title, members in GROUPS
-        if any(arm_name(f) in runs and arm_name(r) in runs for f, refs in members for r in refs)
     ]
+    paired = {n for _, names, pairs in held if pairs for n in names}
+    return [(t, names) for t, names, pairs in held if pairs or set(names) - paired]
 
 
 def em_tables(runs: dict[str, list[dict]]) -> list[str]:

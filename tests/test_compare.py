@@ -576,6 +576,23 @@ def test_merge_joins_later_arms_run_over_the_same_seeds(tmp_path):
     )
 
 
+def test_a_report_shows_each_arm_once_paired_or_not(tmp_path):
+    # a group shows where it holds one of its pairings, or an arm no such group shows: the later
+    # arms run alone (to be merged with the committed ones) get their table and figure (before: a
+    # report of no pairing drew a figure of 0 rows and stopped); the hard eight seeds' Tree-GRPO
+    # (2,1,1), paired in the primary group, no one-row table of Tree-GRPO's advantage
+    named, seeds, flags, runs, walls, _ = compare_report.merge(
+        [str(ROOT / "docs" / "comparison_default.json")], None
+    )
+    alone = {n: runs[n] for n in ("CARL (1,6) update-all", "BranPO N=2 no RSM")}
+    text = compare_report.write_report(str(tmp_path), named, seeds, flags, alone, walls, "x.")
+    assert text.count("**each paper's own ablation at the matched budget**") == 1
+    assert "| CARL (1,6) update-all | 0.753" in text and (tmp_path / "curves.png").exists()
+    pair = {n: runs[n] for n in ("GRPO G=4", "Tree-GRPO (2,1,1)")}
+    shown = [t for t, _ in compare_report.shown(pair)]
+    assert shown == [compare_arms.GROUPS[1][0]]  # not the sweep's, nor Tree-GRPO's advantage's
+
+
 def test_merge_adds_seeds_of_the_matched_arms_evaluated_at_0_and_15_only(tmp_path):
     # `--arms matched --train_flags=""`: the matched set's 6 arms, train.py's --eval_every 15, so
     # evaluated at steps 0 and 15; merged with the committed 5-seed file, which has every arm at
