@@ -93,12 +93,7 @@ GROUPS = [  # (title, [(an arm's flags, the arms it is compared with, paired by 
 ]
 FAMILIES = [  # (name, title, the GROUPS whose pairings it tests, Dunnett's test (else Holm's))
     ("primary", "the five methods against GRPO G=4", (1,), True),
-    (
-        "later",
-        "the later methods against GRPO G=4 (a family of their own: added after)",
-        (2,),
-        True,
-    ),
+    ("later", "the later methods against GRPO G=4, a family of their own", (2,), True),
     ("sweep", "Tree-GRPO's Table 3 sweep, each tree against its chains", (0,), False),
     ("ablation", "each ablation against the method it ablates", (3, 4), False),
 ]

@@ -187,6 +187,15 @@ def test_a_family_of_two_arms_is_the_paired_test():
             "0, 15",
             "seeds 5, 6, 7 from docs/comparison_hard_seeds5-7.json (commit 13b7278",
         ),
+        # the later methods' 3 arms (steps 0 and 15) joined to the default's 15 over seeds 0-4
+        (
+            "comparison_later",
+            ["comparison_default", "comparison_later_default"],
+            5,
+            18,
+            "0, 15",
+            "| later | ARPO (2,5) | GRPO G=4 | +0.005 ± 0.009 | [-0.020, +0.030] | 0.602 | 0.828 |",
+        ),
     ],
 )
 def test_report_regenerates_each_settings_tables_byte_for_byte(
@@ -200,7 +209,7 @@ def test_report_regenerates_each_settings_tables_byte_for_byte(
     if len(paths) == 1:
         text = compare_report.report_file(paths[0], str(tmp_path))
     else:
-        *merged, source = compare_report.merge(paths, "hard")
+        *merged, source = compare_report.merge(paths, None)
         text = compare_report.write_report(str(tmp_path), *merged, f"merged by --merge: {source}.")
     written = (tmp_path / "results.md").read_text()
     assert text.startswith(written.rstrip("\n"))
