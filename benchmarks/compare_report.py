@@ -35,16 +35,7 @@ from benchmarks.compare_arms import (
     matched_by,
     nominal,
 )
-from benchmarks.compare_stats import (
-    ALPHA,
-    MARGIN,
-    POWER,
-    Family,
-    Paired,
-    family,
-    holm,
-    paired,
-)
+from benchmarks.compare_stats import ALPHA, MARGIN, POWER, Family, Paired, family, holm, paired
 from infra import files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -503,10 +494,8 @@ def merge(paths: list[str], setting: str | None) -> tuple[dict, list[int], str, 
         if p.get(k) != first.get(k)
         and (k != "train_flags" or without_eval_every(p[k]) != without_eval_every(first[k]))
     ]
-    if setting is not None and first.get("setting", "default") != setting:
-        problems.append(
-            f"the files hold setting {first.get('setting', 'default')!r}: pass --setting"
-        )
+    if setting is not None and (held := first.get("setting", "default")) != setting:
+        problems.append(f"the files hold setting {held!r}: pass --setting")
     cells, step0 = {}, {}  # seed -> arm -> (summary, wall); seed -> (path, its step-0 EM)
     for path, p in zip(paths, parts):
         for n, summaries in p["runs"].items():
@@ -516,10 +505,8 @@ def merge(paths: list[str], setting: str | None) -> tuple[dict, list[int], str, 
                 cells[seed][n] = s, wall
                 where, em = step0.setdefault(seed, (path, s["evals"]["0"]))
                 if em != s["evals"]["0"]:
-                    problems.append(
-                        f"seed {seed}'s step 0 in {path} is not the one in {where} (another warm "
-                        f"start)"
-                    )
+                    warm = f"seed {seed}'s step 0 in {path} is not the one in {where}"
+                    problems.append(warm + " (another warm start)")
     seeds = sorted(cells)
     every = list(dict.fromkeys(n for p in parts for n in p["runs"]))
     kept = [n for n in every if all(n in cells[seed] for seed in seeds)]
