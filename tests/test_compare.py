@@ -297,6 +297,58 @@ def test_the_comparison_result_tables_are_the_committed_numbers():
         assert multi == f"{y.mean:+.3f} ± {y.se:.3f}", arm
 
 
+LATER = ["GiGPO G=4", "AT2PO (3,1,1)", "ARPO (2,5)"]
+
+
+@functools.cache
+def later() -> dict:
+    """The later methods' runs joined to the committed ones by compare_report.merge: the default's
+    five seeds, the hard setting's five, and its eight (with the matched arms' seeds 5-7)."""
+    join = lambda *names: compare_report.merge(
+        [str(ROOT / "docs" / f"comparison_{n}.json") for n in names], None
+    )[3]
+    return {
+        "default": join("default", "later_default"),
+        "hard": join("hard", "later_hard_seeds0-4"),
+        "hard8": join("hard", "hard_seeds5-7", "later_hard_seeds0-4", "later_hard_seeds5-7"),
+    }
+
+
+def test_the_later_methods_table_is_the_committed_numbers():
+    # docs/comparison.md's table of the later family, every cell recomputed from the committed runs,
+    # and the family's line; the primary family, merged with them, is the one published before
+    runs, (_, published) = later(), committed()
+    em = lambda s: compare_report.measure(s, "em")
+    fam = {k: {n: f for n, _, f in compare_report.families(r, em)} for k, r in runs.items()}
+
+    def ratio(setting, arm) -> str:
+        r = runs[setting]
+        x = compare_report.budget(r, arm) / compare_report.budget(r, "GRPO G=4") - 1
+        return "±0%" if round(100 * x) == 0 else f"{x:+.0%}"
+
+    rows = table_rows(COMPARISON, "| arm | tokens: default, hard |")
+    assert [r[0] for r in rows] == LATER
+    for arm, tokens, *columns, tost, dunnett in rows:
+        assert tokens == f"{ratio('default', arm)}, {ratio('hard', arm)}"
+        tests = [fam[k]["later"].tests[arm, "GRPO G=4"] for k in ("default", "hard", "hard8")]
+        assert columns == [f"{x.mean:+.3f} [{x.ci()[0]:+.3f}, {x.ci()[1]:+.3f}]" for x, _ in tests]
+        assert tost == ", ".join("yes" if x.tost() < 0.05 else "no" for x, _ in tests), arm
+        assert dunnett == ", ".join(f"{p:.2f}" for _, p in tests), arm
+    families = [fam[k]["later"] for k in ("default", "hard", "hard8")]
+    join = lambda xs, fmt=".3f": ", ".join(f"{x:{fmt}}" for x in xs)
+    assert [f.df for f in families] == [12, 12, 21]
+    assert (
+        f"(the seed × arm residual × √2; 12, 12 and 21 df): {join(f.sd for f in families)}. "
+        f"Dunnett's critical t: {join((f.crit for f in families), '.2f')}. At those sd the seeds "
+        f"detect {join(f.mde for f in families)} EM with 80% power at Dunnett's α"
+    ) in WORDS
+    for k in runs:  # evaluated at 0 and 15 only: the step-15 tests are the published ones
+        merged, before = fam[k]["primary"].tests, published[k]["primary"].tests
+        assert {a: (x.mean, x.p, p) for a, (x, p) in merged.items()} == {
+            a: (x.mean, x.p, p) for a, (x, p) in before.items()
+        }
+
+
 def test_what_the_comparison_says_of_the_primary_family_is_the_committed_numbers():
     runs, fam = committed()
     tests = {k: fam[k]["primary"].tests for k in fam}
