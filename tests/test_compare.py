@@ -196,6 +196,20 @@ def test_a_family_of_two_arms_is_the_paired_test():
             "0, 15",
             "| later | ARPO (2,5) | GRPO G=4 | +0.005 ± 0.009 | [-0.020, +0.030] | 0.602 | 0.828 |",
         ),
+        # and to hard's six matched arms over seeds 0-7
+        (
+            "comparison_later_hard",
+            [
+                "comparison_hard",
+                "comparison_hard_seeds5-7",
+                "comparison_later_hard_seeds0-4",
+                "comparison_later_hard_seeds5-7",
+            ],
+            8,
+            9,
+            "0, 15",
+            "seeds 5, 6, 7 from docs/comparison_later_hard_seeds5-7.json (commit f59dafb",
+        ),
     ],
 )
 def test_report_regenerates_each_settings_tables_byte_for_byte(
