@@ -266,6 +266,28 @@ COMPARISON = (ROOT / "docs" / "comparison.md").read_text()
 WORDS = " ".join(COMPARISON.split())  # the prose, its line breaks as spaces
 
 
+def family_cells(tests: list) -> list[str]:
+    """One arm's cells in a family table of docs/comparison.md, from its (Paired, adjusted p) in
+    each setting: the 95% intervals, then TOST at +-0.05 and the Dunnett p, setting by setting."""
+    return [
+        *(f"{x.mean:+.3f} [{x.ci()[0]:+.3f}, {x.ci()[1]:+.3f}]" for x, _ in tests),
+        ", ".join("yes" if x.tost() < 0.05 else "no" for x, _ in tests),
+        ", ".join(f"{p:.2f}" for _, p in tests),
+    ]
+
+
+def family_said(families: list, dfs: str) -> str:
+    """The line under a family table of docs/comparison.md: its pooled sd, Dunnett's critical t
+    and the detectable effects at its α and at p < 0.05 alone, setting by setting."""
+    join = lambda xs, fmt=".3f": ", ".join(f"{x:{fmt}}" for x in xs)
+    return (
+        f"(the seed × arm residual × √2; {dfs} df): {join(f.sd for f in families)}. Dunnett's "
+        f"critical t: {join((f.crit for f in families), '.2f')}. At those sd the seeds detect "
+        f"{join(f.mde for f in families)} EM with 80% power at Dunnett's α, and "
+        f"{join(f.mde_alone for f in families)} at p < 0.05 alone"
+    )
+
+
 def test_the_comparison_result_tables_are_the_committed_numbers():
     # every cell of docs/comparison.md's two result tables but the labels, recomputed from the
     # committed runs: the primary family at step 15 in three columns (default, hard on 5 and 8
@@ -288,18 +310,10 @@ def test_the_comparison_result_tables_are_the_committed_numbers():
     for arm, _, tokens, *columns, tost, dunnett in rows:
         assert tokens == f"{ratio('default', arm, 'GRPO G=4')}, {ratio('hard', arm, 'GRPO G=4')}"
         tests = [fam[k]["primary"].tests[arm, "GRPO G=4"] for k in ("default", "hard", "hard8")]
-        assert columns == [interval(x) for x, _ in tests], arm
-        assert tost == ", ".join("yes" if x.tost() < 0.05 else "no" for x, _ in tests), arm
-        assert dunnett == ", ".join(f"{p:.2f}" for _, p in tests), arm
+        assert [*columns, tost, dunnett] == family_cells(tests), arm
     primary = [fam[k]["primary"] for k in ("default", "hard", "hard8")]
-    join = lambda xs, fmt=".3f": ", ".join(f"{x:{fmt}}" for x in xs)
     assert [f.df for f in primary] == [20, 20, 35]
-    assert (
-        f"(the seed × arm residual × √2; 20, 20 and 35 df): {join(f.sd for f in primary)}. "
-        f"Dunnett's critical t: {join((f.crit for f in primary), '.2f')}. At those sd the seeds "
-        f"detect {join(f.mde for f in primary)} EM with 80% power at Dunnett's α, and "
-        f"{join(f.mde_alone for f in primary)} at p < 0.05 alone"
-    ) in WORDS
+    assert family_said(primary, "20, 20 and 35") in WORDS
     rows = table_rows(COMPARISON, "| arm | reference | family |")
     assert len(rows) == 7
     for label, ref, name, default, hard, p_holm, multi in rows:
@@ -345,17 +359,10 @@ def test_the_later_methods_table_is_the_committed_numbers():
     for arm, tokens, *columns, tost, dunnett in rows:
         assert tokens == f"{ratio('default', arm)}, {ratio('hard', arm)}"
         tests = [fam[k]["later"].tests[arm, "GRPO G=4"] for k in ("default", "hard", "hard8")]
-        assert columns == [f"{x.mean:+.3f} [{x.ci()[0]:+.3f}, {x.ci()[1]:+.3f}]" for x, _ in tests]
-        assert tost == ", ".join("yes" if x.tost() < 0.05 else "no" for x, _ in tests), arm
-        assert dunnett == ", ".join(f"{p:.2f}" for _, p in tests), arm
+        assert [*columns, tost, dunnett] == family_cells(tests), arm
     families = [fam[k]["later"] for k in ("default", "hard", "hard8")]
-    join = lambda xs, fmt=".3f": ", ".join(f"{x:{fmt}}" for x in xs)
     assert [f.df for f in families] == [12, 12, 21]
-    assert (
-        f"(the seed × arm residual × √2; 12, 12 and 21 df): {join(f.sd for f in families)}. "
-        f"Dunnett's critical t: {join((f.crit for f in families), '.2f')}. At those sd the seeds "
-        f"detect {join(f.mde for f in families)} EM with 80% power at Dunnett's α"
-    ) in WORDS
+    assert family_said(families, "12, 12 and 21") in WORDS
     for k in runs:  # evaluated at 0 and 15 only: the step-15 tests are the published ones
         merged, before = fam[k]["primary"].tests, published[k]["primary"].tests
         assert {a: (x.mean, x.p, p) for a, (x, p) in merged.items()} == {
