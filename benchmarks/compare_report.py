@@ -520,9 +520,8 @@ def merge(paths: list[str], setting: str | None) -> tuple[dict, list[int], str, 
     def steps(d: dict) -> dict:  # JSON made the steps strings
         return {int(k): v for k, v in d.items()}
 
-    shared = frozenset.intersection(
-        *(frozenset(steps(cells[seed][n][0]["evals"])) for seed in seeds for n in kept)
-    )
+    schedules = {frozenset(steps(cells[seed][n][0]["evals"])) for seed in seeds for n in kept}
+    shared = frozenset.intersection(*schedules)
     runs = {
         n: [
             {**s, "evals": {t: e for t, e in steps(s["evals"]).items() if t in shared}}
@@ -543,7 +542,7 @@ def merge(paths: list[str], setting: str | None) -> tuple[dict, list[int], str, 
     )
     if len(kept) < len(every):
         source += f"; arms not at every seed, left out: {', '.join(sorted(set(every) - set(kept)))}"
-    if any(frozenset(steps(cells[seed][n][0]["evals"])) != shared for seed in seeds for n in kept):
+    if len(schedules) > 1:
         source += f"; the evaluation steps every seed has: {', '.join(map(str, sorted(shared)))}"
     train_flags = (
         first["train_flags"] if len(flags) == 1 else without_eval_every(first["train_flags"])

@@ -100,9 +100,16 @@ SHARED = {
     "TreePO": ("tree_grpo", CreditConfig(tree_mode="treepo")),
 }
 ON_CHAINS = ("grpo", "gigpo")  # the credits of GRPO chains: given the trees' paths as chains
-OWN = {"grpo": "GRPO", "tree_grpo": "Tree-GRPO", "branpo": "BranPO", "carl": "CARL"}
-OWN |= {"treeps": "TreePS", "gigpo": "GiGPO", "at2po": "AT2PO"}  # --own: the credit each
-OWN["arpo"] = "Tree-GRPO inter"  # strategy's trees are trained with; ARPO's (soft) is inter's
+OWN = {  # --own: the credit each strategy's trees are trained with
+    "grpo": "GRPO",
+    "tree_grpo": "Tree-GRPO",
+    "branpo": "BranPO",
+    "carl": "CARL",
+    "treeps": "TreePS",
+    "gigpo": "GiGPO",
+    "at2po": "AT2PO",
+    "arpo": "Tree-GRPO inter",  # ARPO's soft credit (its default) is Tree-GRPO's inter
+}
 GROUP_ROWS = 512  # continuations sampled together (one agent.run): prompts are grouped to ~this
 HF_BATCH = 256  # rows per HF generate call (train.py's engine: 32); larger, the same distribution
 
