@@ -538,15 +538,16 @@ def at2po(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> lis
 def arpo_branch(heads: list, made: list[int], roots: list[Node], M: int, rng: random.Random):
     """ARPO's adaptive beaming (official "Apply beam search" block), after a wave. heads: the open
     (prompt, step, first), first the first step of its chain or branch; made: trajectories started
-    per prompt, updated. Prompt by prompt (first appearance), while fewer than M, each step branches
-    ARPO_BEAM - 1 times if U - beta ΔH <= tau, U = rng.random(), ΔH = H(step) - H(first), H =
-    `action_nll`; a prompt with no open step starts a chain. Returns the new heads."""
+    per prompt, updated. Prompt by prompt (first appearance), while fewer than M, each step draws
+    U = rng.random() once and, if U - beta ΔH <= tau (ΔH = H(step) - H(first), H = `action_nll`),
+    branches ARPO_BEAM - 1 times, as many as M leaves room for; a prompt with no open step starts
+    a chain. Returns the new heads."""
     new = []
     for i in dict.fromkeys(i for i, _, _ in heads):
         for step, first in [(s, f) for j, s, f in heads if j == i]:
             dH = action_nll(step) - action_nll(first)
-            for _ in range(ARPO_BEAM - 1):
-                if made[i] < M and rng.random() - ARPO_BETA * dH <= ARPO_TAU:
+            if made[i] < M and rng.random() - ARPO_BETA * dH <= ARPO_TAU:  # one decision a step
+                for _ in range(min(ARPO_BEAM - 1, M - made[i])):
                     new.append((i, step, None))  # its first step: not sampled yet
                     made[i] += 1
     for i in (i for i in range(len(roots)) if made[i] < M and all(i != j for j, _, _ in heads)):

@@ -216,6 +216,24 @@ def test_arpo_abnormal_ends_close_their_chain_and_count_in_m():
     ]
 
 
+def test_arpo_draws_once_per_step_whatever_the_beam(monkeypatch):
+    # a step's branching is one decision, U - beta dH <= tau, then ARPO_BEAM - 1 branches while the
+    # prompt has fewer than M; a beam of 3 must not draw a second U for the second branch
+    import rollout
+
+    monkeypatch.setattr(rollout, "ARPO_BEAM", 3)
+    first = Node("f", logprobs=[-0.5])
+    steps = [Node("s0", logprobs=[-0.5]), Node("s1", logprobs=[-0.5])]  # dH = 0 each
+    heads = [(0, steps[0], first), (0, steps[1], first)]
+    made, rng = [2], Draws(0.4, 0.9)  # s0: 0.4 <= 0.5, branches; s1: 0.9 > 0.5, does not
+    new = arpo_branch(heads, made, [Node("root0")], 6, rng)
+    assert rng.values == [] and [n.id for _, n, _ in new] == ["s0", "s0"] and made == [4]
+    # M = 3 leaves room for one branch: the draw is made, one branch of the two is started
+    made, rng = [2], Draws(0.4)
+    new = arpo_branch(heads[:1], made, [Node("root0")], 3, rng)
+    assert rng.values == [] and [n.id for _, n, _ in new] == ["s0"] and made == [3]
+
+
 # ---- the official code's decisions (benchmarks/oracle_rollout.py) --------------------------------
 
 
