@@ -210,7 +210,11 @@ def _treepo(trees: list[Tree], scored: list[Node]) -> list[float]:
         A_i = (1/|J_i|) Σ_{j ∈ J_i} (R_i - mean_{k ∈ G_j} R_k)
     over its ancestor subgroups G_j (an ancestor's scored leaves): the prompt's (all its trees'
     leaves) always, each ancestor below it (a tree's root when the prompt has several trees, then
-    each step above the leaf) only with more than one leaf. No std (treepo-unwhitened)."""
+    each step above the leaf) only with more than one leaf. No std (treepo-unwhitened). A prompt
+    with no scored leaf (every trajectory lost to retrieval errors, or no step grown) has no
+    subgroup and trains nothing, as GRPO."""
+    if not scored:
+        return []
     prompt = fmean(leaf.reward for leaf in scored)  # the root subgroup's mean
     A = []
     for leaf in scored:

@@ -372,6 +372,19 @@ def test_treepo_forest_roots_count_with_two_leaves_and_a_group_of_one_is_zero():
     )
 
 
+def test_treepo_without_a_scored_leaf_trains_nothing_as_the_other_credits():
+    # before: a raw StatisticsError (fmean of an empty list). A prompt whose every leaf was lost to
+    # retrieval errors, or whose trees hold no step: no subgroup, no trajectory, as GRPO's inter
+    lost = n("q", n("a", flags=["env_error"]), n("b", n("b.0", flags=["env_error"])))
+    for trees in (T(lost), T(n("X"), n("Y")), T(lost, n("Y"))):
+        assert tree_grpo(trees, TREEPO) == [] == tree_grpo(trees, CreditConfig(tree_mode="inter"))
+        assert all(x.advantage is None for t in trees for x in walk(t.root))
+    # a tree with no leaf beside one with two: the prompt's subgroup is [1, 0], mean 1/2, and X's
+    # root is a subgroup of the same two: x.0: ((1 - 1/2) + (1 - 1/2)) / 2 = 1/2; x.1: -1/2
+    trees = T(n("X", leaf("x.0", 1.0), leaf("x.1", 0.0)), n("Y"))
+    close(by_leaf(tree_grpo(trees, TREEPO)), {"x.0": [0.5], "x.1": [-0.5]})
+
+
 def test_treepo_on_a_forest_of_chains_is_the_reward_minus_the_prompt_mean():
     # every chain's root and steps hold one leaf: only the prompt's subgroup counts, R_i - mean R
     rng = random.Random(2)

@@ -320,6 +320,31 @@ def test_a_retrieval_outage_is_not_checkpointed_and_resume_runs_its_steps_again(
         server.server_close()
 
 
+def test_treepo_rides_out_an_outage_as_the_other_credits_do(env):
+    # before: a prompt whose every leaf was lost to retrieval errors made TreePO's credit average
+    # an empty list, and the run died with a raw "StatisticsError: fmean requires at least one
+    # data point" at step 1; now it says what GRPO says of such steps and stops the same way
+    from infra.server import SearchServer
+
+    retriever = Outage(str(env / "out" / "world" / "corpus.jsonl"))
+    retriever.down = True  # every search but the start's health check fails
+    server = SearchServer(retriever, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    flags = ("--algo", "tree_grpo", "--tree_mode", "treepo", "--eval_every", "0", "--steps", "3")
+    flags += ("--run_name", "treepo_outage", "--retriever_url", url, "--retriever_retries", "0")
+    try:
+        out = train_with(env, ALWAYS_SEARCHES, *flags, "--env_error_patience", "2")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "StatisticsError" not in out.stderr, out.stderr[-3000:]
+    assert out.returncode != 0 and "stopping: abnormal/env_error" in out.stderr, out.stderr[-3000:]
+    for step in (1, 2):
+        said = f"step {step}: 100% of its trajectories lost to retrieval errors"
+        assert said in out.stdout, out.stdout[-3000:]
+
+
 def test_the_last_line_names_degraded_steps_and_a_run_that_trained_nothing():
     rows = [
         {"step": 1, "abnormal/env_error": 0.0, "train/tokens_trained": 0.0},
