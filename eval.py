@@ -43,13 +43,13 @@ FORMAT_RULES = {
 
 
 def cover_exact_match(prediction, golden_answers):
-    """1.0 if any non-empty golden answer appears, as whole tokens, inside the normalised prediction
-    (cover-em-tokens)."""
+    """1.0 if any golden answer appears, as whole tokens, inside the normalised prediction
+    (cover-em-tokens); a gold that normalises to empty matches nothing (`normalized_golds`)."""
     golds = normalized_golds(golden_answers)
     if prediction is None:
         return 0.0
     padded = f" {normalize_answer(prediction)} "
-    return float(any(g and f" {g} " in padded for g in golds))
+    return float(any(f" {g} " in padded for g in golds))
 
 
 def extract_answer(response):

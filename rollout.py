@@ -26,7 +26,7 @@ Deviations from the papers, each cited by its name (argued in docs/paper_code.md
 - treeps-pruning: the first sampled member of each cluster is kept; depth-limit children tie
 - format-penalty: -0.5 for format breaks and answers without search; other abnormal ends keep 0
 - expand-without-replacement: N expansion nodes drawn without replacement (`--tree_replace`: with)
-- squad-reward: SQuAD's EM / F1 on the best golden answer, Unicode punctuation, HotpotQA's yes / no
+- squad-reward: SQuAD's EM / F1, best gold; Unicode punctuation; HotpotQA's yes / no; no empty gold
 - at2po-truncated-leaf: a step whose observation overflows the token budget is a leaf, not resampled
 - arpo-entropy: H is a step's mean sampled-token NLL, not the normalised top-10 entropy of 20 tokens
 - arpo-branch-step: ΔH is the tool-calling step's (the official code's), not the step's after it

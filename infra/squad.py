@@ -1,7 +1,8 @@
 """Answer scoring as SQuAD's official evaluation script: normalisation, exact match and token F1,
 against the best-matching of a question's golden answers. The outcome reward (rollout.py) and
 eval.py's cover EM score with these; how they depart from SQuAD's script (Unicode punctuation,
-HotpotQA's yes / no rule) is rollout.py's squad-reward.
+HotpotQA's yes / no rule, no empty gold) is rollout.py's squad-reward. The rules and their edge
+cases: docs/evaluation.md.
 """
 
 import re
@@ -24,13 +25,15 @@ def normalize_answer(s):
 
 
 def normalized_golds(golden_answers):
-    """The normalised golden answers (a single string is one answer); none raises."""
+    """The normalised golden answers (a single string is one answer); none raises. A gold that
+    normalises to empty ("The The", "?") is left out: it cannot tell an answer from no answer, so
+    it matches nothing (SQuAD's script: it matches any answer that normalises to empty)."""
     golds = [golden_answers] if isinstance(golden_answers, str) else list(golden_answers)
     if not golds:
         raise ValueError(
             "golden_answers is empty; every question needs at least one accepted answer"
         )
-    return [normalize_answer(g) for g in golds]
+    return [g for g in map(normalize_answer, golds) if g]
 
 
 def exact_match(prediction, golden_answers):
@@ -53,9 +56,7 @@ def token_f1(prediction, golden_answers):
             continue  # HotpotQA: a yes/no answer gets no partial credit
         p, g = pred.split(), gold.split()
         same = sum((Counter(p) & Counter(g)).values())
-        if not p or not g:  # SQuAD v2: empty matches only empty
-            best = max(best, float(p == g))
-        elif same:
+        if same:  # an empty prediction shares no token: 0 (no gold is empty)
             precision, recall = same / len(p), same / len(g)
             best = max(best, 2 * precision * recall / (precision + recall))
     return best

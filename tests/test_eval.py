@@ -10,8 +10,56 @@ from pathlib import Path
 import pytest
 
 from eval import FORMAT_RULES, check_format, cover_exact_match, extract_answer
+from infra.squad import exact_match, normalize_answer, token_f1
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---- the scoring's edge cases, as docs/evaluation.md states them ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw, normalized",
+    [
+        ("The Beatles", "beatles"),  # articles go as whole words only...
+        ("Anthea and the Theban", "anthea and theban"),  # ...never inside one
+        ("A", ""),  # an article alone normalises to nothing
+        ("U.S.A.", "usa"),  # punctuation is deleted, not a space: "U.S.A." is one token
+        ("rock-and-roll", "rockandroll"),
+        ("Ivo Ra, Jr.", "ivo ra jr"),
+        ("«Oda»", "oda"),  # Unicode punctuation too
+        (" \tVosa \n  Republic ", "vosa republic"),  # case and whitespace
+    ],
+)
+def test_normalisation_edge_cases(raw, normalized):
+    assert normalize_answer(raw) == normalized
+
+
+def test_a_gold_that_normalises_to_empty_matches_nothing():
+    # "The The" (a band) normalises to "", as "a" or "?" does: such a gold cannot tell an answer
+    # from no answer, so it is left out of EM, F1 and cover EM alike
+    for answer in ("the the", "a", "?", "Oda"):
+        assert exact_match(answer, ["The The"]) == 0.0
+        assert token_f1(answer, ["The The"]) == 0.0
+        assert cover_exact_match(answer, ["The The"]) == 0.0
+    # the question's other golds still count; "the" no longer matches through the empty one
+    assert exact_match("the", ["The", "Oda"]) == 0.0 and exact_match("Oda!", ["The", "Oda"]) == 1.0
+    assert token_f1("the", ["The", "Oda"]) == 0.0 and token_f1("oda", ["The", "Oda"]) == 1.0
+    with pytest.raises(ValueError, match="golden_answers is empty"):
+        exact_match("x", [])  # no gold at all is a data error
+
+
+def test_em_and_f1_hand_values_and_cover_em_never_below_em():
+    golds = ["Ivo Ra", "Ra"]
+    # "ivo ra of oda" vs "ivo ra": 2 common tokens, P = 2/4, R = 2/2, F1 = 2 (1/2)(1) / (3/2) = 2/3;
+    # vs "ra": 1 common, P = 1/4, R = 1, F1 = 2 (1/4) / (5/4) = 2/5; the best: 2/3
+    assert token_f1("Ivo Ra of Oda", golds) == pytest.approx(2 / 3)
+    assert exact_match("Ivo Ra of Oda", golds) == 0.0
+    assert cover_exact_match("Ivo Ra of Oda", golds) == 1.0
+    assert token_f1("yes, Ivo Ra", ["yes"]) == 0.0  # yes / no: no partial credit (HotpotQA)
+    for answer in ("the", "Ivo Ra", "ra", "", "the the", "U.S.A."):
+        for gs in (golds, ["The The"], ["the", "usa"]):
+            assert cover_exact_match(answer, gs) >= exact_match(answer, gs), (answer, gs)
 
 
 def test_cover_exact_match_whole_tokens():
