@@ -15,9 +15,20 @@ Static: it parses the repository's code with `ast` and imports none of it. What 
 - The path is the loop, the definitions (functions, classes, methods) it refers to, the ones those
   refer to, and so on, in the top-level modules and in the infrastructure package infra/ alike.
   It stops only at MACHINERY, the infra/ modules another RL project could reuse unchanged (each
-  named below with why), at the command lines in scripts/ and at installed code; every stop is
-  printed with the code lines it skipped. A paper's rule is never machinery: the reward, action
-  parsing, abnormal outcomes, TITO contexts, log-probs and entropy, the loss are all counted.
+  named below with why), at the command lines in scripts/ and at installed code. A paper's rule is
+  never machinery: the reward, action parsing, abnormal outcomes, TITO contexts, log-probs and
+  entropy, the loss are all counted.
+- It also stops at a call on an object whose class is chosen at start (`self.engine.generate`,
+  `engine.load_weights`, `self.retriever.search`, `self.refiner.summarize`): no class on the path
+  has that method, and classes of the code whose names hold the object's do (HFEngine for
+  `engine`, RemoteRetriever for `retriever`: the code names an object after its class), each a
+  candidate.
+- Every stop is printed with the code lines it skipped, exactly: the definition where the path
+  stopped (a class with all its methods), and the definitions of its own file it reads (its
+  helpers, and a method's calls on `self`), except those on the path and those printed as stops of
+  their own; a call's are each candidate's.
+- The honest walk (the second table) follows the step into infra/ everywhere but its BOOKKEEPING
+  (the loop's metrics, timing, evaluation and checkpoints): its core must stay within HONEST_MAX.
 - Names resolve through their module's imports (`import rollout`, `from tree import path`,
   `from infra import protocol`). A name of `main` bound by calling a class (`book = Book(...)`)
   or annotated with one (`args: Args`) has that class's type: `book.lap` reaches `Book.lap`.
@@ -35,8 +46,10 @@ Static: it parses the repository's code with `ast` and imports none of it. What 
 import argparse
 import ast
 import builtins
+import functools
 import pathlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = "infra"  # the infrastructure package: walked, but for its MACHINERY
@@ -46,10 +59,6 @@ MACHINERY = {
     "infra.engines": "the rollout engines' generate (HF, vLLM) and their sampling settings",
     "infra.search": "search indexes (BM25, dense)",
     "infra.server": "the retrieval server and its client",
-    "infra.run": "the run's start, checks, metrics log and checkpoints",
-    "infra.rundir": "run directories, locks, final/",
-    "infra.bookkeeping": "the loop's bookkeeping: metrics, timing, evaluation, checkpoints",
-    "infra.health": "metrics",
     "infra.flags": "flag parsing",
     "infra.shard": "DDP / FSDP2: collectives, gathering, the ranks' padding",
     "infra.startup": "start-up on several processes",
@@ -58,11 +67,21 @@ MACHINERY = {
     "infra.warmstart": "the embedded default's warm start",
     "infra.files": "atomic file writes",
     "infra.policy": "loading a policy and its tokenizer",
+}
+# the loop's bookkeeping: machinery, and the only stops of the honest walk
+BOOKKEEPING = {
+    "infra.bookkeeping": "the loop's bookkeeping: metrics, timing, evaluation, checkpoints",
+    "infra.run": "the run's start, checks, metrics log and checkpoints",
+    "infra.rundir": "run directories, locks, final/",
+    "infra.health": "metrics",
     "infra.draw": "pictures",
 }
+MACHINERY |= BOOKKEEPING
 # the shared core's bounds: 600 lines for the five papers' step, + 15 for the knobs of the three
 # later methods (GiGPO, AT2PO, ARPO) in the two config classes every path reads
 CORE_MAX = {"code lines": 615, "definitions": 60, "files": 6}
+# the honest walk's core (into infra/ everywhere but BOOKKEEPING)
+HONEST_MAX = {"code lines": 740, "files": 10}
 LOOP_MODULE, LOOP_FUNCTION, LOOP_VARIABLE = "train", "main", "step"
 MAX_LINE = 100  # characters: pyproject.toml's line-length
 FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -131,6 +150,17 @@ class Module:
                     if isinstance(target, ast.Name):
                         self.variables[target.id] = stmt.value
 
+    @functools.cached_property
+    def algo_lookups(self) -> list[ast.Subscript]:
+        """Its definitions' subscripts by `algo` or `X.algo` (registries read them)."""
+        return [
+            n
+            for d in self.defs.values()
+            for n in ast.walk(d)
+            if isinstance(n, ast.Subscript)
+            and "algo" in (getattr(n.slice, "id", None), getattr(n.slice, "attr", None))
+        ]
+
     def definition(self, name: str) -> Definition:
         """`name`'s Definition; a class's lines leave out its methods."""
         node = self.defs[name]
@@ -187,12 +217,7 @@ def registries(modules: dict[str, Module]) -> dict[tuple[str, str], list[str]]:
     """The algorithm registries, (module, variable) -> keys: dicts indexed by `algo` or `X.algo`."""
     found = {}
     for module in modules.values():
-        for node in (n for d in module.defs.values() for n in ast.walk(d)):
-            if not isinstance(node, ast.Subscript) or "algo" not in (
-                getattr(node.slice, "id", None),
-                getattr(node.slice, "attr", None),
-            ):
-                continue
+        for node in module.algo_lookups:
             home, name = module.name, getattr(node.value, "id", None)  # REGISTRY[...]
             if name in module.imports and module.imports[name][1]:  # from m import REGISTRY
                 home, name = module.imports[name]
@@ -220,13 +245,15 @@ def algos(modules: dict[str, Module]) -> list[str]:
 class Walker:
     """One algo's path: visits definitions and variables, and what they refer to, once each."""
 
-    def __init__(self, modules: dict[str, Module], algo: str, types=None):
+    def __init__(self, modules: dict[str, Module], algo: str, types=None, machinery=MACHINERY):
         self.modules, self.algo, self.registries = modules, algo, registries(modules)
         self.types = types or {}  # main's names bound by calling a class: name -> (module, class)
+        self.machinery = machinery  # where it stops: MACHINERY, or the honest walk's BOOKKEEPING
         self.reached: dict[tuple[str, str], Definition] = {}
         self.variables: set[tuple[str, str]] = set()
         self.classes: set[tuple[str, str]] = set()
         self.attributes: set[str] = set()  # the `name`s of x.name with x of unknown type
+        self.receivers: dict[str, set[str]] = {}  # name -> each x of x.name (`engine`, `tok`)
         self.stops: set[str] = set()  # where the path met MACHINERY or SCRIPTS
 
     def lookup(self, module: str, name: str):
@@ -244,7 +271,7 @@ class Walker:
         SCRIPTS, None at installed code."""
         if f"{module}.{name}" in self.modules:  # from infra import protocol
             return "module", f"{module}.{name}"
-        if module in MACHINERY or module.split(".")[0] == SCRIPTS:
+        if module in self.machinery or module.split(".")[0] == SCRIPTS:
             self.stops.add(f"{module}.{name}")
         elif module in self.modules:
             return self.lookup(module, name)
@@ -291,7 +318,7 @@ class Walker:
                     continue
                 if module == LOOP_MODULE and owner in self.types:  # book.lap: Book.lap
                     home, name = self.types[owner]
-                    if home in MACHINERY:
+                    if home in self.machinery:
                         self.stops.add(f"{home}.{name}.{node.attr}")
                     else:  # that method only: main's own lines are the loop's
                         self.visit(self.method(home, name, node.attr))
@@ -303,6 +330,8 @@ class Walker:
                     self.visit(self.method(*target[1:], node.attr))
                 elif owner not in builtin:  # x.name: that method of every class on the path
                     self.attributes.add(node.attr)
+                    x = ast.unparse(node.value).removeprefix("self.")
+                    self.receivers.setdefault(node.attr, set()).add(x)
                     for m, c in list(self.classes):
                         self.visit(self.method(m, c, node.attr))
 
@@ -354,12 +383,22 @@ def registry_lookups(modules: dict[str, Module], found) -> list[ast.Assign]:
     ]
 
 
-def reading_path(modules: dict[str, Module], algo: str) -> tuple[list[Definition], list[str]]:
-    """`algo`'s path, in file and line order, and the names where it stopped (MACHINERY)."""
+class Walk(NamedTuple):
+    """One algo's path and where it stopped."""
+
+    path: list[Definition]  # in file and line order
+    stops: list[str]  # at machinery and scripts: "infra.shard.deal", "infra.bookkeeping.Book.lap"
+    calls: dict[str, list[tuple[str, str]]]  # "engine.generate" -> its candidates (module, name)
+
+
+def reading_path(modules: dict[str, Module], algo: str, machinery=MACHINERY) -> Walk:
+    """`algo`'s path, in file and line order, the names where it stopped (`machinery`) and the
+    calls it could not follow: x.name on an object of unknown type, where no class on the path
+    has the method `name` and classes of the code do (its candidates)."""
     if algo not in algos(modules):
         raise SystemExit(f"reading_path: unknown algo {algo!r}; the registries: {algos(modules)}")
     loop, train = find_loop(modules), modules[LOOP_MODULE]
-    walker = Walker(modules, algo, class_locals(modules))
+    walker = Walker(modules, algo, class_locals(modules), machinery)
     lookups = registry_lookups(modules, walker.registries)  # `algo = ALGOS[...]` before the loop
     lines = code_lines(train.lines, *span(loop)) + sum(
         code_lines(train.lines, *span(n)) for n in lookups
@@ -368,24 +407,70 @@ def reading_path(modules: dict[str, Module], algo: str) -> tuple[list[Definition
     walker.reached[LOOP_MODULE, ""] = Definition(LOOP_MODULE, name, loop.lineno, lines)
     local = bound_names([train.defs[LOOP_FUNCTION]])
     walker.follow(LOOP_MODULE, [loop, *(n.value for n in lookups)], local=local)
-    return sorted(walker.reached.values(), key=lambda d: (d.module, d.line)), sorted(walker.stops)
+    calls = {}
+    for attr, receivers in walker.receivers.items():
+        if any(f"{c}.{attr}" in modules[m].defs for m, c in walker.classes):
+            continue  # followed: that method of a class on the path
+        candidates = [(m.name, f"{c}.{attr}") for m in modules.values() for c in classes(m)]
+        candidates = [(m, name) for m, name in candidates if name in modules[m].defs]
+        for x in receivers:  # the object's name within its class's: engine, HFEngine
+            named = x.split(".")[-1].lower()
+            calls[f"{x}.{attr}"] = [c for c in candidates if named in c[1].split(".")[0].lower()]
+    calls = {call: found for call, found in sorted(calls.items()) if found}
+    path = sorted(walker.reached.values(), key=lambda d: (d.module, d.line))
+    return Walk(path, sorted(walker.stops), calls)
 
 
-def skipped(modules: dict[str, Module], stop: str) -> int:
-    """The code lines of the definition where the path stopped ("infra.shard.gather",
-    "infra.bookkeeping.Book.lap"); 0 for a value or a module of SCRIPTS."""
+def classes(module: Module) -> list[str]:
+    """The names of `module`'s classes."""
+    return [n for n, node in module.defs.items() if isinstance(node, ast.ClassDef)]
+
+
+def home(modules: dict[str, Module], stop: str) -> tuple[str, str] | None:
+    """Where the definition a stop names ("infra.shard.deal", "infra.bookkeeping.Book.lap") is:
+    (module, name); None for a value or a module of SCRIPTS."""
     for cut in (2, 3):
         module, name = ".".join(stop.split(".")[:cut]), ".".join(stop.split(".")[cut:])
         if module in modules:
-            home = locate(modules, module, name) if "." not in name else (module, name)
-            if home and home[1] in modules[home[0]].defs:
-                return modules[home[0]].definition(home[1]).code_lines
-    return 0
+            found = locate(modules, module, name) if "." not in name else (module, name)
+            if found and found[1] in modules[found[0]].defs:
+                return found
+    return None
 
 
-def core_and_own(modules: dict[str, Module]) -> tuple[list[Definition], dict[str, list]]:
+def reads(modules: dict[str, Module], module: str, name: str) -> set[tuple[str, str]]:
+    """What a reader reads from definition `name` of `module` on: it (a class with all its
+    methods), then, again and again, the definitions of the same file it names and a method's
+    calls on `self`."""
+    m, todo, seen = modules[module], [name], set()
+    while todo:
+        n = todo.pop()
+        if n in seen or n not in m.defs:
+            continue
+        seen.add(n)
+        node, cls = m.defs[n], n.split(".")[0]
+        if isinstance(node, ast.ClassDef):
+            todo += [f"{n}.{f.name}" for f in node.body if isinstance(f, FUNCTION)]
+        for x in ast.walk(node):
+            if isinstance(x, ast.Name) and isinstance(x.ctx, ast.Load):
+                todo.append(x.id)
+            elif isinstance(x, ast.Attribute) and getattr(x.value, "id", None) in ("self", "cls"):
+                todo.append(f"{cls}.{x.attr}")
+    return {(module, n) for n in seen}
+
+
+def skipped(modules: dict[str, Module], where: tuple[str, str], exclude=frozenset()) -> int:
+    """The code lines a stop skipped: what a reader reads from its definition `where` (`reads`),
+    but the definitions in `exclude` (on a path, or another stop's own)."""
+    kept = reads(modules, *where) - (set(exclude) - {where})
+    return sum(modules[m].definition(n).code_lines for m, n in kept)
+
+
+def core_and_own(
+    modules: dict[str, Module], machinery=MACHINERY
+) -> tuple[list[Definition], dict[str, list]]:
     """The shared core (the definitions on every algo's path) and each algo's own definitions."""
-    paths = {algo: reading_path(modules, algo)[0] for algo in algos(modules)}
+    paths = {algo: reading_path(modules, algo, machinery).path for algo in algos(modules)}
     core = set.intersection(*(set(path) for path in paths.values()))
     own = {algo: [d for d in path if d not in core] for algo, path in paths.items()}
     return sorted(core, key=lambda d: (d.module, d.line)), own
@@ -419,6 +504,33 @@ def line_stats(root: pathlib.Path = ROOT) -> dict:
     }
 
 
+def stop_report(modules: dict[str, Module], walks: list[Walk], machinery=MACHINERY) -> list[str]:
+    """Every stop of `walks` (each algo's) with the code lines it skipped (`skipped`): the
+    machinery's, by module, then the calls no path follows, by candidate; and all of it once."""
+    stops = sorted({stop for w in walks for stop in w.stops})
+    calls = {call: found for w in walks for call, found in w.calls.items()}
+    homes = {stop: home(modules, stop) for stop in stops}
+    on_path = {(d.module, d.name) for w in walks for d in w.path}
+    exclude = on_path | {h for h in homes.values() if h} | {c for f in calls.values() for c in f}
+    lines = ["machinery, where every path stops (code lines skipped):"]
+    module_of = lambda stop: next((m for m in machinery if stop.startswith(m + ".")), SCRIPTS)
+    for module in sorted({module_of(stop) for stop in stops}):
+        mine = [stop for stop in stops if module_of(stop) == module]
+        said = lambda stop: (
+            f"{skipped(modules, homes[stop], exclude)}" if homes[stop] else "(a value)"
+        )
+        names = ", ".join(f"{stop[len(module) + 1 :]} {said(stop)}" for stop in mine)
+        lines.append(f"    {module}: {names} ({machinery.get(module, 'the command lines')})")
+    lines.append("calls on an object made at start, not followed (code lines of each candidate):")
+    for call, found in calls.items():
+        each = ", ".join(f"{m}.{n} {skipped(modules, (m, n), exclude)}" for m, n in found)
+        lines.append(f"    {call}: {each}")
+    read = set().union(*(reads(modules, *h) for h in exclude - on_path)) - on_path
+    total = sum(modules[m].definition(n).code_lines for m, n in read)
+    lines.append(f"skipped in all, each definition once: {total:,} code lines")
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--verbose", action="store_true", help="list each part's definitions")
@@ -427,32 +539,38 @@ def main():
     root = pathlib.Path(args.root)
     modules = load_modules(root)
     start = f"{LOOP_MODULE}.py's loop (line {find_loop(modules).lineno})"
-    print(f"one step's reading path: from {start}, into {PACKAGE}/ too, stopping at machinery")
-    core, own = core_and_own(modules)
     where = lambda d: f"{d.module.replace('.', '/')}.py:{d.line}"
     listing = lambda defs: [f"    {where(d):24} {d.name:30} {d.code_lines:4}" for d in defs]
-    bounds = " / ".join(f"<= {v}" for v in CORE_MAX.values())
-    c = size(core)
-    print(f"shared core (every algo): {c['code lines']} code lines, {c['definitions']} definitions")
-    print(f"    {c['files']} files: {', '.join(files(core))} (bounds {bounds})")
-    for line in listing(core) if args.verbose else []:
-        print(line)
-    print(f"{'algo':12} {'own lines':>9} {'own definitions':>15} {'path lines':>10} {'files':>5}")
-    stops = set()
-    for algo, defs in own.items():
-        o = size(defs)
-        stops |= set(reading_path(modules, algo)[1])
-        total = c["code lines"] + o["code lines"]
-        n = len(files([*core, *defs]))
-        print(f"{algo:12} {o['code lines']:>9} {o['definitions']:>15} {total:>10} {n:>5}")
-        for line in listing(defs) if args.verbose else []:
+    for title, machinery, bound in (
+        (f"one step's reading path: from {start}, into {PACKAGE}/ too", MACHINERY, CORE_MAX),
+        (
+            f"the honest walk: into {PACKAGE}/ everywhere but its bookkeeping",
+            BOOKKEEPING,
+            HONEST_MAX,
+        ),
+    ):
+        print(f"{title}, stopping at {'machinery' if machinery is MACHINERY else 'bookkeeping'}")
+        core, own = core_and_own(modules, machinery)
+        bounds = " / ".join(f"<= {v} {k}" for k, v in bound.items())
+        c = size(core)
+        n_lines, n_defs = c["code lines"], c["definitions"]
+        print(f"shared core (every algo): {n_lines} code lines, {n_defs} definitions")
+        print(f"    {c['files']} files: {', '.join(files(core))} (bounds {bounds})")
+        for line in listing(core) if args.verbose else []:
             print(line)
-    print("machinery, where every path stops (code lines skipped):")
-    home = lambda stop: next((m for m in MACHINERY if stop.startswith(m + ".")), SCRIPTS)
-    for module in sorted({home(stop) for stop in stops}):
-        mine = sorted(stop for stop in stops if home(stop) == module)
-        names = ", ".join(f"{stop[len(module) + 1 :]} {skipped(modules, stop)}" for stop in mine)
-        print(f"    {module}: {names} ({MACHINERY.get(module, 'the command lines')})")
+        print(
+            f"{'algo':12} {'own lines':>9} {'own definitions':>15} {'path lines':>10} {'files':>5}"
+        )
+        for algo, defs in own.items():
+            o = size(defs)
+            total = c["code lines"] + o["code lines"]
+            n = len(files([*core, *defs]))
+            print(f"{algo:12} {o['code lines']:>9} {o['definitions']:>15} {total:>10} {n:>5}")
+            for line in listing(defs) if args.verbose else []:
+                print(line)
+        walks = [reading_path(modules, algo, machinery) for algo in own]
+        for line in stop_report(modules, walks, machinery):
+            print(line)
     s = line_stats(root)
     top, (longest, at) = s["top"], s["longest"]
     largest = max(top, key=top.get)

@@ -1,7 +1,9 @@
 """benchmarks/reading_path.py: it finds train.py's loop and the registry lookup before it, follows
 only the chosen algo's registry entries, walks into infra/ but for its machinery (where it stops and
-says what it skipped), counts what it reaches (comments as docstrings) and splits it into the shared
-core and each algo's own code (on a hand-built repository, then on this one)."""
+says exactly what it skipped), lists the calls on objects made at start that it cannot follow,
+counts what it reaches (comments as docstrings) and splits it into the shared core and each algo's
+own code; the honest walk stops at bookkeeping only (on a hand-built repository, then on this
+one)."""
 
 import importlib.util
 import pathlib
@@ -24,11 +26,29 @@ from infra.run import Book
 
 def main(args):
     book = Book()
+    engine = engines.make()
     chosen = credit.ALGOS[args.algo]
     for step in range(3):
         # one step
         credit.step(args, engines.load(), parse.words(chosen))
+        engine.sync(step)
         book.log(step)
+"""
+ENGINES = """def load():
+    return credit.first()
+
+
+def make():
+    return FakeEngine()
+
+
+class FakeEngine:
+    def sync(self, step):
+        return _copy(step)
+
+
+def _copy(step):
+    return step
 """
 PARSE = '''def words(text):
     """Split."""
@@ -68,30 +88,40 @@ def test_a_hand_built_repository_gives_the_hand_counted_path(tmp_path):
     (tmp_path / "credit.py").write_text(CREDIT)
     (tmp_path / "infra").mkdir()
     # machinery (engines, run): the path stops there; infra/parse.py is not machinery: walked
-    (tmp_path / "infra" / "engines.py").write_text("def load():\n    return credit.first()\n")
+    (tmp_path / "infra" / "engines.py").write_text(ENGINES)
     (tmp_path / "infra" / "parse.py").write_text(PARSE)
     (tmp_path / "infra" / "run.py").write_text(RUN)
     modules = reading_path.load_modules(tmp_path)
     assert reading_path.algos(modules) == ["a", "b"]
     for algo, fn in (("a", "first"), ("b", "second")):
-        path, stops = reading_path.reading_path(modules, algo)
-        # the loop 4 lines (for, a comment, two calls) + the registry lookup before it 1, step 3
+        path, stops, calls = reading_path.reading_path(modules, algo)
+        # the loop 5 lines (for, a comment, three calls) + the registry lookup before it 1, step 3
         # (def, docstring, return), Config 3 (decorator, class, field), the algo's function 2 (not
         # the other's, nor unused, nor engines.load, which would reach `first`), parse.words 3:
-        # 5 definitions, 16 lines, 3 files; `book.log` is Book.log, a stop in infra.run
+        # 5 definitions, 17 lines, 3 files; `book.log` is Book.log, a stop in infra.run
         assert [(d.module, d.name, d.code_lines) for d in path] == [
             ("credit", "Config", 3),
             ("credit", "step", 3),
             ("credit", fn, 2),
             ("infra.parse", "words", 3),
-            ("train", "main (the loop)", 5),
+            ("train", "main (the loop)", 6),
         ]
         assert stops == ["infra.engines.load", "infra.run.Book.log"]
-        assert reading_path.skipped(modules, "infra.engines.load") == 2
-        assert reading_path.skipped(modules, "infra.run.Book.log") == 2
+        # `engine` is made at start (no type the walk knows): FakeEngine's sync is its candidate
+        assert calls == {"engine.sync": [("infra.engines", "FakeEngine.sync")]}
+        home = lambda stop: reading_path.home(modules, stop)
+        assert home("infra.engines.load") == ("infra.engines", "load")
+        assert reading_path.skipped(modules, home("infra.engines.load")) == 2
+        assert reading_path.skipped(modules, home("infra.run.Book.log")) == 2
+        # what a reader reads there: sync 2 and the helper it calls, _copy 2
+        assert reading_path.skipped(modules, ("infra.engines", "FakeEngine.sync")) == 4
+        # the honest walk stops at bookkeeping only: engines.load is read (2 lines), no stop there
+        path, stops, _ = reading_path.reading_path(modules, algo, {"infra.run": "bookkeeping"})
+        assert ("infra.engines", "load", 2) in [(d.module, d.name, d.code_lines) for d in path]
+        assert stops == ["infra.run.Book.log"]
     # the core: what both paths hold; each algo owns its function
     core, own = reading_path.core_and_own(modules)
-    assert reading_path.size(core) == {"code lines": 14, "definitions": 4, "files": 3}
+    assert reading_path.size(core) == {"code lines": 15, "definitions": 4, "files": 3}
     assert {a: [d.name for d in defs] for a, defs in own.items()} == {
         "a": ["first"],
         "b": ["second"],
@@ -116,7 +146,7 @@ def test_the_registry_read_from_the_code_holds_the_algorithm_names():
 
 @pytest.mark.parametrize("algo", list(rollout.ALGOS))
 def test_each_algo_path_holds_its_own_strategy_and_credit_and_no_other_credit(algo):
-    path, stops = reading_path.reading_path(reading_path.load_modules(ROOT), algo)
+    path, stops, calls = reading_path.reading_path(reading_path.load_modules(ROOT), algo)
     names = {(d.module, d.name) for d in path}
     assert (
         len(path) > 0
@@ -133,6 +163,43 @@ def test_each_algo_path_holds_its_own_strategy_and_credit_and_no_other_credit(al
     # where it stops is machinery only: never a paper's rule (reward, parsing, log-probs, loss)
     assert {s.split(".")[1] for s in stops} <= {m.split(".")[1] for m in reading_path.MACHINERY}
     assert not {"infra.protocol", "infra.squad"} & {m for m in reading_path.MACHINERY}
+    # the calls on the objects made at start are stops it names, each with its candidates
+    assert {
+        "engine.generate",
+        "engine.load_weights",
+        "engine.sleep",
+        "retriever.search",
+        "refiner.summarize",
+    } <= set(calls)
+    assert ("infra.engines", "HFEngine.generate") in calls["engine.generate"]
+    assert ("retriever", "Refiner.summarize") in calls["refiner.summarize"]
+
+
+def test_every_stop_is_printed_with_the_lines_it_skipped():
+    modules = reading_path.load_modules(ROOT)
+    walks = [reading_path.reading_path(modules, algo) for algo in rollout.ALGOS]
+    said = "\n".join(reading_path.stop_report(modules, walks))
+    for stop in {s for w in walks for s in w.stops} | {c for w in walks for c in w.calls}:
+        assert stop.rsplit(".", 1)[-1] in said, stop
+    for call in ("engine.generate", "engine.load_weights", "engine.sleep", "retriever.search"):
+        assert f"    {call}: " in said
+    # a class stop counts its methods: Sampling's checks, RetrievalError's __init__
+    home = lambda stop: reading_path.home(modules, stop)
+    sampling = modules["infra.engines"].definition("Sampling").code_lines
+    check = modules["infra.engines"].definition("Sampling.__post_init__").code_lines
+    assert reading_path.skipped(modules, home("infra.engines.Sampling")) == sampling + check
+
+
+def test_the_honest_walk_reads_infra_but_bookkeeping_within_its_bounds():
+    modules = reading_path.load_modules(ROOT)
+    core, _ = reading_path.core_and_own(modules, reading_path.BOOKKEEPING)
+    size = reading_path.size(core)
+    assert all(size[k] <= bound for k, bound in reading_path.HONEST_MAX.items()), size
+    # it reads what the first walk stops at, the mini-batches' dealing and the sampling settings
+    names = {(d.module, d.name) for d in core}
+    assert ("infra.shard", "deal") in names and ("infra.engines", "Sampling") in names
+    counted, _ = reading_path.core_and_own(modules)
+    assert reading_path.size(counted)["code lines"] < size["code lines"]
 
 
 def test_the_shared_core_is_within_its_bounds_and_each_algo_owns_its_paper():
