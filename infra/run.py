@@ -24,7 +24,7 @@ import torch
 from accelerate.commands.config import default_config_file
 from matplotlib.figure import Figure
 
-from infra import engines, files, flags, health, policy, rundir, shard, warmstart
+from infra import engines, files, flags, health, policy, rundir, search, shard, warmstart
 
 TRACKERS = {
     n: getattr(accelerate.utils, f"is_{n}_available")
@@ -62,7 +62,7 @@ RULES = [  # flags.check: (flags of train.py's Args, what is allowed, test)
     ("max_env_error_rate", "in [0, 1]", lambda v: 0 <= v <= 1),
     ("run_name", "a name: no '/', not '.' or '..'", lambda v: not rundir.bad_name(v)),
     (
-        "data test_data corpus",
+        "data test_data",
         "an existing file, a directory or a datasets name",
         lambda v: os.path.exists(v) or not v.endswith((".parquet", ".jsonl", ".json")),
     ),
@@ -78,6 +78,7 @@ def validate(args, configs, rules, depth):
     no_model = policy.model_problem(args.model, args.gguf_file) if args.model else ""
     ranks = int(os.environ.get("WORLD_SIZE", "1"))  # the processes `accelerate launch` starts
     no_dir = rundir.unwritable(args.out_dir)
+    no_corpus = args.corpus and search.corpus_problem(args.corpus)
     flags.check(
         (args, *configs),
         RULES + rules + engines.RULES + warmstart.RULES,
@@ -116,6 +117,7 @@ def validate(args, configs, rules, depth):
                 f"pass a multiple of {ranks}",
             ),
             (no_dir, no_dir),
+            (no_corpus, f"--corpus {args.corpus!r}: {no_corpus}"),
         ],
     )
 

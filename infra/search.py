@@ -88,14 +88,30 @@ class Corpus:
         ]
 
 
+def corpus_problem(path: str) -> str:
+    """Why `path` cannot be read as a corpus (empty: it can): it does not exist, or it is a
+    directory; said before a run writes anything (infra/run.py) and by `load_corpus`."""
+    if os.path.isdir(path):
+        inside = os.path.join(path, "corpus.jsonl")
+        return "is a directory, not a corpus file; pass " + (
+            f"the corpus file in it, {inside}"
+            if os.path.isfile(inside)
+            else 'a JSONL file of {"id": ..., "contents": "Title\\ntext"} lines'
+        )
+    if not os.path.exists(path):
+        return (
+            "does not exist; write the embedded one with `python -m infra.data --out DIR` and "
+            "pass DIR/corpus.jsonl"
+        )
+    return ""
+
+
 def load_corpus(path):
     """Read a JSONL corpus; errors (bad JSON or UTF-8, no contents, a repeated id) name the file and
     line."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(
-            f"corpus {path} does not exist; write the embedded one with "
-            f"`python -m infra.data --out DIR` and pass DIR/corpus.jsonl"
-        )
+    if problem := corpus_problem(path):
+        error = IsADirectoryError if os.path.isdir(path) else FileNotFoundError
+        raise error(f"corpus {path} {problem}")
     ids, contents, seen = [], [], {}  # seen: id -> line number
     with open(path, "rb") as f:
         for line_no, line in enumerate(

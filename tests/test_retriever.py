@@ -116,6 +116,15 @@ def test_missing_corpus_says_how_to_make_one(tmp_path):
         load_corpus(str(tmp_path / "none.jsonl"))
 
 
+def test_a_corpus_directory_is_refused_naming_the_file_in_it(tmp_path):
+    # before: a raw IsADirectoryError from open()
+    with pytest.raises(IsADirectoryError, match="is a directory, not a corpus file; pass a JSONL"):
+        load_corpus(str(tmp_path))
+    (tmp_path / "corpus.jsonl").write_text('{"id": "0", "contents": "T\\nx"}\n')
+    with pytest.raises(IsADirectoryError, match=re.escape(f"in it, {tmp_path / 'corpus.jsonl'}")):
+        load_corpus(str(tmp_path))
+
+
 def test_contents_split_into_title_and_text_at_the_first_newline():
     assert split_contents('"Paris"\nParis is a city.\nMore.') == (
         '"Paris"',

@@ -490,6 +490,26 @@ def test_a_negative_seed_a_bad_url_and_an_unwritable_out_dir_stop_before_the_run
         assert "is not writable" in rundir.unwritable(str(tmp_path / "ro" / "out"))
 
 
+def test_a_corpus_that_is_a_directory_or_missing_is_refused_before_the_run_dir(env, tmp_path):
+    # before: --corpus DIR passed the start's checks, config.json and run.lock were written, and
+    # the corpus read ended in a raw IsADirectoryError (a missing one without .jsonl: likewise)
+    world = env / "out" / "world"
+    for corpus, said in (
+        (
+            world,
+            f"--corpus {str(world)!r}: is a directory, not a corpus file; pass the corpus "
+            f"file in it, {world / 'corpus.jsonl'}",
+        ),
+        (tmp_path / "nothing", "does not exist; write the embedded one with"),
+    ):
+        flags = files_flags(env)
+        flags[flags.index("--corpus") + 1] = str(corpus)
+        out = train(env, *ONE_STEP, *flags, "--run_name", "corpus_dir")
+        assert out.returncode != 0 and said in out.stderr, out.stderr[-2000:]
+        assert "Traceback" not in out.stderr, out.stderr[-2000:]
+        assert not (env / "out" / "runs" / "corpus_dir").exists()
+
+
 # ---- 9. --resume refuses what config.json holds against it, checkpoint or not -------------------
 
 
