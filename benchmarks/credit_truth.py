@@ -1,51 +1,58 @@
 """Which credit is closest to the truth? Every method's per-step credit set against a Monte Carlo
-estimate of the step's true advantage under the policy that grew the trees.
+estimate of the step's true advantage under the policy that grew the trees, in two policies.
 
-    python benchmarks/credit_truth.py            # the embedded default's warm start, ~16 min on 2
-                                                 # cores: out/credit_truth (docs/credit_truth.md)
-    python benchmarks/credit_truth.py --prompts 4 --K 8       # a smoke run, ~2 min
+    python benchmarks/credit_truth.py --quick    # the table in ~5 min on 2 cores, wider intervals:
+                                                 # out/credit_truth-quick
+    python benchmarks/credit_truth.py            # the full run, ~60 min on 2 cores:
+                                                 # out/credit_truth (docs/credit_truth.md)
     python benchmarks/credit_truth.py --own      # also each method on the trees of its own strategy
-    python benchmarks/credit_truth.py --train_flags="--model out/runs/tree_grpo-seed0/final"
+    python benchmarks/credit_truth.py --warm_start DIR --trained DIR    # other policies
     python benchmarks/credit_truth.py --report docs/credit_truth.json --out DIR
                                                  # its results.md again, byte for byte, and figure
+
+The policies: train.py's warm start (out_dir/warmstart; trained first if missing, as train.py
+does) and the main job's RL-trained final model (out_dir/runs/tree_grpo-seedS/final; the main job,
+`python train.py` with --train_flags, is run first if it is missing), or --warm_start and
+--trained. Each is measured on --draws independent draws: draw d takes the d-th --prompts train
+questions of train.py's order for --seed and samples with its own seeds (seed + 100 d: the trees,
++ 1: A*'s continuations, + 2: VinePPO's), the same prompts and seeds under both policies.
 
 For a step taken in context s that leads to s' (the step's tokens and its observation), the true
 advantage under the policy is A*(step) = V(s') - V(s). V(context) is estimated by the mean outcome
 reward of K continuations sampled from that context's exact token ids (TITO: the tree's own
 nodes are continued, then the continuations removed), by the same agent, engine, sampling and
 retriever that grew the trees; a step that ended has V(s') = its reward, no estimate needed. Nodes
-share contexts (two trees of one prompt share the prompt), so each context is sampled once (keyed
-by a hash of its ids). SE(A*) = sqrt(SE(V(s'))^2 + SE(V(s))^2), each the K rewards' std / sqrt(K).
+share contexts (a prompt's trees share the prompt), so each context is sampled once (keyed by a
+hash of its ids). SE(A*) = sqrt(SE(V(s'))^2 + SE(V(s))^2), each the K rewards' std / sqrt(K).
 
-One set of trees per prompt ("shared"), grown by --strategy at the comparison's matched budget
-(benchmarks/compare_arms.py's MATCHED), is credited by every credit function that can read it:
+One set of trees per prompt ("shared"), grown by --trees (bushier than any method's matched budget:
+many sibling actions at many contexts), is credited by every credit function that can read it:
 GRPO (the trees' root-to-leaf paths copied into chains, as `python advantages.py --demo` does),
 Tree-GRPO both / intra / inter (inter is ARPO's soft credit), CARL, TreePS-RAG, GiGPO (on the
 chains, as GRPO), AT2PO, ARPO hard, TreePO, and BranPO where `prefix_end` marks exist (its own trees
-only). This isolates credit from rollout. --own adds each method on its own strategy's
-trees at the matched budget (rollout and credit together). A method's credit on a step is what its
-tokens receive in the loss (`tree.step_credit`: the sum over the trajectories that train it).
+only). This isolates credit from rollout. Two reference rows: "random", a seeded N(0, 1) per step
+(the floor: chance), and "VinePPO, K = 4", A = V(s') - V(s) from 4 continuations per context drawn
+apart from A*'s (how close a cheap Monte Carlo estimate comes). --own adds each method on its own
+strategy's trees at the comparison's matched budget (benchmarks/compare_arms.py's MATCHED). A
+method's credit on a step is what its tokens receive in the loss (`tree.step_credit`: the sum over
+the trajectories that train it); a step it does not train has credit 0.
 
-The steps of a tree set are those some method trains there; a step a method does not train has
-credit 0 in every statistic (the update leaves it where it is). Statistics (credit_truth_report.py):
-Spearman's rho between credit and A*, overall and at depth 1, 2, 3+; over the steps whose A* is
-more than 2 SE from 0, the share of zero credit and, among the others, the share whose credit has
-A*'s sign; each with a 95% bootstrap interval over prompts. The noise ceiling: rho between the A*
-estimates from the two halves of the K continuations.
-
-Outputs in --out: results.json (every step: prompt, id, context hash, depth, V before and after,
-A*, its SE and halves, each method's credit), results.md (the table, also printed) and
-credit_truth.png (credit against A* per method; rho by depth).
+Statistics, tables and figure: benchmarks/credit_truth_report.py (the headline: sibling ranking
+accuracy at branch points). Outputs in --out: results.json (every step: policy, draw, prompt, id,
+the contexts before and after, depth, V before and after, A*, its SEs and halves, the
+continuations' rewards from s', each credit), results.md (the tables, also printed) and
+credit_truth.png.
 """
 
 import hashlib
 import math
 import os
 import random
+import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -53,37 +60,51 @@ import retriever  # noqa: E402  (the project's modules, from the repository root
 import rollout  # noqa: E402
 from advantages import CreditConfig  # noqa: E402
 from benchmarks.compare import parse_train  # noqa: E402
-from benchmarks.compare_arms import MATCHED, algo_config, arm_name  # noqa: E402
+from benchmarks.compare_arms import MATCHED, algo_config, arm_name, tree  # noqa: E402
 from benchmarks.compare_report import commit  # noqa: E402
-from benchmarks.credit_truth_report import report_file, write  # noqa: E402
+from benchmarks.credit_truth_report import CEILING, FLOOR, report_file, write  # noqa: E402
 from infra import data, engines, flags, loaders, policy  # noqa: E402
-from rollout import Agent, Algorithm, RolloutConfig  # noqa: E402
+from rollout import Agent, RolloutConfig  # noqa: E402
 from scripts import warmstart  # noqa: E402
 from tree import Node, Tree, context_ids, path, scored_leaves, step_credit, walk  # noqa: E402
 
 
 @dataclass
 class Args:
-    """What to measure; the policy, world, agent and retriever settings are train.py's."""
+    """What to measure; the world, agent and retriever settings are train.py's."""
 
-    prompts: int = 24
-    """P: train questions (the first P in train.py's order for --seed)."""
+    prompts: int = 32
+    """P: train questions per draw (draw d: the d-th P in train.py's order for --seed)."""
+    draws: int = 2
+    """Independent draws per policy: their own prompts, trees and continuations."""
     K: int = 16
-    """Continuations sampled from every context to estimate its value."""
-    strategy: Algorithm = "tree_grpo"
-    """The rollout strategy that grows the shared trees, at its matched budget (MATCHED)."""
+    """Continuations sampled from every context to estimate its value for A*."""
+    vine_K: int = 4
+    """Continuations per context of the VinePPO row, sampled apart from A*'s."""
+    trees: str = tree(4, 2, 1)
+    """The strategy and knobs (train.py's algorithm flags) that grow the shared trees."""
+    warm_start: str = ""
+    """The first policy; empty = train.py's warm start in out_dir (trained first if missing)."""
+    trained: str = ""
+    """The second policy; empty = the main job's final model, out_dir/runs/tree_grpo-seedS/final
+    (`python train.py` with --train_flags is run first if it is missing: ~15 min on 2 cores)."""
+    quick: bool = False
+    """A smaller run that prints the table in ~5 min on 2 cores (QUICK), with wider intervals."""
     own: bool = False
     """Also each method on the trees of its own strategy at the matched budget (~2.5x the time)."""
     bootstrap: int = 1000
     """Bootstrap resamples of the prompts, for every interval."""
     train_flags: str = ""
-    """train.py flags (--model, --seed, --out_dir, agent and retriever settings), as
-    --train_flags="..."; its algorithm knobs are MATCHED's."""
-    out: str = "out/credit_truth"
-    """Output directory: results.json, results.md, credit_truth.png."""
+    """train.py flags (--seed, --out_dir, agent and retriever settings), as --train_flags="...";
+    no --model (the policies: --warm_start, --trained) and no algorithm knobs."""
+    out: str = ""
+    """Output directory: results.json, results.md, credit_truth.png; empty = out/credit_truth
+    (-quick with --quick)."""
     report: str = ""
     """Instead: the table and figure again from a results.json, results.md byte for byte."""
 
+
+QUICK = dict(prompts=8, draws=1, K=8, bootstrap=300)  # --quick: ~5 min on 2 cores
 
 # credit name -> (credit function in rollout.ALGOS, its options): every one that reads any tree
 SHARED = {
@@ -112,6 +133,7 @@ OWN = {  # --own: the credit each strategy's trees are trained with
 }
 GROUP_ROWS = 512  # continuations sampled together (one agent.run): prompts are grouped to ~this
 HF_BATCH = 256  # rows per HF generate call (train.py's engine: 32); larger, the same distribution
+DRAW_SEED = 100  # draw d samples with --seed + DRAW_SEED d (+ 1: A*, + 2: VinePPO)
 
 
 def as_chains(trees: list[Tree]) -> list[Tree]:
@@ -173,23 +195,45 @@ def mean_se(rewards: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / n)
 
 
-def value(node: Node, sampled: dict[str, list[float]]) -> tuple[list[float], float, float] | None:
-    """V(context after `node`): (its estimate's halves, the estimate, its SE): a reward for a step
-    that ended, else from `sampled`; None when no continuation was scored."""
+def value(node: Node, sampled: dict[str, list[float]]):
+    """V(context after `node`): (its estimate's halves, the estimate, its SE, the continuations'
+    rewards): a reward for a step that ended (no continuations), else from `sampled`; None when no
+    continuation was scored."""
     if node.ended:
-        return None if node.reward is None else ([node.reward] * 2, node.reward, 0.0)
+        return None if node.reward is None else ([node.reward] * 2, node.reward, 0.0, [])
     rewards = sampled[context_key(node)]
     if not rewards:
         return None
     half = len(rewards) // 2 or 1
     halves = [mean_se(rewards[:half])[0], mean_se(rewards[half:] or rewards)[0]]
-    return (halves, *mean_se(rewards))
+    return (halves, *mean_se(rewards), rewards)
 
 
-def step_rows(agent: Agent, group: list[tuple[str, int, list[Tree], list[str]]], K: int):
+def vineppo_stand_in(step: Node, sampled: dict[str, list[float]]) -> float:
+    """VinePPO's advantage of `step` (Kazemnejad et al., ICML 2025, §4: a state's value is the mean
+    return of K Monte Carlo rollouts from it, and A(s_t, a_t) = r_t + V(s_{t+1}) - V(s_t), the
+    reward only at the end): V(s') - V(s) from `sampled`, reward - V(s) for a step that ended; 0
+    where a context has no scored continuation. A stand-in for the registry's credit, to be
+    replaced by it once `--algo vineppo` is in rollout.ALGOS."""
+    before, after = value(step.parent, sampled), value(step, sampled)
+    return 0.0 if before is None or after is None else after[1] - before[1]
+
+
+def describe(node: Node) -> str:
+    """A step in a few words: its action and query or answer (and reward), or its flags."""
+    if node.action == "search":
+        return f"search {node.query!r}"
+    if node.action == "answer":
+        return f"answer {node.answer!r}, reward {node.reward:g}"
+    return f"{node.action or 'step'} ({', '.join(node.flags)})"
+
+
+def step_rows(agents: tuple[Agent, Agent], floor: random.Random, group: list, K: int, vine_K: int):
     """One row per step that some credit of `names` trains in each (tree set, prompt, trees,
-    names) of `group`: its A* from K continuations of every context involved (one `agent.run` for
-    the whole group), and each credit's value there (0: not trained)."""
+    names) of `group`: its A* from K continuations of every context involved (one `agent.run` of
+    agents[0] for the whole group), each credit's value there (0: not trained), the random row's
+    draw from `floor` and the VinePPO row's advantage from vine_K continuations of agents[1]."""
+    truth, vine = agents
     plans, jobs = [], []
     for tree_set, prompt, trees, names in group:
         got = credits(trees, names)
@@ -197,26 +241,33 @@ def step_rows(agent: Agent, group: list[tuple[str, int, list[Tree], list[str]]],
         steps = [n for t in trees for n in walk(t.root) if n.id in trained]
         plans.append((tree_set, prompt, got, steps))
         jobs += [(t, n) for t in trees for n in walk(t.root) if n.children and _needed(n, steps)]
-    sampled = continue_from(agent, jobs, K)
+    sampled = continue_from(truth, jobs, K)
+    apart = continue_from(vine, jobs, vine_K)
     rows = []
     for tree_set, prompt, got, steps in plans:
         for s in steps:
             before, after = value(s.parent, sampled), value(s, sampled)
             if before is None or after is None:
                 continue
+            credit = {name: c.get(s.id, 0.0) for name, c in got.items()}
+            credit |= {FLOOR: floor.gauss(0, 1), CEILING: vineppo_stand_in(s, apart)}
             rows.append(
                 {
                     "set": tree_set,
                     "prompt": prompt,
                     "id": s.id,
+                    "step": describe(s),
+                    "from": context_key(s.parent)[:16],
                     "context": context_key(s)[:16],
                     "depth": s.depth,
                     "v_before": before[1],
                     "v_after": after[1],
                     "a_star": after[1] - before[1],
                     "se": math.hypot(after[2], before[2]),
+                    "se_after": after[2],
                     "halves": [after[0][h] - before[0][h] for h in (0, 1)],
-                    "credit": {name: c.get(s.id, 0.0) for name, c in got.items()},
+                    "k_after": [round(r, 4) for r in after[3]],
+                    "credit": credit,
                 }
             )
     return rows
@@ -227,74 +278,145 @@ def _needed(node: Node, steps: list[Node]) -> bool:
     return any(node is s or node is s.parent for s in steps)
 
 
-def grow(agent: Agent, examples: list, algo: str, seed: int) -> list[list[Tree]]:
-    """Every prompt's trees by `algo`'s strategy at its matched budget (MATCHED)."""
-    cfg, _ = algo_config(MATCHED[algo])
-    return rollout.ALGOS[algo].grow(agent, examples, random.Random(seed), cfg)
+def grow(agent: Agent, examples: list, flags_: str, seed: int) -> list[list[Tree]]:
+    """Every prompt's trees by the strategy and knobs of the train.py flags `flags_`."""
+    cfg, _ = algo_config(flags_)
+    return rollout.ALGOS[cfg.algo].grow(agent, examples, random.Random(seed), cfg)
+
+
+def policies(a: Args, targs, world: str, warm, agent_cfg, search) -> dict[str, tuple[str, str]]:
+    """Policy name -> (its path, what the results call it): the warm start and the main job's
+    final model, each found, or made first, where train.py puts it, unless given."""
+    start = a.warm_start or os.path.join(targs.out_dir, "warmstart")
+    if not a.warm_start:
+        warmstart.ensure(start, world, warm, agent_cfg, targs.seed, search)
+    name = targs.run_name or f"tree_grpo-seed{targs.seed}"  # train.py's run name, its default algo
+    final = a.trained or os.path.join(targs.out_dir, "runs", name, "final")
+    if not a.trained and policy.model_problem(final):
+        command = [sys.executable, os.path.join(ROOT, "train.py"), *a.train_flags.split()]
+        print(f"the RL-trained policy: none in {final}; the main job first: {' '.join(command)}")
+        done = subprocess.run(command)
+        if done.returncode != 0:
+            raise SystemExit(
+                f"the main job (train.py {a.train_flags}) exited with {done.returncode} (its "
+                f"output above) and left no policy in {final}; fix it, or pass --trained DIR"
+            )
+    seed = targs.seed
+    return {
+        "warm start": (start, a.warm_start or f"train.py's warm start, seed {seed}"),
+        "RL-trained": (final, a.trained or f"the main job's final model (train.py), seed {seed}"),
+    }
+
+
+def measure(a: Args, targs, agent_cfg, search, model_path: str, draws: list) -> list[dict]:
+    """The rows of one policy (at `model_path`): for each draw (its examples, its seed), the
+    shared trees (and with --own each method's), then A* and VinePPO's continuations of every
+    context, a group of prompts at a time."""
+    model, tok = policy.load_policy(model_path, targs.gguf_file or None)
+    kw = dict(dtype=targs.vllm_dtype, gpu_memory_utilization=targs.vllm_gpu_memory_utilization)
+    engine = engines.make_engine(targs.engine, model.eval(), tok, model_path, HF_BATCH, **kw)
+    steps = []
+    for d, (examples, seed) in enumerate(draws):
+        t0, grower = time.perf_counter(), Agent(engine, search, tok, agent_cfg, seed)
+        sets = {"shared": (grow(grower, examples, a.trees, seed), list(SHARED))}
+        if a.own:
+            for algo, name in OWN.items():
+                sets[algo] = (grow(grower, examples, MATCHED[algo], seed), [name])
+        print(f"draw {d}: trees grown in {time.perf_counter() - t0:.0f} s", flush=True)
+        agents = (
+            Agent(engine, search, tok, agent_cfg, seed + 1),  # their own sampling streams
+            Agent(engine, search, tok, agent_cfg, seed + 2),
+        )
+        jobs = [
+            (s, i, prompts[i], names)
+            for s, (prompts, names) in sets.items()
+            for i in range(len(examples))
+        ]
+        bar = flags.progress(_groups(jobs, a.K), desc=f"draw {d}: A* and VinePPO")
+        for group in bar:
+            floor = random.Random(f"{FLOOR} {seed} {group[0][1]}")  # one stream per group
+            got = step_rows(agents, floor, group, a.K, a.vine_K)
+            steps += [dict(r, draw=d) for r in got]
+            bar.set_postfix(steps=len(steps), refresh=False)
+    return steps
+
+
+def _groups(jobs: list, K: int) -> list[list]:
+    """`jobs` (tree set, prompt, trees, names) in consecutive groups of about GROUP_ROWS
+    continuations (K per open context; a larger job alone)."""
+    groups, rows = [[]], 0
+    for job in jobs:
+        contexts = sum(1 for t in job[2] for n in walk(t.root) if n.children) * K
+        if groups[-1] and rows + contexts > GROUP_ROWS:
+            groups.append([])
+            rows = 0
+        groups[-1].append(job)
+        rows += contexts
+    return [g for g in groups if g]
 
 
 def main(a: Args):
     if a.report:
-        print(report_file(a.report, a.out))
+        print(report_file(a.report, a.out or "out/credit_truth"))
         return
+    if a.quick:
+        a = replace(a, **QUICK)
+    out = a.out or "out/credit_truth" + "-quick" * a.quick
     configs = parse_train(a.train_flags)
     targs, _, _, agent_cfg, retriever_cfg, warm = configs
     algo_flags = {f.name for c in (RolloutConfig, CreditConfig) for f in fields(c)}
     taken = [x for x in a.train_flags.split() if x.lstrip("-").removeprefix("no_") in algo_flags]
     flags.check(
         a,
-        [("prompts bootstrap", "an integer >= 1", lambda v: v >= 1)]
+        [("prompts draws bootstrap vine_K", "an integer >= 1", lambda v: v >= 1)]
         + [("K", "an integer >= 2 (two halves)", lambda v: v >= 2)],
-        [(bool(taken), f"--train_flags sets {taken}: the algorithm knobs are MATCHED's")],
+        [
+            (bool(taken), f"--train_flags sets {taken}: the algorithm knobs are --trees'"),
+            (
+                bool(targs.model),
+                f"--train_flags sets --model {targs.model}: the policies are --warm_start and "
+                "--trained",
+            ),
+        ],
     )
     t0 = time.perf_counter()
     world = os.path.join(targs.out_dir, "world") if not (targs.data and targs.corpus) else ""
     if world:
         data.ensure_world(world)
     rows = loaders.load_rows(targs.data or world, "train")
+    if a.prompts * a.draws > len(rows):
+        raise SystemExit(
+            f"--prompts {a.prompts} x --draws {a.draws} needs {a.prompts * a.draws} train "
+            f"questions; the world has {len(rows)}: lower one of them"
+        )
     order = list(range(len(rows)))
     random.Random(targs.seed).shuffle(order)  # train.py's order of the questions
-    examples = [rows[i] for i in order[: a.prompts]]
+    draws = [
+        ([rows[i] for i in order[d * a.prompts : (d + 1) * a.prompts]], targs.seed + DRAW_SEED * d)
+        for d in range(a.draws)
+    ]
     search, where = retriever.connect(
         retriever_cfg, targs.corpus or os.path.join(world, "corpus.jsonl")
     )
-    model_path = targs.model or os.path.join(targs.out_dir, "warmstart")
-    if not targs.model:
-        warmstart.ensure(model_path, world, warm, agent_cfg, targs.seed, search)
-    model, tok = policy.load_policy(model_path, targs.gguf_file or None)
-    kw = dict(dtype=targs.vllm_dtype, gpu_memory_utilization=targs.vllm_gpu_memory_utilization)
-    engine = engines.make_engine(targs.engine, model.eval(), tok, model_path, HF_BATCH, **kw)
-    print(f"policy {model_path}, retriever: {where}, {a.prompts} prompts, K = {a.K}", flush=True)
-
-    # ---- trees: the shared set, then (--own) each method's own
-    grower = Agent(engine, search, tok, agent_cfg, targs.seed)
-    sets = {"shared": (grow(grower, examples, a.strategy, targs.seed), list(SHARED))}
-    if a.own:
-        for algo, name in OWN.items():
-            if algo != a.strategy:
-                sets[algo] = (grow(grower, examples, algo, targs.seed), [name])
-    print(f"trees grown in {time.perf_counter() - t0:.0f} s", flush=True)
-
-    # ---- ground truth: K continuations from every context, a prompt at a time
-    truth = Agent(engine, search, tok, agent_cfg, targs.seed + 1)  # its own sampling stream
-    steps, group = [], max(1, GROUP_ROWS // (a.K * 10 * len(sets)))  # ~10 contexts a prompt
-    bar = flags.progress(range(0, a.prompts, group), desc=f"ground truth ({group} prompts each)")
-    for start in bar:
-        chunk = range(start, min(start + group, a.prompts))
-        jobs = [(s, i, prompts[i], names) for s, (prompts, names) in sets.items() for i in chunk]
-        steps += step_rows(truth, jobs, a.K)
-        bar.set_postfix(steps=len(steps), refresh=False)
+    found = policies(a, targs, world, warm, agent_cfg, search)
+    print(f"retriever: {where}; {a.draws} draw(s) of {a.prompts} prompts, K = {a.K}", flush=True)
+    steps = []
+    for name, (model_path, _) in found.items():
+        print(f"policy {name}: {model_path}", flush=True)
+        got = measure(a, targs, agent_cfg, search, model_path, draws)
+        steps += [dict(r, policy=name) for r in got]
     stored = {
-        "args": asdict(a) | {"out": None, "report": None},
-        "matched": {s: arm_name(MATCHED[a.strategy if s == "shared" else s]) for s in sets},
+        "args": asdict(a) | {"out": None, "report": None, "warm_start": None, "trained": None},
+        "sets": {"shared": arm_name(a.trees)}
+        | {algo: arm_name(MATCHED[algo]) for algo in OWN if a.own},
+        "policies": {name: said for name, (_, said) in found.items()},
         "agent": asdict(agent_cfg),
-        "model": targs.model or "the embedded default's warm start",
         "seed": targs.seed,
         "commit": commit(),
         "wall_s": round(time.perf_counter() - t0),
         "steps": steps,
     }
-    print("\n" + write(a.out, stored))
+    print("\n" + write(out, stored))
 
 
 if __name__ == "__main__":
