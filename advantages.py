@@ -11,7 +11,8 @@ it is given, and nothing else,
 for tree.render, the command line and the pictures. Never `reward`. No model or optimizer code.
 
 Deviations from the papers, each cited by its name (argued in docs/paper_code.md):
-- group-of-one: a group of one reward gets advantage 0 (verl: r itself)
+- group-of-one: a group of one reward gets advantage 0, GiGPO's step groups too (verl: r itself)
+- gigpo-no-invalid-penalty: an invalid step costs GiGPO nothing extra (official search runs: -0.01)
 - rsm-excluded: redundant steps are left out of the loss, not multiplied by 0 (BranPO Eq. 14)
 - branch-norm: BranPO's branch rewards are normalised per prompt (Eq. 12), not per trajectory
 - empty-prefix-stats: an empty BranPO prefix counts in Eq. 11's statistics (official code: not)
@@ -186,8 +187,12 @@ def gigpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
 
 
 def tree_grpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
-    """Tree-GRPO §4.2.4: A_tree(H_i) = A_intra(H_i) + A_inter(H_i), R(H_i) normalized over the
-    leaves of H_i's own tree T_i (intra) and over the leaves of all M trees of the prompt (inter).
+    """Tree-GRPO (Ji et al. 2025) §4.2.4, Tree-based Group Relative Advantages: two displayed
+    formulas, to which the paper's text that this project follows gives no equation number:
+        Â_intra/inter(H_i) = (R(H_i) - mean_j R(H_j)) / std_j R(H_j), j over G_intra or G_inter
+        Â_tree(H_i)        = Â_intra(H_i) + Â_inter(H_i)
+    R(H_i) normalized over the leaves of H_i's own tree T_i (intra) and over the leaves of all M
+    trees of the prompt (inter); std + 1e-6, a group of one 0 (group-of-one).
     Each root-to-leaf trajectory H_i is trained with its own A_tree(H_i): a prefix shared by k
     leaves is trained k times, as in the paper's objective. `cfg.tree_mode` = "intra" or "inter" is
     the Table 4 ablation (inter alone is GRPO over the tree leaves); "treepo" is TreePO's credit."""
@@ -206,7 +211,9 @@ def tree_grpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
 
 
 def _treepo(trees: list[Tree], scored: list[Node]) -> list[float]:
-    """TreePO's tree-based advantage (Li et al. 2025, Fig. 3) of each scored leaf i:
+    """TreePO's tree-based advantage (Li et al. 2025, its advantage estimation, drawn in Fig. 3; the
+    equation number is not checked: this project keeps no copy of the paper's text, and the oracle
+    test checks the formula against the official code) of each scored leaf i:
         A_i = (1/|J_i|) Σ_{j ∈ J_i} (R_i - mean_{k ∈ G_j} R_k)
     over its ancestor subgroups G_j (an ancestor's scored leaves): the prompt's (all its trees'
     leaves) always, each ancestor below it (a tree's root when the prompt has several trees, then
@@ -227,7 +234,9 @@ def _treepo(trees: list[Tree], scored: list[Node]) -> list[float]:
 
 
 def arpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
-    """ARPO (Dong et al. 2025, §3, advantage attribution) on the prompt's trees, leaf j scored:
+    """ARPO (Dong et al. 2025) §3, Advantage Attribution Estimation, on the prompt's trees, leaf j
+    scored (the equation numbers are not checked: this project keeps no copy of the paper's text;
+    soft is its official code's estimate, hard its text's):
         Â_j  = (R_j - mean R) / std R over every scored leaf of the prompt
         soft: trajectory j trains each of its steps with Â_j (GRPO over the leaves, exactly
               `tree_grpo` with tree_mode "inter"), so a step shared by d leaves is trained d times
@@ -369,8 +378,9 @@ def carl(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
 
 
 def treeps(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
-    """TreePS-RAG §2.3 (Algorithm 1, lines 28-30): V(n) = mean reward over the descendant leaves
-    L(n), and
+    """TreePS-RAG §2.3, Value Estimation and Advantage Calculation, and Algorithm 1 lines 28-30 (the
+    paper numbers no equation for these; its Eqs. 1-3 are the step, the branching factor and the
+    objective): V(n) = mean reward over the descendant leaves L(n), and
         A(n) = (2 V(n) - V(root) - V(parent(n))) / sqrt(|L(n)|)
     i.e. global advantage V(n) - V(root) plus local advantage V(n) - V(parent), damped by
     sqrt(|L(n)|) because a node with many leaves appears in that many trajectories. Only the N
@@ -408,7 +418,9 @@ def _at2po_value(n: Node, children: list[Node], mode: str) -> float:
 
 
 def at2po(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
-    """AT2PO (Zong et al. 2026, turn-wise credit assignment) on each tree T of the prompt:
+    """AT2PO (Zong et al. 2026) §3, Turn-wise Credit Assignment (the equation numbers are not
+    checked: this project keeps no copy of the paper's text; the formulas are checked against the
+    official code by the oracle test) on each tree T of the prompt:
         V(leaf) = (R - mean_T R) / (std_T R + 1e-6), leaves z-scored within T (at2po-unbiased-std)
         V(n)    = Σ_c softmax_c(H(c)) V(c)   "entropy": H(c) the mean token NLL of child step c
                   mean_c V(c)                "child"
