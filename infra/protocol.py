@@ -68,7 +68,7 @@ class AgentConfig:
     eval_top_p: float = 1.0
     """Evaluation nucleus mass."""
     reward: Literal["f1", "em"] = "f1"
-    """Outcome reward (Cut the Bill, BranPO: F1; Search-R1, Tree-GRPO, TreePS-RAG: EM)."""
+    """Outcome reward, one for every --algo (each paper's own: the README's table of methods)."""
     format_penalty: bool = False
     """BranPO's -0.5 for a broken tag format or an answer without any search."""
     retry_invalid: bool = False
