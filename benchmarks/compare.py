@@ -83,7 +83,7 @@ from benchmarks.compare_report import (  # noqa: E402
     summarize,
     write_report,
 )
-from infra import data  # noqa: E402
+from infra import data, files  # noqa: E402
 from infra.flags import check, parse  # noqa: E402
 from infra.warmstart import WarmConfig  # noqa: E402
 from retriever import RetrieverConfig  # noqa: E402
@@ -472,6 +472,12 @@ def main(a: Args):
         refuse_overwrite(a.out, a.merge, merging=True)
         print("\n" + write_report(a.out, *merged, f"merged by --merge: {source}."))
         return
+    # one sitting per --out, before anything is written there: a second one would rewrite the
+    # running arms' logs and delete their metrics (the lock lasts while this process does)
+    os.makedirs(a.out, exist_ok=True)
+    lock = files.hold_lock(  # noqa: F841 (held while main runs)
+        os.path.join(a.out, "compare.lock"), f"the comparison folder {a.out} (--out)"
+    )
     cfg, _, _, agent, retriever_cfg, _ = parse_train(shared)
     home = {s: os.path.join(a.out, f"seed{s}") for s in a.seeds}
     world_flags = SETTINGS[a.setting]["world"]  # a world of other flags: another directory

@@ -3,14 +3,17 @@ config and metrics, eval reports): each is written whole or not at all. A file i
 NAME.tmp, then renamed onto NAME (os.replace is atomic), and a directory is written to NAME.tmp,
 then swapped in, so a kill or a full disk in the middle of a write leaves the previous version (or
 nothing), never a torn one that a later run would read. Also here: a script's check of an output
-path before its work (`unwritable`), and write errors that name their file (`failure_named`).
+path before its work (`unwritable`), write errors that name their file (`failure_named`), and the
+lock that gives a folder one writer at a time (`hold_lock`: a run directory, a comparison's --out).
 """
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import socket
 
 
 def write_text(path, text: str):
@@ -112,6 +115,27 @@ def failure_named(path, what_to_do: str):
         raise OSError(
             f"writing {path} failed ({type(e).__name__}: {e}){space}: {what_to_do}"
         ) from e
+
+
+def hold_lock(path, what: str):
+    """Take the exclusive lock on the file `path` (created), which makes this process the one
+    writer of `what` (a run directory, a comparison's folder), and write "PID HOST" into it; refuse
+    when another process holds it, naming that process and what to do. Returns the open file: the
+    lock lasts while it is open, and flock frees it when the process ends, however it ends (a kill
+    -9 leaves no stale lock)."""
+    lock = open(path, "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = open(path).read().strip() or "?"
+        lock.close()
+        raise SystemExit(
+            f"{what} is in use by process {holder} ({path}): wait for it to end or stop it "
+            f"(kill {holder.split()[0]})"
+        ) from None
+    lock.truncate(0)
+    print(os.getpid(), socket.gethostname(), file=lock, flush=True)
+    return lock
 
 
 def remove(path):

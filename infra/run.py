@@ -5,7 +5,6 @@ checkpoints (saved, and resumed from) and the signals that stop it. train.py cal
 """
 
 import contextlib
-import fcntl
 import io
 import json
 import math
@@ -14,7 +13,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -229,21 +227,10 @@ def check_env_errors(history: list[dict], args, where: str) -> bool:
 
 def claim_run_dir(run_dir: str, args):
     """Lock run_dir and refuse a run already there unless --resume or --overwrite (deletes all but
-    the lock, later: rundir.clear_old_run) says what to do. Returns the open run.lock ("PID HOST");
-    flock frees it when the process ends, however it ends."""
+    the lock, later: rundir.clear_old_run) says what to do. Returns the open run.lock ("PID HOST";
+    files.hold_lock), held until the process ends."""
     os.makedirs(run_dir, exist_ok=True)
-    lock = open(os.path.join(run_dir, "run.lock"), "a+")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = Path(lock.name).read_text().strip() or "?"
-        lock.close()
-        raise SystemExit(
-            f"{run_dir} is in use by process {holder} ({lock.name}): wait for it to end or stop it "
-            f"(kill {holder.split()[0]})"
-        ) from None
-    lock.truncate(0)
-    print(os.getpid(), socket.gethostname(), file=lock, flush=True)
+    lock = files.hold_lock(os.path.join(run_dir, "run.lock"), run_dir)
     swapped = files.finish_swap(os.path.join(run_dir, "final"))  # under the lock: no one writes it
     if swapped:
         print(swapped)

@@ -8,6 +8,7 @@ import math
 import statistics
 import subprocess
 import sys
+import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -926,3 +927,68 @@ def test_a_file_that_is_not_a_results_json_is_named(tmp_path, content, said):
         with pytest.raises(SystemExit, match=f"{path} is not a results.json .*{said}"):
             call()
     assert not (tmp_path / "out").exists()
+
+
+# ---- a sitting's processes: its --out folder, its signals, the run directories of its arms
+
+
+def sitting(env, out: Path, steps: int) -> list[str]:
+    """compare.py on one arm (GRPO G=2) of seed 0 in `out`, trained for `steps` tiny steps from the
+    tests' tiny policy as the warm start (no warm start task: eval.py's step 0, then the arm)."""
+    flags = f"--steps {steps} --eval_every {steps} --eval_n 4 --prompts_per_step 2 --max_turns 2"
+    return [
+        sys.executable,
+        str(ROOT / "benchmarks" / "compare.py"),
+        *("--seeds", "0", "--arms", "GRPO G=2", "--warmstart", str(env / "tiny")),
+        *("--out", str(out), f"--train_flags={flags} --max_step_tokens 12"),
+    ]
+
+
+def start_sitting(env, out: Path, steps: int, logs: Path) -> subprocess.Popen:
+    """A sitting in the background (its stdout and stderr in `logs`.out and .err), returned once
+    its arm has logged its first step."""
+    with open(f"{logs}.out", "w") as stdout, open(f"{logs}.err", "w") as stderr:
+        job = subprocess.Popen(sitting(env, out, steps), cwd=ROOT, stdout=stdout, stderr=stderr)
+    metrics = out / "seed0" / "runs" / "grpo-g-2" / "metrics.jsonl"
+    deadline = time.time() + 600
+    while job.poll() is None and time.time() < deadline:
+        if metrics.exists() and '"train/loss"' in metrics.read_text():
+            return job
+        time.sleep(0.05)
+    end_tree(job)
+    raise AssertionError(Path(f"{logs}.err").read_text()[-3000:])
+
+
+def end_tree(job: subprocess.Popen):
+    """SIGKILL to a sitting and every process under it (a test's clean-up)."""
+    import psutil
+
+    if job.poll() is None:
+        for p in [*psutil.Process(job.pid).children(recursive=True), psutil.Process(job.pid)]:
+            p.kill()
+    job.wait()
+
+
+def test_a_second_sitting_on_one_out_refuses_at_start_and_touches_nothing(env, tmp_path):
+    # before: the second sitting opened the arm's log with "w" (the running arm's log lost its
+    # start) and deleted its metrics.jsonl, then failed on the arm's run lock
+    first = start_sitting(env, tmp_path / "out", 500, tmp_path / "first")
+    try:
+        home = tmp_path / "out" / "seed0"
+        log, metrics = home / "logs" / "grpo-g-2.log", home / "runs" / "grpo-g-2" / "metrics.jsonl"
+        before = {p: p.read_bytes() for p in (log, metrics, home / "results" / "step0.json")}
+        second = subprocess.run(
+            sitting(env, tmp_path / "out", 500),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert second.returncode != 0 and first.poll() is None
+        said = f"comparison folder {tmp_path / 'out'} (--out) is in use by process {first.pid}"
+        assert said in second.stderr and f"kill {first.pid}" in second.stderr, second.stderr
+        assert "Traceback" not in second.stderr and "seed 0" not in second.stderr  # ran nothing
+        for path, was in before.items():  # the first sitting's files grow, none was rewritten
+            assert path.read_bytes().startswith(was), path
+    finally:
+        end_tree(first)
