@@ -87,8 +87,8 @@ class Args(PPOConfig):
     """The frozen reference's weights: the mixed-precision dtype (bf16 under --mixed_precision
     bf16: half the memory; float32 without mixed precision), or float32 always."""
     data: str = ""
-    """Train questions: .parquet / .jsonl / a directory with train.* / a datasets name; empty = the
-    embedded world."""
+    """Train questions: .parquet / .jsonl / a directory with train.* / a datasets name OWNER/NAME;
+    empty = the embedded world."""
     test_data: str = ""
     """Test questions (same forms); empty = --data's test split (a single --data file has none),
     else the world's."""

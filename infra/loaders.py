@@ -7,6 +7,7 @@ Deviations from the papers, each cited by its name (argued in docs/paper_code.md
 
 import json
 import os
+import re
 from dataclasses import fields
 
 import datasets
@@ -95,20 +96,45 @@ def row_from_record(rec, where, split, index):
     )
 
 
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")  # a hub dataset: OWNER/NAME
+SUFFIXES = (".parquet", ".jsonl", ".json")  # the question files load_rows reads itself
+
+
+def source_problem(source: str, split: str) -> str:
+    """Why `load_rows(source, split)` cannot read `source` (empty: it may): a path that exists
+    nowhere, a file of another kind, or a directory without the split's file. A `source` that is
+    no local file or directory is taken for a Hugging Face datasets name only when written as one,
+    OWNER/NAME without a file suffix; anything else (a bare name, ./x, /x, a/b/c) is a local path
+    that is missing. Said before a run writes anything (infra/run.py) and by `load_rows`."""
+    if os.path.isdir(source):
+        return (
+            ""
+            if split_file(source, split)
+            else f"has no {split}.parquet or {split}.jsonl; pass a file, or a directory holding one"
+        )
+    if os.path.exists(source):
+        return (
+            ""
+            if source.endswith(SUFFIXES)
+            else f"is not a {', '.join(SUFFIXES)} file; write its questions as JSONL, one "
+            '{"question": ..., "golden_answers": [...]} per line'
+        )
+    if HUB_NAME.fullmatch(source) and not source.endswith(SUFFIXES):
+        return ""
+    return (
+        "does not exist: no file or directory of that name here, and not a Hugging Face datasets "
+        f"name (OWNER/NAME); pass a {', '.join(SUFFIXES)} file, a directory holding "
+        f"{split}.parquet or {split}.jsonl, or a datasets name (`python -m infra.data --out DIR` "
+        "writes the embedded world's)"
+    )
+
+
 def load_rows(source, split="train"):
     """Questions from a .parquet / .jsonl file, a directory holding {split}.parquet or .jsonl, or a
-    `datasets` name."""
-    if os.path.isdir(source):
-        if not split_file(source, split):
-            raise DataError(
-                f"{source} has no {split}.parquet or {split}.jsonl; pass a file or another split"
-            )
-        source = split_file(source, split)
-    if source.endswith((".parquet", ".jsonl", ".json")) and not os.path.exists(source):
-        raise DataError(
-            f"{source} does not exist; run `python -m infra.data --out DIR` to write the embedded "
-            "world"
-        )
+    `datasets` name (OWNER/NAME: source_problem)."""
+    if problem := source_problem(source, split):
+        raise DataError(f"{source}: {problem}")
+    source = split_file(source, split) if os.path.isdir(source) else source
     if source.endswith(".parquet"):
         try:
             records = pyarrow.parquet.read_table(source).to_pylist()
@@ -121,7 +147,14 @@ def load_rows(source, split="train"):
             for i, (line_no, rec) in enumerate(read_jsonl(source, DataError))
         ]
     else:
-        ds = datasets.load_dataset(source, split=split)
+        try:
+            ds = datasets.load_dataset(source, split=split)
+        except (OSError, ValueError) as e:  # not on the hub, no network, no such split
+            raise DataError(
+                f"{source}: not a local file or directory, and datasets could not load it as a "
+                f"hub dataset ({type(e).__name__}: {e}); check the name, the split {split!r} and "
+                "the network, or pass a local file"
+            ) from None
         rows = [
             row_from_record(dict(r), f"{source}[{split}]: row {i}", split, i)
             for i, r in enumerate(ds)

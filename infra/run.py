@@ -22,7 +22,7 @@ import torch
 from accelerate.commands.config import default_config_file
 from matplotlib.figure import Figure
 
-from infra import engines, files, flags, health, policy, rundir, search, shard, warmstart
+from infra import engines, files, flags, health, loaders, policy, rundir, search, shard, warmstart
 
 TRACKERS = {
     n: getattr(accelerate.utils, f"is_{n}_available")
@@ -59,11 +59,6 @@ RULES = [  # flags.check: (flags of train.py's Args, what is allowed, test)
     ("vllm_gpu_memory_utilization", "in (0, 1]", lambda v: 0 < v <= 1),
     ("max_env_error_rate", "in [0, 1]", lambda v: 0 <= v <= 1),
     ("run_name", "a name: no '/', not '.' or '..'", lambda v: not rundir.bad_name(v)),
-    (
-        "data test_data",
-        "an existing file, a directory or a datasets name",
-        lambda v: os.path.exists(v) or not v.endswith((".parquet", ".jsonl", ".json")),
-    ),
 ]
 
 
@@ -77,6 +72,14 @@ def validate(args, configs, rules, depth):
     ranks = int(os.environ.get("WORLD_SIZE", "1"))  # the processes `accelerate launch` starts
     no_dir = rundir.unwritable(args.out_dir)
     no_corpus = args.corpus and search.corpus_problem(args.corpus)
+    sources = [("data", args.data, "train"), ("test_data", args.test_data, "test")]
+    if args.eval_every and not args.test_data and os.path.isdir(args.data):
+        sources.append(("data", args.data, "test"))  # the evaluations' questions
+    no_data = [
+        f"--{flag} {value!r}: {problem}"
+        for flag, value, split in sources
+        if value and (problem := loaders.source_problem(value, split))
+    ]
     flags.check(
         (args, *configs),
         RULES + rules + engines.RULES + warmstart.RULES,
@@ -116,6 +119,7 @@ def validate(args, configs, rules, depth):
             ),
             (no_dir, no_dir),
             (no_corpus, f"--corpus {args.corpus!r}: {no_corpus}"),
+            *((True, problem) for problem in no_data),
         ],
     )
 

@@ -20,7 +20,7 @@ from infra.data import (
     syllabify,
     write_world,
 )
-from infra.loaders import DataError, load_rows
+from infra.loaders import DataError, load_rows, source_problem
 
 SMALL = WorldConfig(
     people=300,
@@ -370,6 +370,32 @@ def test_a_missing_or_empty_source_is_refused(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(DataError, match="holds no rows"):
         load_rows(str(tmp_path / "empty.jsonl"))
+
+
+def test_a_missing_path_is_not_taken_for_a_hub_dataset(tmp_path, monkeypatch):
+    # before: a path that did not exist, without a .jsonl/.json/.parquet suffix, went to
+    # datasets.load_dataset and ended in its traceback (offline: after 48 s of retries)
+    import datasets
+
+    def no_hub(name, split):
+        raise ConnectionError(f"Couldn't reach {name!r} on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_hub)
+    for source in (str(tmp_path / "questions"), "nq_hotpotqa", "nq_hotpotqa/", "./a/b", "a/b/c"):
+        assert "does not exist: no file or directory" in source_problem(source, "train"), source
+        with pytest.raises(DataError, match=re.escape(f"{source}: does not exist: no file or")):
+            load_rows(source)
+    # a directory without the split's file; an existing file, a directory with it, OWNER/NAME: fine
+    said = source_problem(str(tmp_path), "test")
+    assert said == "has no test.parquet or test.jsonl; pass a file, or a directory holding one"
+    (tmp_path / "test.jsonl").write_text('{"question": "q?", "golden_answers": ["x"]}\n')
+    for fine in (tmp_path, tmp_path / "test.jsonl", "RUC-NLPIR/FlashRAG_datasets"):
+        assert source_problem(str(fine), "test") == "", fine
+    (tmp_path / "q.csv").write_text("question,golden_answers\n")  # datasets reads none either
+    assert source_problem(str(tmp_path / "q.csv"), "train").startswith("is not a .parquet, .jsonl")
+    # a hub name that cannot be fetched says so, naming both readings
+    with pytest.raises(DataError, match=r"owner/name: not a local file or directory, and "):
+        load_rows("owner/name")
 
 
 def test_a_hugging_face_dataset_name_loads_through_datasets(monkeypatch):

@@ -510,6 +510,23 @@ def test_a_corpus_that_is_a_directory_or_missing_is_refused_before_the_run_dir(e
         assert not (env / "out" / "runs" / "corpus_dir").exists()
 
 
+def test_a_missing_data_path_is_refused_before_the_run_dir(env, tmp_path):
+    # before: --data naming no file or directory, without a .jsonl/.json/.parquet suffix, passed
+    # the start's checks as a datasets name; config.json and run.lock were written, then
+    # datasets.load_dataset ended in its traceback
+    missing, no_test = tmp_path / "questions", tmp_path / "no_test"
+    no_test.mkdir()
+    flags = files_flags(env)
+    flags[flags.index("--data") + 1], flags[flags.index("--test_data") + 1] = missing, no_test
+    out = train(env, *ONE_STEP, *map(str, flags), "--run_name", "no_data")
+    assert out.returncode != 0, out.stdout[-2000:]
+    said = f"--data {str(missing)!r}: does not exist: no file or directory of that name here"
+    assert said in out.stderr, out.stderr[-2000:]
+    said = f"--test_data {str(no_test)!r}: has no test.parquet or test.jsonl"
+    assert said in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert not (env / "out" / "runs" / "no_data").exists()
+
+
 # ---- 9. --resume refuses what config.json holds against it, checkpoint or not -------------------
 
 

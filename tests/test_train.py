@@ -479,6 +479,7 @@ def test_validate_refuses_bad_treeps_depth_and_paths_and_the_training_file_as_te
         SystemExit, match="is the --data file: evaluation would score the training questions"
     ):
         run(data=str(tmp_path / "train.jsonl"), test_data=str(tmp_path / "." / "train.jsonl"))
+    (tmp_path / "test.jsonl").write_text("")  # (a directory without test.* is refused)
     run(data=str(tmp_path), test_data=str(tmp_path))  # a directory: its test.* split, never train.*
 
 
