@@ -1,7 +1,8 @@
 """RL for multi-turn search agents: every paper's rollout and credit assignment, one PPO loss, under
 Accelerate.
 
-    python train.py --algo tree_grpo             # grpo | tree_grpo | branpo | carl | treeps
+    python train.py --algo tree_grpo             # --algo: grpo, tree_grpo, branpo, carl, treeps,
+                                                 # gigpo, at2po, arpo, vineppo (rollout.ALGOS)
     accelerate launch train.py --algo tree_grpo  # under your `accelerate config` (DDP, ...)
     python train.py warmstart --out DIR --world DIR  # only the embedded default's warm start,
                                                      # retrained into DIR
@@ -268,6 +269,20 @@ def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     }
 
 
+def old_from_engine(engine, accelerator, model) -> bool:
+    """Whether pi_old is the rollout engine's log-probs (tis-old-policy): only where they are the
+    trainer's own, the HF engine's (`exact_logprobs`) sampling from the trainer's model in a
+    float32 run (no mixed precision, no FSDP2 copy); else the trainer's forward recomputes them.
+    Rank 0 says which, once."""
+    precision, ranks = accelerator.mixed_precision, accelerator.num_processes
+    exact = engine.exact_logprobs and precision == "no" and not shard.sharded(model)
+    source = "the HF engine's log-probs" if exact else "the trainer's forward"
+    shares = f"; {ranks} processes, each rolling out its share of every step" if ranks > 1 else ""
+    kind = type(engine).__name__
+    accelerator.print(f"pi_old: {source} ({kind}, mixed precision {precision}){shares}", flush=True)
+    return exact
+
+
 def micro_batches(
     samples, counts, accelerator, model, ref_model, args: PPOConfig, pad_id, old_from_engine
 ):
@@ -414,7 +429,8 @@ def main(
     scheduler = get_constant_schedule_with_warmup(optimizer, args.warmup_steps)
     # one process, DDP or FSDP2 (accelerate launch's config): infra/shard.py reads what it made
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    engine, old_from_engine = startup.engine(accelerator, args, model, tok, model_path, load)
+    engine = startup.engine(accelerator, args, model, tok, model_path, load)
+    from_engine = old_from_engine(engine, accelerator, model)  # pi_old: the engine's, or ours
     refiner = retriever.refiner(retriever_cfg, args.engine)  # Cut the Bill §6; None: off
     rank_seed = args.seed + run.RANK_SEED * accelerator.process_index  # this rank's sampling
     agent = rollout.Agent(engine, search, tok, agent_cfg, rank_seed, refiner)
@@ -442,7 +458,7 @@ def main(
         counts = gather_object([len(samples)])  # every rank's, in rank order (waits for the last)
         book.lap("rollout")
         minis = micro_batches(
-            samples, counts, accelerator, model, ref_model, args, tok.pad_token_id, old_from_engine
+            samples, counts, accelerator, model, ref_model, args, tok.pad_token_id, from_engine
         )  # 4. log-probs of pi_old and pi_ref
         book.lap("logprob")
         # ---- EDIT HERE: the loss (ppo_loss above) ----------------------------------------------

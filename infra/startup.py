@@ -1,7 +1,7 @@
 """What train.py's init asks of several processes (accelerate launch): the questions (one rank
 writes the embedded world, the others wait for it), a step on rank 0 alone, the policy and its
-frozen reference (checkpointing, the reference's dtype), and each rank's rollout engine with the
-source of pi_old it implies (tis-old-policy).
+frozen reference (checkpointing, the reference's dtype), and each rank's rollout engine (whether
+its log-probs can be pi_old is train.py's rule: `old_from_engine`).
 """
 
 import torch
@@ -63,8 +63,7 @@ def policies(accelerator, args, load) -> tuple:
 def engine(accelerator, args, model, tokenizer, model_path: str, load):
     """This rank's rollout engine (--engine; vLLM: one per GPU, in the launcher's process group)
     over the prepared policy `model` (under FSDP2 the HF engine samples from a full copy, `load()`:
-    infra/shard.py), and whether its log-probs are pi_old (tis-old-policy): only the HF engine's
-    in a float32 run that samples from the trainer's own model. Rank 0 says which, once."""
+    infra/shard.py)."""
     ranks = accelerator.num_processes
     kind = engines.choose(args.engine)[0]
     with run.quiet(not accelerator.is_main_process):
@@ -78,14 +77,4 @@ def engine(accelerator, args, model, tokenizer, model_path: str, load):
             sleep=args.vllm_sleep,
             **({"distributed_executor_backend": "external_launcher"} if ranks > 1 else {}),
         )
-    old_from_engine = (
-        made.exact_logprobs and accelerator.mixed_precision == "no" and not shard.sharded(model)
-    )
-    source = "the HF engine's log-probs" if old_from_engine else "the trainer's forward"
-    accelerator.print(
-        f"pi_old: {source} ({type(made).__name__}, mixed precision "
-        f"{accelerator.mixed_precision})"
-        + (f"; {ranks} processes, each rolling out its share of every step" if ranks > 1 else ""),
-        flush=True,
-    )
-    return made, old_from_engine
+    return made

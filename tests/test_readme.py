@@ -52,6 +52,47 @@ def test_what_moved_out_is_one_link_away():
         assert f"docs/{doc}.md" in linked, doc
 
 
+ISSUE_NUMBER = re.compile(r"\bissues?\s*#?\s*\d+|(?<![\w#&/])#\d+\b", re.IGNORECASE)
+
+
+def issue_numbers(text: str) -> list[str]:
+    """Where `text` cites an issue by its number ("issue 45", "Issues 44", "#58"): not a heading's
+    #, a commit hash, an anchor such as page.md#results or an HTML entity such as &#8212;."""
+    return ISSUE_NUMBER.findall(text)
+
+
+def test_the_issue_number_pattern_finds_them_and_only_them():
+    said = "see issue 45, Issue 45's item 7, issues 44 and 48, #58, (#12) and *EDIT HERE #1*"
+    assert issue_numbers(said) == ["issue 45", "Issue 45", "issues 44", "#58", "#12", "#1"]
+    fine = "# Title\n## 2. Set up\ncommit 3043edf, [x](a.md#results), &#8212;, C#, the issue's fix"
+    assert issue_numbers(fine) == []
+
+
+@pytest.mark.parametrize(
+    "doc", ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))]
+)
+def test_no_issue_number_in_the_readme_or_docs(doc):
+    # a reader cannot resolve an issue number: say what is meant instead
+    path = ROOT / doc if doc == "README.md" else ROOT / "docs" / doc
+    assert not issue_numbers(path.read_text()), issue_numbers(path.read_text())
+
+
+def test_the_readme_shows_its_three_pictures():
+    # the main job's curves, the worked tree under every credit, every credit against A*
+    pictures = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", README)
+    assert len(pictures) >= 3 and "docs/credit_demo.png" in pictures, pictures
+
+
+def test_train_docstring_names_every_algorithm():
+    import ast
+
+    import rollout
+
+    doc = ast.get_docstring(ast.parse((ROOT / "train.py").read_text()))
+    missing = [algo for algo in rollout.ALGOS if not re.search(rf"\b{algo}\b", doc)]
+    assert not missing, f"train.py's docstring does not name --algo {missing}"
+
+
 def test_the_two_set_up_commands_are_there_verbatim():
     lines = README.splitlines()
     assert MAIN_JOB in lines and TESTS in lines
