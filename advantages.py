@@ -164,7 +164,9 @@ def gigpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     (group-of-one): a step from a state no other chain visited has A^S = 0. Anchor states:
     `_anchor_state` (`cfg.gigpo_state`). `cfg.gigpo_step_rows`: Eq. 3's statistics over step rows,
     a chain of T steps counted T times, as the official code (gigpo-episode-stats). Each step is
-    trained in its one chain. With ω = 0 and per-chain statistics, this is GRPO."""
+    trained in its one chain. No invalid-action penalty: an invalid step ends its chain with reward
+    0, as in every method (gigpo-no-invalid-penalty). With ω = 0 and per-chain statistics, this is
+    GRPO."""
     scored = _reset(trees)
     _refuse_branching(trees, "gigpo")
     rows = [leaf for leaf in scored for _ in range(leaf.depth if cfg.gigpo_step_rows else 1)]
