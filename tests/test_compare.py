@@ -1,6 +1,7 @@
-"""benchmarks/compare.py with compare_arms.py, compare_report.py and compare_stats.py: the
-statistics by hand, the arms, the result keys, step 0 measured once by eval.py, seeds of separate
-sittings merged, and the --quick smoke run (end to end, resumed, refused under other settings)."""
+"""benchmarks/compare.py with compare_arms.py, compare_tasks.py, compare_report.py and
+compare_stats.py: the statistics by hand, the arms, the result keys, step 0 measured once by
+eval.py, seeds of separate sittings merged, the --quick smoke run (end to end, resumed, refused
+under other settings), and a sitting's processes (one per --out, its signals, its arms' runs)."""
 
 import functools
 import json
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from benchmarks import compare, compare_arms, compare_report
+from benchmarks import compare, compare_arms, compare_report, compare_tasks
 from benchmarks.compare_report import cells, reading
 from benchmarks.compare_stats import (
     detectable,
@@ -561,12 +562,13 @@ def test_the_hard_world_has_six_hop_counts_and_twice_the_look_alikes():
 
 def test_a_result_key_names_the_code_it_ran():
     assert {"train.py", "advantages.py", "rollout.py", "tree.py", "eval.py"} <= set(
-        compare.code_hashes("train.py")
+        compare_tasks.code_hashes("train.py")
     )
-    assert "train.py" not in compare.code_hashes("eval.py")  # train.py edits keep eval.py's results
+    # train.py edits keep eval.py's results
+    assert "train.py" not in compare_tasks.code_hashes("eval.py")
     stored = {"command": ["train.py"], "code": {"train.py": "a", "tree.py": "b"}, "threads": 2}
     now = {"command": ["train.py"], "code": {"train.py": "a", "tree.py": "c"}, "threads": 1}
-    assert compare.differences(stored, now) == "code (tree.py); threads (2 -> 1)"
+    assert compare_tasks.differences(stored, now) == "code (tree.py); threads (2 -> 1)"
 
 
 def metrics_rows(path: Path) -> list[dict]:
