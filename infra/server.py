@@ -15,6 +15,7 @@ import http.server
 import json
 import os
 import queue
+import re
 import socket
 import sys
 import threading
@@ -99,6 +100,8 @@ class _Batcher:
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     MAX_BODY = 16 * 2**20  # bytes: a request body, the queries' JSON, may not be larger
+    MAX_DRAIN = 4 * MAX_BODY  # bytes of a larger body read and dropped, so its client sees the 400
+    MAX_LINE = 1024  # bytes: a chunked body's size line or trailer line may not be longer
 
     def setup(self):
         # a client that sends less than it announced cannot hang us
@@ -124,32 +127,99 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 "timeout?)\n"
             )
 
-    def do_POST(self):
+    def _refuse(self, status, error) -> None:
+        """Answer a refused request, then close the connection: what is left of its body is never
+        read as the next request."""
+        self._reply(status, error=error, hang_up=True)
+
+    def _chunked(self) -> bytes | None:
+        """A `Transfer-Encoding: chunked` body (RFC 9112 §7.1): chunks of a hex size line, that many
+        bytes and CRLF, up to a chunk of size 0 and the trailer lines; None once refused (400: a
+        broken chunk, or over MAX_BODY, its chunks read and dropped up to MAX_DRAIN)."""
+        over = (
+            f"chunked body is over the server's limit of {self.MAX_BODY} bytes; send fewer "
+            "queries per request"
+        )
+        parts, size = [], 0
+        while True:
+            line = self.rfile.readline(self.MAX_LINE + 1)
+            digits = line.split(b";")[0].strip()  # a chunk extension after ";" is ignored
+            if not line.endswith(b"\n") or not re.fullmatch(rb"[0-9A-Fa-f]{1,16}", digits):
+                return self._refuse(
+                    400,
+                    f"a chunk's size line {line[:40]!r} is not hex digits ended by CRLF; send a "
+                    "whole chunked body, or a Content-Length",
+                )
+            n = int(digits, 16)
+            if n == 0:
+                break
+            size += n
+            if size > self.MAX_DRAIN:  # too much to drop: answered at once
+                return self._refuse(400, over)
+            data = self.rfile.read(n + 2)
+            if len(data) < n + 2 or not data.endswith(b"\r\n"):
+                return self._refuse(
+                    400,
+                    f"a chunk of {n} bytes was cut short or not ended by CRLF; send whole chunks",
+                )
+            if size <= self.MAX_BODY:
+                parts.append(data[:-2])
+        for _ in range(64):  # the trailer lines, dropped, up to the empty line that ends the body
+            if self.rfile.readline(self.MAX_LINE + 1) in (b"\r\n", b"\n"):
+                break
+        else:
+            return self._refuse(400, "a chunked body's trailer did not end within 64 lines")
+        return self._refuse(400, over) if size > self.MAX_BODY else b"".join(parts)
+
+    def _body(self) -> bytes | None:
+        """The request's body, read whole: Content-Length bytes, or a chunked body; None once the
+        request was refused (400; 501 for a transfer coding other than chunked) and the
+        connection is closing."""
+        coding = self.headers.get("Transfer-Encoding")
+        if coding is not None and coding.strip().lower() != "chunked":
+            return self._refuse(
+                501,
+                f"Transfer-Encoding {coding!r} is not supported; send the body with a "
+                "Content-Length, or chunked",
+            )
+        if coding is not None and "Content-Length" in self.headers:
+            return self._refuse(
+                400, "both Transfer-Encoding and Content-Length: send the body with one of them"
+            )
+        if coding is not None:
+            try:
+                return self._chunked()
+            except TimeoutError:  # the client stopped sending
+                return self._refuse(
+                    400, f"chunked body not sent within {self.timeout} s; send the whole body"
+                )
         length = self.headers.get("Content-Length", "0")
         if not (length.isascii() and length.isdigit()):  # "²".isdigit(), but int("²") fails
-            return self._reply(
-                400,
-                hang_up=True,
-                error=f"Content-Length must be a non-negative integer, got {length!r}",
+            return self._refuse(
+                400, f"Content-Length must be a non-negative integer, got {length!r}"
             )
         if int(length) > self.MAX_BODY:
-            return self._reply(
+            return self._refuse(
                 400,
-                hang_up=True,
-                error=f"Content-Length {length} is over the server's limit of "
-                f"{self.MAX_BODY} bytes; send fewer queries per request",
+                f"Content-Length {length} is over the server's limit of {self.MAX_BODY} bytes; "
+                "send fewer queries per request",
             )
         try:
             body = self.rfile.read(int(length))  # read it all: keep-alive reuses the socket
         except TimeoutError:  # the client announced more than it sent
             body = b""
         if len(body) < int(length):
-            return self._reply(
+            return self._refuse(
                 400,
-                hang_up=True,
-                error=f"body shorter than its Content-Length ({length} bytes), or "
-                f"not sent within {self.timeout} s; send the whole body",
+                f"body shorter than its Content-Length ({length} bytes), or not sent within "
+                f"{self.timeout} s; send the whole body",
             )
+        return body
+
+    def do_POST(self):
+        body = self._body()
+        if body is None:  # refused, answered
+            return
         if self.path != "/retrieve":
             return self._reply(404, error=f"unknown path {self.path!r}; the API is POST /retrieve")
         try:

@@ -852,3 +852,59 @@ def test_server_answers_400_to_a_topk_of_5000_digits(bm25):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def read_answer(s: socket.socket, rest: bytes = b"") -> tuple[bytes, bytes]:
+    """One HTTP answer read from `s` (after `rest`, bytes already read): (its head and body, what
+    came after it); bounded by the socket's timeout."""
+    while b"\r\n\r\n" not in rest:
+        rest += s.recv(65536) or b"!EOF"
+        assert not rest.endswith(b"!EOF"), rest
+    head, rest = rest.split(b"\r\n\r\n", 1)
+    length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+    while len(rest) < length:
+        chunk = s.recv(65536)
+        assert chunk, (head, rest)
+        rest += chunk
+    return head + b"\r\n\r\n" + rest[:length], rest[length:]
+
+
+def chunked(*parts: bytes) -> bytes:
+    """`parts` as a chunked body: each a hex size line, its bytes, CRLF; a 0-size chunk ends it."""
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+
+
+def test_server_reads_a_chunked_body_and_never_its_chunks_as_a_request():
+    # before: a Transfer-Encoding: chunked body was taken for no body ("got None"), and the chunk
+    # lines were then parsed as the next request on the same connection, answered a second time
+    server, url = serve(Stub(), request_timeout_s=2)
+    head = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    body = chunked(b'{"queries": ["ka', b'lo"], ', b'"topk": 1}')
+    try:
+        with socket.create_connection(server.server_address, timeout=10) as s:
+            s.sendall(head + body)  # keep-alive: then a second request on the same connection
+            answer, rest = read_answer(s)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+            found = json.loads(answer.split(b"\r\n\r\n")[1])["result"]
+            assert found == [[{"document": {"id": "0", "contents": "kalo\ntext"}}]], found
+            s.sendall(head + chunked(b'{"queries": ["two"], "topk": 1}'))
+            answer, rest = read_answer(s, rest)
+            assert answer.startswith(b"HTTP/1.1 200") and b"two\\ntext" in answer, answer
+            s.shutdown(socket.SHUT_WR)
+            while chunk := s.recv(65536):  # nothing more: no answer to a chunk taken for a request
+                rest += chunk
+            assert rest == b"", rest
+        # a broken chunk size, another transfer coding, a length beside chunked: 400 / 501, closed
+        for coding, sent, status, said in (
+            (b"chunked", b"zz\r\n{}\r\n0\r\n\r\n", b"400", "a chunk's size line b'zz\\r\\n'"),
+            (b"gzip, chunked", chunked(b"{}"), b"501", "Transfer-Encoding 'gzip, chunked' is not"),
+            (b"chunked\r\nContent-Length: 2", chunked(b"{}"), b"400", "both Transfer-Encoding"),
+        ):
+            answer = raw_post(server, b"Transfer-Encoding: " + coding, sent)
+            error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+            assert answer.startswith(b"HTTP/1.1 " + status) and said in error, answer
+            assert answer.count(b"HTTP/1.1") == 1, answer  # one answer, then the server closed
+        assert post(url, {"queries": ["kalo"], "topk": 1})[0] == 200  # and keeps serving
+    finally:
+        server.shutdown()
+        server.server_close()
