@@ -132,6 +132,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         read as the next request."""
         self._reply(status, error=error, hang_up=True)
 
+    def _drain(self, length: int) -> None:
+        """Read and drop the next `length` bytes of a refused body, at most MAX_DRAIN within the
+        request timeout: a client sends the whole body before it reads the answer, and closing on
+        unread bytes resets its connection, losing the answer (a broken pipe at the client)."""
+        deadline = time.monotonic() + self.timeout
+        left = length if length <= self.MAX_DRAIN else 0  # larger: answered at once
+        try:
+            while left > 0 and time.monotonic() < deadline:
+                got = self.rfile.read1(min(left, 2**20))
+                if not got:  # the client closed
+                    return
+                left -= len(got)
+        except TimeoutError:  # the client stopped sending: it is answered all the same
+            return
+
     def _chunked(self) -> bytes | None:
         """A `Transfer-Encoding: chunked` body (RFC 9112 §7.1): chunks of a hex size line, that many
         bytes and CRLF, up to a chunk of size 0 and the trailer lines; None once refused (400: a
@@ -199,6 +214,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 400, f"Content-Length must be a non-negative integer, got {length!r}"
             )
         if int(length) > self.MAX_BODY:
+            self._drain(int(length))
             return self._refuse(
                 400,
                 f"Content-Length {length} is over the server's limit of {self.MAX_BODY} bytes; "

@@ -908,3 +908,30 @@ def test_server_reads_a_chunked_body_and_never_its_chunks_as_a_request():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_body_over_the_limit_is_answered_400_and_the_client_does_not_retry_it():
+    # before: the server answered and closed before reading the body: the client, still sending,
+    # got a broken pipe, and RemoteRetriever retried it as transient ("BrokenPipeError after 3
+    # attempts"). Now the body is read and dropped (up to MAX_DRAIN), so the 400 reaches it.
+    stub = Stub()
+    server, url = serve(stub, request_timeout_s=5)
+    limit = server.RequestHandlerClass.MAX_BODY  # 16 MiB
+    said = f"is over the server's limit of {limit} bytes; send fewer queries per request"
+    try:
+        body = b'{"queries": ["' + b"q" * limit + b'"], "topk": 1}'
+        answer = raw_post(server, b"Content-Length: " + str(len(body)).encode(), body)
+        assert answer.startswith(b"HTTP/1.1 400") and said in answer.decode(), answer[:300]
+        big = chunked(*[b"q" * 2**20] * 17)  # chunked, 17 MiB: the same answer
+        answer = raw_post(server, b"Transfer-Encoding: chunked", big)
+        assert answer.startswith(b"HTTP/1.1 400") and b"chunked body is over" in answer, answer
+        client = RemoteRetriever(url, 30, retries=2, backoff_s=0.01, queries_per_request=17)
+        with pytest.raises(RetrievalError) as failed:
+            client.search(["q" * 2**20] * 17, 1)  # one request of 17 queries: 17 MiB
+        client.close()
+        assert "HTTP 400: " in str(failed.value) and said in str(failed.value), failed.value
+        assert "attempts" not in str(failed.value) and stub.batch_sizes == []
+        assert post(url, {"queries": ["kalo"], "topk": 1})[0] == 200  # and keeps serving
+    finally:
+        server.shutdown()
+        server.server_close()
