@@ -283,17 +283,33 @@ def old_from_engine(engine, accelerator, model) -> bool:
     return exact
 
 
+def mini_batch_partition(n: int, size: int, mini_batches: int) -> list[list[int]]:
+    """PPO's mini-batches of a step's n samples (every rank's, in rank order), each a list of their
+    indices: cut in order into micro-batches of `size` rows, micro-batch i dealt to mini-batch
+    i mod m. m is --ppo_mini_batches, or the number of micro-batches where that is fewer (at least
+    one): `micro_batches` says so. One partition serves every epoch: the mini-batches are not
+    reshuffled (docs/loss.md)."""
+    m = max(1, min(mini_batches, math.ceil(n / size)))  # no mini-batch without a micro-batch
+    return [[g for g in range(n) if g // size % m == j] for j in range(m)]
+
+
 def micro_batches(
     samples, counts, accelerator, model, ref_model, args: PPOConfig, pad_id, old_from_engine
 ):
-    """The step's samples in mini-batches of micro_batch_size-row micro-batches (shard.deal: one
-    process's cut and dealt round-robin; with several, each rank's own rows, padded to the same
-    count), each with pi_old (the trainer's, or the engine's: tis-old-policy) and pi_ref log-probs
-    by the policy's forward and precision."""
+    """The step's samples in mini-batches of micro_batch_size-row micro-batches
+    (`mini_batch_partition`; with several processes shard.deal gives each rank its own rows of
+    each, padded to the same count), each with pi_old (the trainer's, or the engine's:
+    tis-old-policy) and pi_ref log-probs by the policy's forward and precision."""
     minis, padding = [], Sample([pad_id], [0], [0.0], [0.0], "padding")
     model.eval()
-    size, n_mini = args.micro_batch_size, args.ppo_mini_batches
-    for rows in shard.deal(counts, accelerator.process_index, size, n_mini):  # this rank's rows
+    size, wanted = args.micro_batch_size, args.ppo_mini_batches
+    parts = mini_batch_partition(sum(counts), size, wanted)
+    if len(parts) < wanted:  # fewer micro-batches than mini-batches asked for: said, every time
+        accelerator.print(
+            f"--ppo_mini_batches {wanted}: this step's {sum(counts)} samples fill {len(parts)} "
+            f"micro-batches of --micro_batch_size {size}, so {len(parts)} mini-batches of one"
+        )
+    for rows in shard.deal(parts, counts, accelerator.process_index, size):  # this rank's rows
         mini = []
         for micro in rows:
             chunk = [samples[i] for i in micro] or [padding]
@@ -312,9 +328,10 @@ def micro_batches(
 
 
 def update(minis, accelerator, model, optimizer, scheduler, args: PPOConfig):
-    """PPO epochs x mini-batches: each micro-batch's share of its mini-batch's token-mean (or
-    seq-mean-token-mean) loss, backward, one clipped optimizer step per mini-batch (ranks: the
-    count is all ranks', the loss scaled by their number, as Accelerate averages gradients).
+    """PPO epochs x mini-batches, the same mini-batches in the same order every epoch (no
+    reshuffle): each micro-batch's share of its mini-batch's token-mean (or seq-mean-token-mean)
+    loss, backward, one clipped optimizer step per mini-batch (ranks: the count is all ranks', the
+    loss scaled by their number, as Accelerate averages gradients).
     Returns per-micro-batch stats, the applied steps' gradient norms and losses, and the number
     skipped for a non-finite loss or norm (never applied)."""
     token_mean = args.loss_agg == "token-mean"

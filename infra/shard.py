@@ -7,8 +7,8 @@ torch's `fully_shard` per decoder layer); this module only reads and writes what
   `gather`: the full state dict, for `final/`;
 - `accumulate`: under DDP gradients reduced once per mini-batch, not per micro-batch (`no_sync`);
   under FSDP2 at every micro-batch, so that they stay sharded;
-- `deal`: each rank's rows of a step's mini-batches, padded so that every rank makes as many
-  backward passes; `total` and `mean`: a number summed or averaged over ranks;
+- `deal`: each rank's rows of a step's mini-batches (train.py's partition), padded so that every
+  rank makes as many backward passes; `total` and `mean`: a number summed or averaged over ranks;
 - `save_state` / `load_state`: a checkpoint of the sharded policy and its optimizer (every rank
   writes its own shards: torch.distributed.checkpoint), the scheduler and the RNG states; a whole
   policy goes through `accelerator.save_state` as before. Each checkpoint records its layout
@@ -155,23 +155,20 @@ def accumulate(accelerator, model: torch.nn.Module, sync: bool):
             yield
 
 
-def deal(counts: list[int], rank: int, size: int, mini_batches: int) -> list[list[list[int]]]:
-    """A step's samples (`counts`: every rank's number, in rank order; rank r holds the r-th
-    contiguous share) cut into micro-batches of `size` rows, dealt round-robin into
-    min(mini_batches, micro-batches) mini-batches, as one process would. For each mini-batch,
-    `rank`'s own rows of it (indices into its samples), `size` at a time, with as many micro-batches
-    as the rank that has the most (DDP's collectives need the same number of backward passes on
-    every rank): an empty one is the caller's zero-weight padding row. One process: exactly its
-    micro-batches, in its order."""
-    first = sum(counts[:rank])
-    n_mini = max(1, min(mini_batches, math.ceil(sum(counts) / size)))
-    # the step's samples g in [lo, lo + n) that fall in mini-batch j
-    rows = lambda lo, n, j: [g for g in range(lo, lo + n) if g // size % n_mini == j]
+def deal(minis: list[list[int]], counts: list[int], rank: int, size: int) -> list[list[list[int]]]:
+    """`rank`'s share of a step's mini-batches (`minis`: each the ascending indices of its samples
+    among the step's, which `counts` spreads over the ranks in rank order, rank r holding the r-th
+    contiguous share): for each, its own rows (indices into its samples), `size` at a time, with as
+    many micro-batches as the rank that has the most (DDP's collectives need the same number of
+    backward passes on every rank): an empty one is the caller's zero-weight padding row. One
+    process: exactly the mini-batches, cut into micro-batches in order."""
     starts = [sum(counts[:r]) for r in range(len(counts))]
+    # the step's samples g of mini-batch j that rank r holds
+    held = lambda j, r: [g for g in minis[j] if starts[r] <= g < starts[r] + counts[r]]
     dealt = []
-    for j in range(n_mini):
-        mine = [g - first for g in rows(first, counts[rank], j)]
-        most = max(math.ceil(len(rows(lo, n, j)) / size) for lo, n in zip(starts, counts))
+    for j in range(len(minis)):
+        mine = [g - starts[rank] for g in held(j, rank)]
+        most = max(math.ceil(len(held(j, r)) / size) for r in range(len(counts)))
         dealt.append([mine[i : i + size] for i in range(0, most * size, size)])
     return dealt
 

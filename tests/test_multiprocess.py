@@ -343,6 +343,33 @@ def test_prompts_per_step_must_split_over_the_processes(env):
     assert "nothing was loaded or run" in out.stderr and not (env / "out/runs/mp_odd").exists()
 
 
+def test_a_refused_resume_in_three_processes_says_why_once_and_no_rank_crashes(env):
+    # a --resume that changes --prompts_per_step, in 3 processes: rank 0 refuses, and tells every
+    # rank. Before, the other ranks went on to a barrier and each died there with gloo's raw
+    # "Connection closed by peer" traceback when rank 0 left
+    from test_train import train_command
+
+    run = env / "out" / "runs" / "mp_refused"
+    run.mkdir(parents=True)
+    # config.json as a run with --prompts_per_step 6 left it (--resume compares the flags it holds)
+    (run / "config.json").write_text(json.dumps({"prompts_per_step": 6}))
+    flags = train_command(env, "--algo", "grpo", "--run_name", "mp_refused", "--resume")[2:]
+    out = subprocess.run(
+        launch_command(ROOT / "train.py", *flags, "--prompts_per_step", "3", processes=3),
+        cwd=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=CPU,
+    )
+    said = "these flags differ from its config.json, and a step trained under them would not be "
+    said += "that run's: --prompts_per_step 3 (the run: 6)"
+    assert out.returncode != 0 and out.stderr.count(said) == 1, out.stderr[-3000:]
+    # no rank's traceback (the launcher still reports the failed ranks its own way)
+    assert "Connection closed" not in out.stderr and f'File "{ROOT}' not in out.stderr
+    assert os.listdir(run) == ["config.json"]  # nothing written
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vllm is not installed (docs/vllm_cpu.md)"
 )
@@ -588,12 +615,16 @@ def test_deal_splits_a_step_as_one_process_would_and_pads_the_ranks():
     # 7 samples, micro-batches of 2, at most 2 mini-batches. One process: micro-batches g // 2 =
     # {0,1} {2,3} {4,5} {6}, dealt round-robin: mini-batch 0 = {0,1,4,5}, 1 = {2,3,6}
     from infra import shard
+    from train import mini_batch_partition
 
-    assert shard.deal([7], 0, 2, 2) == [[[0, 1], [4, 5]], [[2, 3], [6]]]
+    minis = mini_batch_partition(7, 2, 2)
+    assert minis == [[0, 1, 4, 5], [2, 3, 6]]
+    assert shard.deal(minis, [7], 0, 2) == [[[0, 1], [4, 5]], [[2, 3], [6]]]
     # the same 7 over two ranks, 5 and 2 (rank 1's samples are the step's 5 and 6): mini-batch 0
     # holds rank 0's 0,1,4 (2 micro-batches) and rank 1's 5 (its 0: 1 micro-batch, padded with an
     # empty one to rank 0's 2); mini-batch 1 holds rank 0's 2,3 and rank 1's 6 (its 1): 1 each
-    assert shard.deal([5, 2], 0, 2, 2) == [[[0, 1], [4]], [[2, 3]]]
-    assert shard.deal([5, 2], 1, 2, 2) == [[[0], []], [[1]]]
+    assert shard.deal(minis, [5, 2], 0, 2) == [[[0, 1], [4]], [[2, 3]]]
+    assert shard.deal(minis, [5, 2], 1, 2) == [[[0], []], [[1]]]
     # fewer micro-batches than ppo_mini_batches: as many mini-batches as micro-batches
-    assert shard.deal([3], 0, 2, 4) == [[[0, 1]], [[2]]]
+    assert mini_batch_partition(3, 2, 4) == [[0, 1], [2]]
+    assert shard.deal([[0, 1], [2]], [3], 0, 2) == [[[0, 1]], [[2]]]

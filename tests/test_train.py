@@ -107,6 +107,18 @@ def test_every_algo_trains_two_steps_evaluates_and_saves(env, algo):
     assert (env / "out" / "runs" / f"smoke_{algo}" / "final" / "config.json").exists()
 
 
+def test_more_mini_batches_than_micro_batches_is_said_each_step(env):
+    # before: --ppo_mini_batches above the step's micro-batches was cut down silently. 2 prompts x
+    # 3 chains = 6 samples (none cut by the budget: 3 x 12 tokens) in micro-batches of 4: 2
+    out = train(
+        env,
+        *"--algo grpo --steps 2 --ppo_mini_batches 5 --eval_every 0 --run_name many_minis".split(),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = "--ppo_mini_batches 5: this step's 6 samples fill 2 micro-batches of --micro_batch_size "
+    assert out.stdout.count(said + "4, so 2 mini-batches of one") == 2, out.stdout
+
+
 def test_evaluating_leaves_training_as_it_was(env):
     # evaluation draws nothing from training's random state: a run evaluated at steps 0, 1 and 2
     # trains exactly as one never evaluated (the same steps' metrics but their times, the same final
