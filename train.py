@@ -17,6 +17,7 @@ Deviations from the papers, each cited by its name (argued in docs/paper_code.md
 - log-ratio-bound: every log ratio is clamped to [-20, 20] before its exp, as verl does
 - k3-unclamped: k3 is not clamped to [-10, 10] as verl's low_var_kl does
 - filter-run-questions: the data filter rolls out only the run's questions, not the whole pool
+- constant-groups-kept: the data filter drops only all-0 and all-1 groups; other constant ones stay
 """
 
 import math
@@ -36,7 +37,7 @@ import retriever
 import rollout
 from advantages import CreditConfig
 from eval import evaluate
-from infra import data, flags, policy, protocol, run, rundir, shard, startup
+from infra import flags, policy, protocol, run, rundir, shard, startup
 from infra.bookkeeping import Book
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
@@ -373,8 +374,45 @@ def share(rows: list, order: list[int], step: int, prompts_per_step: int, accele
     return [rows[order[(at + i) % len(order)]] for i in range(n)]
 
 
+@dataclass
+class FilterReport:
+    """What `reject_sampling_filter` kept and dropped."""
+
+    total: int  # questions given
+    kept: int  # questions whose group has mixed rewards (they carry a GRPO signal)
+    # groups with every reward 0: too hard, bad label, or retrieval finds nothing
+    dropped_all_zero: int
+    dropped_all_one: int  # groups with every reward 1: too easy, no multi-turn search needed
+    kept_constant: int  # kept groups of equal rewards, not all 0 or all 1 (constant-groups-kept)
+
+
+def reject_sampling_filter(rows, rewards):
+    """Cut the Bill §3, step 3: drop the questions whose rollout group is all-0 or all-1 (n = 8
+    rollouts per question; constant-groups-kept). rewards[i] lists the rewards of question
+    rows[i]'s rollouts. Returns (kept rows, FilterReport)."""
+    if len(rows) != len(rewards):
+        raise ValueError(
+            f"{len(rows)} rows but {len(rewards)} reward groups; pass one group per question"
+        )
+    kept, zero, one, constant = [], 0, 0, 0
+    for row, group in zip(rows, rewards):
+        group = list(group)
+        if not group:
+            raise ValueError(
+                f"question {row.id!r} has an empty reward group; roll it out at least once"
+            )
+        if all(r == 0 for r in group):
+            zero += 1
+        elif all(r == 1 for r in group):
+            one += 1
+        else:
+            constant += all(r == group[0] for r in group)
+            kept.append(row)
+    return kept, FilterReport(len(rows), len(kept), zero, one, constant)
+
+
 def reject_sampling(agent, rows: list, order: list[int], accelerator, book: Book):
-    """Cut the Bill §3 (infra.data.reject_sampling_filter): the questions the run would train on
+    """Cut the Bill §3 (`reject_sampling_filter`): the questions the run would train on
     (the first steps x prompts_per_step of `rows` in its `order`), each rolled out
     --filter_rollouts times by `agent` (the starting policy; every rank its contiguous share),
     less those whose scored rewards are all 0 or all 1; one with none scored (retrieval errors)
@@ -390,7 +428,7 @@ def reject_sampling(agent, rows: list, order: list[int], accelerator, book: Book
     rewards = [[x.reward for t in trees for x in t.leaves() if x.scored] for trees in prompts]
     rewards = gather_object(rewards) if ranks > 1 else rewards
     judged = [(row, r) for row, r in zip(picked, rewards) if r]
-    kept, report = data.reject_sampling_filter([row for row, _ in judged], [r for _, r in judged])
+    kept, report = reject_sampling_filter([row for row, _ in judged], [r for _, r in judged])
     kept = set(map(id, kept)) | {id(row) for row, r in zip(picked, rewards) if not r}
     kept_rows = [row for row in picked if id(row) in kept]
     book.first_row = {

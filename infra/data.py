@@ -1,5 +1,5 @@
-"""Questions for the search agent: the embedded multi-hop world and the reject-sampling filter (the
-real datasets' loaders: infra/loaders.py).
+"""Questions for the search agent: the embedded multi-hop world (the real datasets' loaders:
+infra/loaders.py; Cut the Bill's reject-sampling filter of the questions: train.py).
 
 The embedded world is a fictional encyclopedia generated from a seed in seconds: people, cities,
 countries, companies and books linked by typed RELATIONS, one passage each, plus distractors one
@@ -8,13 +8,11 @@ subject ("where was the founder of the employer of kalo mire born?") and carries
 chain and gold queries (each searched entity's name, which BM25 finds first). Names are made of
 SYLLABLES and all other words are TEMPLATE_WORDS, so a tokenizer over `vocabulary()` lets a tiny
 model copy a name it never saw in training from a passage into its next query.
-`reject_sampling_filter` is the "Cut the Bill" data filter (its section 3, step 3). `claimed` is the
-lock under which runs sharing an --out_dir write the world (`ensure_world`) and the warm start one
-at a time.
+`claimed` is the lock under which runs sharing an --out_dir write the world (`ensure_world`) and the
+warm start one at a time.
 
 Deviations from the papers, each cited by its name (argued in docs/paper_code.md):
 - entity-split: the world is split by entity, not by question
-- constant-groups-kept: only all-0 and all-1 groups are dropped; other constant groups stay
 """
 
 import contextlib
@@ -435,47 +433,6 @@ def write_world(world, out_dir):
         path = os.path.join(out_dir, f"{name}.jsonl")
         write_jsonl(path + ".tmp", getattr(world, name))
         os.replace(path + ".tmp", path)
-
-
-# --------------------------------------------------------------------------------------------------
-# Cut the Bill, section 3 step 3: reject sampling on the initial policy's rollouts
-
-
-@dataclass
-class FilterReport:
-    """What `reject_sampling_filter` kept and dropped."""
-
-    total: int  # questions given
-    kept: int  # questions whose group has mixed rewards (they carry a GRPO signal)
-    # groups with every reward 0: too hard, bad label, or retrieval finds nothing
-    dropped_all_zero: int
-    dropped_all_one: int  # groups with every reward 1: too easy, no multi-turn search needed
-    kept_constant: int  # kept groups of equal rewards, not all 0 or all 1 (constant-groups-kept)
-
-
-def reject_sampling_filter(rows, rewards):
-    """Drop questions whose rollout group is all-0 or all-1 (Cut the Bill §3: n=8 rollouts per
-    question). rewards[i] lists the rewards of question rows[i]'s rollouts. Returns (kept rows,
-    FilterReport)."""
-    if len(rows) != len(rewards):
-        raise ValueError(
-            f"{len(rows)} rows but {len(rewards)} reward groups; pass one group per question"
-        )
-    kept, zero, one, constant = [], 0, 0, 0
-    for row, group in zip(rows, rewards):
-        group = list(group)
-        if not group:
-            raise ValueError(
-                f"question {row.id!r} has an empty reward group; roll it out at least once"
-            )
-        if all(r == 0 for r in group):
-            zero += 1
-        elif all(r == 1 for r in group):
-            one += 1
-        else:
-            constant += all(r == group[0] for r in group)
-            kept.append(row)
-    return kept, FilterReport(len(rows), len(kept), zero, one, constant)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """infra/data.py: the embedded world (determinism, gold chains, split by entity, vocabulary),
-loaders, the filter."""
+loaders."""
 
 import json
 import os
@@ -16,7 +16,6 @@ from infra.data import (
     QARow,
     WorldConfig,
     build_world,
-    reject_sampling_filter,
     syllabify,
     write_world,
 )
@@ -422,31 +421,6 @@ def test_a_hugging_face_dataset_name_loads_through_datasets(monkeypatch):
         )
     ]
     assert calls == [("RUC-NLPIR/FlashRAG_datasets", "test")]
-
-
-# ---- Cut the Bill's reject-sampling filter
-
-
-def test_reject_sampling_filter_drops_all_zero_and_all_one_groups():
-    rows = [QARow(str(i), f"q{i}?", ["a"], "world", "train", i) for i in range(5)]
-    rewards = [[0, 0, 0], [1, 1, 1], [0, 1, 0], [0.5, 0.5, 0.5], [1.0, 0.2, 1.0]]
-    kept, report = reject_sampling_filter(rows, rewards)
-    assert [r.id for r in kept] == ["2", "3", "4"]
-    assert (
-        report.total,
-        report.kept,
-        report.dropped_all_zero,
-        report.dropped_all_one,
-        report.kept_constant,
-    ) == (5, 3, 1, 1, 1)
-
-
-def test_reject_sampling_filter_refuses_mismatched_or_empty_reward_groups():
-    rows = [QARow("0", "q?", ["a"], "world", "train", 0)]
-    with pytest.raises(ValueError, match="1 rows but 2 reward groups"):
-        reject_sampling_filter(rows, [[0], [1]])
-    with pytest.raises(ValueError, match="question '0' has an empty reward group"):
-        reject_sampling_filter(rows, [[]])
 
 
 def test_a_written_world_loads_back_unchanged(tmp_path, world):

@@ -147,6 +147,34 @@ def test_evaluating_leaves_training_as_it_was(env):
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
+def test_reject_sampling_filter_drops_all_zero_and_all_one_groups():
+    from infra.data import QARow
+    from train import reject_sampling_filter
+
+    rows = [QARow(str(i), f"q{i}?", ["a"], "world", "train", i) for i in range(5)]
+    rewards = [[0, 0, 0], [1, 1, 1], [0, 1, 0], [0.5, 0.5, 0.5], [1.0, 0.2, 1.0]]
+    kept, report = reject_sampling_filter(rows, rewards)
+    assert [r.id for r in kept] == ["2", "3", "4"]
+    assert (
+        report.total,
+        report.kept,
+        report.dropped_all_zero,
+        report.dropped_all_one,
+        report.kept_constant,
+    ) == (5, 3, 1, 1, 1)
+
+
+def test_reject_sampling_filter_refuses_mismatched_or_empty_reward_groups():
+    from infra.data import QARow
+    from train import reject_sampling_filter
+
+    rows = [QARow("0", "q?", ["a"], "world", "train", 0)]
+    with pytest.raises(ValueError, match="1 rows but 2 reward groups"):
+        reject_sampling_filter(rows, [[0], [1]])
+    with pytest.raises(ValueError, match="question '0' has an empty reward group"):
+        reject_sampling_filter(rows, [[]])
+
+
 def test_cut_the_bills_refine_agent_and_data_filter_run_end_to_end(env, tmp_path):
     # both off by default; here the tiny policy is its own frozen refine agent (§6), and the filter
     # (§3) rolls each of the run's 4 questions out twice first. With --format_penalty the random
