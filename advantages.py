@@ -1,12 +1,12 @@
 """Credit assignment: one function per paper, from the rollout trees of ONE prompt to per-step
 advantages.
 
-Each function (grpo, gigpo, tree_grpo, arpo, branpo, carl, treeps, at2po) returns one
+Each function (grpo, gigpo, tree_grpo, arpo, branpo, carl, treeps, at2po, vineppo) returns one
 `Trajectory` per trained leaf: the advantage multiplying each step's tokens in that trajectory's
 loss, None where the step is not trained there. They are not pure: each also writes, on the trees
 it is given, and nothing else,
 - `value` on every node: its method's V(n) where it defines one (BranPO's r_base on a prefix end,
-  CARL's, TreePS-RAG's and AT2PO's V on every node), else None;
+  CARL's, TreePS-RAG's and AT2PO's V on every node, VinePPO's on each step's context), else None;
 - `advantage` on every node: the one advantage every trajectory that trains it uses, else None;
 for tree.render, the command line and the pictures. Never `reward`. No model or optimizer code.
 
@@ -28,6 +28,9 @@ Deviations from the papers, each cited by its name (argued in docs/paper_code.md
 - at2po-ppo-loss: AT2PO's credit trains under our token PPO loss, not its turn-level GSPO objective
 - arpo-hard-once: ARPO's hard credit trains a shared step once, with its leaves' mean advantage
 - treepo-unwhitened: TreePO's advantages are not whitened over the batch (official code: they are)
+- vineppo-turns: VinePPO's steps are agent turns (official code: a math solution's reasoning steps)
+- vineppo-no-estimate: a context whose continuations were all discarded: no V, steps untrained
+- vineppo-unwhitened: VinePPO's advantages are not whitened over the batch (official code: they are)
 """
 
 import math
@@ -449,6 +452,37 @@ def at2po(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
                 modes = {"value": n.value, "parent": local, "root": glob, "both": local + glob}
                 A[n] = modes[cfg.at2po_advantage]
     return _mark_node_advantages([Trajectory(leaf, [A[s] for s in path(leaf)]) for leaf in scored])
+
+
+def vineppo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
+    """VinePPO (Kazemnejad et al. 2025, §4) on the prompt's trees. The leaves marked `sampled` end
+    the trained paths (rollout.vineppo's chains; none marked: every leaf); every other child of a
+    step's context starts a Monte Carlo continuation η_k ~ π(·|s), never trained. Step t of a path
+    is taken in context s_t (the root, then the step before it) and leads to s_{t+1}:
+        V̂(s)          = (1/K) Σ_k R(η_k), over s's continuations whose reward counts
+        A(s_t, a_t)    = V̂(s_{t+1}) - V̂(s_t);   A(s_T, a_T) = R - V̂(s_T) for the last step
+    i.e. r + γ V̂(s_{t+1}) - V̂(s_t) with γ = 1, the reward at the end only and V(terminal) = 0.
+    A trained path's own reward never enters V̂, as in the official code. A context whose every
+    continuation was discarded has no V̂, and the steps on either side of it are not trained
+    (vineppo-no-estimate); no whitening (vineppo-unwhitened). A step on several trained paths (a
+    tree, not VinePPO's chains) is trained once (first-untruncated). No option in `cfg`."""
+    scored = _reset(trees)
+    every = [x for t in trees for x in leaves(t.root)]
+    ends = [x for x in every if x.sampled] or every  # the trained paths' leaves
+    trained_path = {s for x in ends for s in path(x)}  # discarded ones too: not continuations
+    main = [x for x in scored if x in trained_path]
+    owner = _first_trained(main)
+    for s in dict.fromkeys(step.parent for step in owner):  # the contexts s_t
+        L = [x for c in s.children if c not in trained_path for x in scored_leaves(c)]
+        s.value = fmean(x.reward for x in L) if L else None  # V̂(s), K = len(L)
+    A: dict[Node, float] = {}
+    for step in owner:
+        after = step.value if step.children else step.reward  # V̂(s_{t+1}), or R after the last
+        if after is not None and step.parent.value is not None:
+            A[step] = after - step.parent.value
+    return _mark_node_advantages(
+        [Trajectory(x, [A.get(s) if owner[s] is x else None for s in path(x)]) for x in main]
+    )
 
 
 # python advantages.py --demo | --algo ALGO --trees FILE | --budget M,N,L: scripts/credit.py

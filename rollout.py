@@ -6,9 +6,9 @@ The agent speaks Search-R1's protocol (<think>, <search> query </search>, <infor
 below reads a step's text into its action).
 `Agent.step` advances a frontier of nodes across all prompts by one step with ONE batched engine
 call and ONE batched retriever call; `Agent.run` steps until every branch has ended. A strategy
-(chain for GRPO and GiGPO, tree_grpo, branpo, carl, treeps, at2po, arpo) picks the nodes to continue
-from; a chain is the degenerate tree. ALGOS, the algorithm registry, pairs each with its credit
-function in advantages.py; each reads its knobs from the RolloutConfig (or CreditConfig) given.
+(one per paper, `chain` for GRPO and GiGPO) picks the nodes to continue from; a chain is the
+degenerate tree. ALGOS, the algorithm registry, pairs each with its credit function in
+advantages.py; each reads its knobs from the RolloutConfig (or CreditConfig) given.
 
 Abnormal outcomes ("Cut the Bill" §5.4), each a flag on the node and a counter: too_many_calls,
 parse_error, repeated_query (5.4.1) and max_turns (5.4.3) stop with reward 0; env_error (retrieval
@@ -31,6 +31,7 @@ Deviations from the papers, each cited by its name (argued in docs/paper_code.md
 - arpo-entropy: H is a step's mean sampled-token NLL, not the normalised top-10 entropy of 20 tokens
 - arpo-branch-step: ΔH is the tool-calling step's (the official code's), not the step's after it
 - arpo-initial-entropy: ΔH against the first step of its own chain or branch, in this rollout only
+- vineppo-contexts: K continuations per context of each chain trained, equal contexts apart
 """
 
 from __future__ import annotations
@@ -61,10 +62,11 @@ from infra.protocol import (
 )
 from infra.squad import exact_match, token_f1  # the outcome reward's EM and F1 (squad-reward)
 from retriever import RetrievalError
-from tree import Node, Tree, action_nll, context_ids, path, scored_leaves, walk
+from tree import Node, Tree, action_nll, context_ids, path, scored_leaves, truncated, walk
 
-# --algo: ALGOS's names
-Algorithm = Literal["grpo", "tree_grpo", "branpo", "carl", "treeps", "gigpo", "at2po", "arpo"]
+Algorithm = Literal[  # --algo: ALGOS's names
+    "grpo", "tree_grpo", "branpo", "carl", "treeps", "gigpo", "at2po", "arpo", "vineppo"
+]
 CORRECT_F1 = 0.8  # BranPO App. A.1: "an F1 score of 0.8 is used as a threshold" for correctness
 AT2PO_ALPHA = 0.05  # AT2PO: branching penalty per existing sibling (official code's constant)
 ARPO_BEAM, ARPO_BETA, ARPO_TAU = 2, 0.2, 0.5  # ARPO: beam size, ΔH weight, threshold (official run)
@@ -257,11 +259,13 @@ class RolloutConfig:
     """AT2PO: leaves per tree, pruned or padded to (official run: 22); 0 = M + L N, as grown."""
     arpo_M: int = 16
     """ARPO: trajectories per prompt in all, the initial chains included (official run: 16)."""
+    vineppo_K: int = 4
+    """VinePPO: Monte Carlo continuations per context (its official runs: 9; docs/paper_code.md)."""
 
 
 RULES = protocol.RULES + [  # flags.check: AgentConfig's (infra/protocol.py), RolloutConfig's
     (
-        "grpo_G tree_M tree_N branpo_N carl_N0 treeps_N treeps_retain arpo_M",
+        "grpo_G tree_M tree_N branpo_N carl_N0 treeps_N treeps_retain arpo_M vineppo_K",
         "an integer >= 1",
         lambda v: v >= 1,
     ),
@@ -572,6 +576,22 @@ def arpo(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list
     return [[t] for t in trees]
 
 
+def vineppo(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list[list[Tree]]:
+    """VinePPO §4 (official code: MathEpisodeGeneratorWithMCAdvantages), one tree per prompt: G =
+    grpo_G chains, their leaves marked `sampled` (trained), then K = vineppo_K full continuations,
+    never trained, from the root and each step but the last of every chain neither discarded nor
+    truncated, all in one batch: advantages.vineppo's samples of V(s) (vineppo-contexts)."""
+    trees = [agent.new_tree(ex, f"p{i}") for i, ex in enumerate(examples)]
+    chains = [t for t in trees for _ in range(cfg.grpo_G)]  # each chain's tree
+    contexts: dict[Node, Tree] = {}  # s_t -> its tree, once: the root's K serve all its chains
+    for t, end in zip(chains, agent.run([(t, t.root) for t in chains])):
+        end.sampled = True  # a trained path; the continuations below are not
+        if end.scored and not truncated(end):
+            contexts |= {s: t for s in [t.root, *path(end)[:-1]]}
+    agent.run([(t, s) for s, t in contexts.items() for _ in range(cfg.vineppo_K)])
+    return [[t] for t in trees]
+
+
 # --------------------------------------------------------------------------------------------------
 # The algorithm registry: --algo picks one entry, train.py's loop calls it.
 
@@ -593,4 +613,5 @@ ALGOS = {
     "gigpo": Algo(chain, advantages.gigpo),  # GiGPO's groups come from plain GRPO chains
     "at2po": Algo(at2po, advantages.at2po),
     "arpo": Algo(arpo, advantages.arpo),
+    "vineppo": Algo(vineppo, advantages.vineppo),
 }

@@ -51,7 +51,7 @@ class Node:
     flags: list[str] = field(default_factory=list)  # this step's abnormal outcomes, among FLAGS
     prefix_end: bool = False  # BranPO: last step of the prefix B (Eq. 8); its children: C (Eq. 9)
     redundant: bool = False  # BranPO RSM: a step a shorter correct branch showed needless (Eq. 14)
-    sampled: bool = False  # TreePS-RAG: a leaf whose path is among the N drawn for training (§2.3)
+    sampled: bool = False  # a trained path's leaf: TreePS-RAG's N drawn (§2.3), VinePPO's chains
     phase1: bool = False  # CARL: a step of the N0 chains sampled before any fork (App. C.1)
     entropy: float | None = None  # CARL: H(s), mean length-normalised NLL of its actions (Eq. 6-8)
     n_sampled: int = 0  # children sampled, pruned ones too: CARL's n(s) (Eq. 12); names children

@@ -1,15 +1,18 @@
-"""Writes tests/fixtures/oracle_credit.json: the official code of GiGPO, AT2PO and TreePO run on
-seeded random prompts built as our Trees, their inputs and outputs side by side.
+"""Writes tests/fixtures/oracle_credit.json: the official code of GiGPO, AT2PO, TreePO and VinePPO
+run on seeded random prompts built as our Trees, their inputs and outputs side by side.
 
     python benchmarks/oracle_credit.py \\
         --gigpo /tmp/oracle/core_gigpo.py --gigpo_from "OWNER/REPO PATH COMMIT" \\
         --at2po /tmp/oracle/ATPO --at2po_from "OWNER/REPO PATH COMMIT" \\
-        --treepo /tmp/oracle/core_algos.py --treepo_from "OWNER/REPO PATH COMMIT"
+        --treepo /tmp/oracle/core_algos.py --treepo_from "OWNER/REPO PATH COMMIT" \\
+        --vineppo /tmp/oracle/math_episode_generator_with_mc_advantages.py \\
+        --vineppo_from "OWNER/REPO PATH COMMIT"
 
-The official files are local copies given on the command line, never part of this repository: their
-code is read and run here, at generation time, and only numbers are written. What each file needs
-and we do not have (verl's DataProto and torch_functional, a logger) is a small shim below; the
-rest runs as written:
+A method left out keeps its entry of the fixture as it is. The official files are local copies
+given on the command line, never part of this repository: their code is read and run here, at
+generation time, and only numbers are written. What each file needs and we do not have (verl's
+DataProto and torch_functional, a logger, the reward function) is a small shim below; the rest runs
+as written:
 - GiGPO (`gigpo/core_gigpo.py`): `compute_step_discounted_returns` on a shim batch, then
   `compute_gigpo_outcome_advantage` ("mean_std_norm", exact state matching), once as written
   (episode statistics over step rows) and once with `episode_norm_reward`'s
@@ -21,13 +24,21 @@ rest runs as written:
 - TreePO (`verl/trainer/ppo/core_algos.py`): its tree estimator,
   `compute_tree_reinforce_plus_plus_baseline_outcome_advantage`, with its script's "average"
   weighting and the batch whitening left out (treepo-unwhitened).
-tests/test_beyond_credit.py runs our functions on the same trees and compares the numbers.
+- VinePPO (`treetune/episode_generators/math_episode_generator_with_mc_advantages.py`): of its
+  class MathEpisodeGeneratorWithMCAdvantages, `_compute_mc_value` (V of a state, the mean reward of
+  its rollouts; an unfinished one scores the unfinished-response penalty, 0 in its math runs) on
+  each context's continuations (a discarded one left out), then `_compute_step_advantages` on each
+  trained chain's values. The prompt is one state for all its chains, as the official code's
+  de-duplication of equal queries makes it.
+tests/test_beyond_credit.py and tests/test_vineppo.py run our functions on the same trees and
+compare the numbers.
 """
 
 import ast
 import contextlib
 import functools
 import io
+import json
 import logging
 import random
 import sys
@@ -44,7 +55,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from advantages import GIGPO_GAMMA
 from infra import files, flags
-from tree import Node, Tree, path, scored_leaves, walk
+from tree import Node, Tree, leaves, path, scored_leaves, walk
 
 REWARDS = [0.0, 1.0, 0.5, 0.25, -0.5]  # exact in float32: the official code's ties stay exact
 AT2PO_MODES = {"child": "child_mean", "entropy": "child_softmax", "leaf": "leaf_mean"}
@@ -61,17 +72,21 @@ AT2PO_FILE = (
 
 @dataclass
 class Args:
-    gigpo: str
-    """A local copy of verl-agent's gigpo/core_gigpo.py."""
-    gigpo_from: str
+    gigpo: str = ""
+    """A local copy of verl-agent's gigpo/core_gigpo.py ("": GiGPO's entry kept as it is)."""
+    gigpo_from: str = ""
     """Where it came from: "OWNER/REPO PATH COMMIT"."""
-    at2po: str
+    at2po: str = ""
     """A local copy of the AT2PO repository (at least its tree rollout file, at its path)."""
-    at2po_from: str
+    at2po_from: str = ""
     """Where it came from: "OWNER/REPO PATH COMMIT"."""
-    treepo: str
+    treepo: str = ""
     """A local copy of TreePO's verl/trainer/ppo/core_algos.py."""
-    treepo_from: str
+    treepo_from: str = ""
+    """Where it came from: "OWNER/REPO PATH COMMIT"."""
+    vineppo: str = ""
+    """A local copy of VinePPO's math_episode_generator_with_mc_advantages.py."""
+    vineppo_from: str = ""
     """Where it came from: "OWNER/REPO PATH COMMIT"."""
     out: str = "tests/fixtures/oracle_credit.json"
     """The fixture to write."""
@@ -334,31 +349,125 @@ def treepo_case(f, prompts: list[list[Tree]]) -> dict:
     }
 
 
+# --------------------------------------------------------------------------------------------------
+# VinePPO
+
+VINEPPO_CLASS = "MathEpisodeGeneratorWithMCAdvantages"
+
+
+def vine_chain(node: Node, steps: int, rng: random.Random) -> Node:
+    """A chain of `steps` random steps below `node`, its leaf rewarded by `end`; one cut by the
+    token budget gets reward 0, as the agent gives it (the official code: the unfinished-response
+    penalty, 0 in its math runs)."""
+    for _ in range(steps):
+        node = step(node, rng)
+    end(node, rng, discard=True)
+    if "truncated" in node.flags:
+        node.reward = 0.0
+    return node
+
+
+def vine_tree(prompt: str, rng: random.Random) -> Tree:
+    """One prompt as rollout.vineppo grows it: 1-4 chains of 1-4 steps from the root, their leaves
+    marked `sampled`; from the root and every step but the last of each scored chain, 1-4
+    continuations of 1-3 steps, at least one of them not discarded."""
+    root = Node(prompt)
+    mains = [vine_chain(root, rng.randint(1, 4), rng) for _ in range(rng.randint(1, 4))]
+    for leaf in mains:
+        leaf.sampled = True
+    for s in dict.fromkeys(s for x in mains if x.scored for s in [root, *path(x)[:-1]]):
+        ends = [vine_chain(s, rng.randint(1, 3), rng) for _ in range(rng.randint(1, 4))]
+        while not any(x.scored for x in ends):
+            ends.append(vine_chain(s, 1, rng))
+    return Tree(root)
+
+
+def load_vineppo(file: str):
+    """`_compute_mc_value` and `_compute_step_advantages` of MathEpisodeGeneratorWithMCAdvantages,
+    as functions of (self, ...), run as written."""
+    module = ast.parse(Path(file).read_text())
+    (cls,) = [n for n in module.body if getattr(n, "name", "") == VINEPPO_CLASS]
+    wanted = ("_compute_mc_value", "_compute_step_advantages")
+    found = {n.name: n for n in cls.body if getattr(n, "name", "") in wanted}
+    if set(found) != set(wanted):
+        raise SystemExit(f"{file}: {VINEPPO_CLASS} lacks {sorted(set(wanted) - set(found))}")
+    ns = {"json": json} | {k: getattr(typing, k) for k in ("Any", "Dict", "List", "Tuple", "Union")}
+    exec(compile("\n\n".join(ast.unparse(found[k]) for k in wanted), file, "exec"), ns)
+    return ns["_compute_mc_value"], ns["_compute_step_advantages"]
+
+
+class Rewards:
+    """The official reward function's interface on our leaves: the rollout text is a leaf id."""
+
+    def __init__(self, t: Tree):
+        self.reward = {x.id: x.reward for x in walk(t.root) if not x.children}
+
+    def __call__(self, query, rollout, data_instance):
+        return self.reward[rollout], False
+
+    def get_unfinished_response_penalty(self) -> float:
+        return 0.0  # its math runs' unfinished_response_penalty
+
+
+def vineppo_case(mc_value, step_advantages, t: Tree) -> dict:
+    """V of every context of a scored chain (the official `_compute_mc_value` on its continuations,
+    the children that lead to no `sampled` leaf, a discarded one left out) and each such chain's
+    step advantages (`_compute_step_advantages`, the reward on its last step)."""
+    self = SimpleNamespace(reward_function=Rewards(t))
+    chains_ = [x for x in leaves(t.root) if x.sampled and x.scored]
+    values = {}
+    for s in dict.fromkeys(s for x in chains_ for s in [t.root, *path(x)[:-1]]):
+        rollouts = [
+            {"answer": x.id, "finish_reason": "length" if "truncated" in x.flags else "stop"}
+            for c in s.children
+            if not any(y.sampled for y in leaves(c))
+            for x in scored_leaves(c)
+        ]
+        result = {"_treetune__reasoning_tree": json.dumps({"children": rollouts})}
+        values[s.id] = mc_value(self, query="", value_estimation_result=result, data_instance={})
+    advantages = {}
+    for x in chains_:
+        states = [t.root, *path(x)[:-1]]
+        trajectory = {
+            "step_rewards": [0.0] * (len(states) - 1) + [x.reward],
+            "values": [values[s.id] for s in states] + [None],  # the terminal state's: 0
+        }
+        advantages[x.id] = step_advantages(self, trajectory)
+    return {"tree": t.to_dict(), "values": values, "advantages": advantages}
+
+
 def main():
     (args,) = flags.parse(Args)
-    rng = random.Random(args.seed)
-    gigpo_ns = load_gigpo(args.gigpo)
-    ToolTreeNode, credit = load_at2po(args.at2po)
-    treepo = load_treepo(args.treepo)
-    fixture = {
-        "about": "written by benchmarks/oracle_credit.py, read by tests/test_beyond_credit.py",
-        "sources": {
-            k: source(v)
-            for k, v in (
-                ("gigpo", args.gigpo_from),
-                ("at2po", args.at2po_from),
-                ("treepo", args.treepo_from),
-            )
-        },
-        "gigpo": [
+    methods = ("gigpo", "at2po", "treepo", "vineppo")
+    given = [m for m in methods if getattr(args, m)]
+    flags.check(
+        args,
+        [],
+        [(not given, f"give the official code of at least one of {methods} (--gigpo FILE ...)")]
+        + [
+            (not getattr(args, m + "_from"), f'--{m} needs --{m}_from "OWNER/REPO PATH COMMIT"')
+            for m in given
+        ],
+    )
+    fixture = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+    fixture["about"] = "written by benchmarks/oracle_credit.py, read by tests/test_beyond_credit.py"
+    fixture.setdefault("sources", {}).update({m: source(getattr(args, m + "_from")) for m in given})
+    rng = random.Random(args.seed)  # GiGPO's, then AT2PO's, then TreePO's cases: one stream
+    if args.gigpo:
+        gigpo_ns = load_gigpo(args.gigpo)
+        fixture["gigpo"] = [
             gigpo_case(gigpo_ns, [chains(f"p{p}", rng) for p in range(rng.randint(1, 3))])
             for _ in range(args.cases)
-        ],
-        "at2po": [
+        ]
+    if args.at2po:
+        ToolTreeNode, credit = load_at2po(args.at2po)
+        fixture["at2po"] = [
             at2po_case(ToolTreeNode, credit, branching(f"t{i}", rng, discard=False))
             for i in range(args.cases)
-        ],
-        "treepo": [
+        ]
+    if args.treepo:
+        treepo = load_treepo(args.treepo)
+        fixture["treepo"] = [
             treepo_case(
                 treepo,
                 [
@@ -367,10 +476,15 @@ def main():
                 ],
             )
             for _ in range(args.cases)
-        ],
-    }
+        ]
+    if args.vineppo:
+        vine_rng, (mc_value, step_advantages) = random.Random(args.seed), load_vineppo(args.vineppo)
+        fixture["vineppo"] = [
+            vineppo_case(mc_value, step_advantages, vine_tree(f"p{i}", vine_rng))
+            for i in range(args.cases)
+        ]
     files.write_json(args.out, fixture)
-    print(f"wrote {args.out}: {args.cases} cases of GiGPO, AT2PO and TreePO")
+    print(f"wrote {args.out}: {args.cases} cases of {', '.join(given)}")
 
 
 if __name__ == "__main__":

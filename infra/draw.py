@@ -41,7 +41,7 @@ MARKS = {  # mark -> (ring colour, ring marker, legend)
     "redundant": ("black", "o", "BranPO: redundant step (masked)"),
     "fork": ("#7b3294", "o", "CARL: forking state"),
     "retained": ("#1b9e77", "o", "TreePS-RAG: kept by the pruning"),
-    "sampled": ("#1b9e77", "s", "TreePS-RAG: path drawn for training"),
+    "sampled": ("#1b9e77", "s", "a trained path's leaf (TreePS-RAG: drawn; VinePPO: a chain)"),
 }
 PANELS = {  # method -> (title, what its credit is, the marks it draws)
     "grpo": ("GRPO", "each trajectory's group advantage\non all its steps", ()),
@@ -64,6 +64,11 @@ PANELS = {  # method -> (title, what its credit is, the marks it draws)
     "gigpo": ("GiGPO", "episode advantage + step advantage\namong steps from the same state", ()),
     "at2po": ("AT2PO", "V(n) from its children (entropy-\nweighted); leaves z-scored per tree", ()),
     "arpo": ("ARPO", "GRPO over every leaf\n(soft; hard: a shared step's mean)", ()),
+    "vineppo": (
+        "VinePPO",
+        "V(next context) - V(context), V the\nmean of K continuations (grey)",
+        ("sampled",),
+    ),
 }
 
 

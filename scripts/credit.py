@@ -207,12 +207,21 @@ def tree_grpo_budget(M: int, N: int, L: int) -> tuple[int, float]:
     return M * (L * N + 1), M * (1 + L * N / 2)
 
 
+def vineppo_chain(worked: tree.Tree) -> tree.Tree:
+    """The worked tree as VinePPO reads it: a copy whose first path, q.0 -> q.0.0, is the trained
+    chain (its leaf marked `sampled`); the other paths are its Monte Carlo continuations, one from
+    the prompt (q.1 -> q.1.0) and two from the context after q.0 (q.0.1 -> q.0.1.0, q.0.2)."""
+    copy = tree.Tree.from_dict(worked.to_dict())
+    copy.find("q.0.0").sampled = True
+    return copy
+
+
 def demo(credits: dict, cfg):
     """A worked tree (one prompt, two original trajectories: one with branches and a redundant step,
     one split at its last step with no branch kept) and every method's trajectories on it (GRPO's
-    and GiGPO's on the tree's root-to-leaf paths, each copied into a chain of its own). `credits`:
-    name -> credit function (advantages.py's), each run with `cfg` (a CreditConfig: the command's
-    credit flags)."""
+    and GiGPO's on the tree's root-to-leaf paths, each copied into a chain of its own; VinePPO's on
+    `vineppo_chain`). `credits`: name -> credit function (advantages.py's), each run with `cfg` (a
+    CreditConfig: the command's credit flags)."""
     worked = tree.Tree.from_dict(
         {
             "id": "q",
@@ -260,10 +269,8 @@ def demo(credits: dict, cfg):
     for chain, leaf in zip(chains, leaves):
         for step in tree.path(chain.find(leaf.id)):
             step.parent.children = [step]  # prune the copy to the root-to-leaf path
-    on_chains = ("grpo", "gigpo")  # the methods of GRPO chains
-    runs = {
-        name: fn(chains if name in on_chains else [worked], cfg) for name, fn in credits.items()
-    }
+    given = {"grpo": chains, "gigpo": chains, "vineppo": [vineppo_chain(worked)]}
+    runs = {name: fn(given.get(name, [worked]), cfg) for name, fn in credits.items()}
     return worked, runs
 
 
@@ -356,9 +363,15 @@ def main():
         if args.plot:
             worked, runs = demo(credits, cfg)
             chains = "the tree's 4 paths as 4 chains:\na step adds up the chains through it"
-            notes = {"grpo": chains, "gigpo": chains}
+            vine = "the chain: to the green square; the\nother paths: its continuations"
+            notes = {"grpo": chains, "gigpo": chains, "vineppo": vine}
+            drawn = {"vineppo": [vineppo_chain(worked)]}  # its `sampled` mark shown
             panels = [
-                {"algo": k, "nodes": drawing([worked], trajectories), "note": notes.get(k, "")}
+                {
+                    "algo": k,
+                    "nodes": drawing(drawn.get(k, [worked]), trajectories),
+                    "note": notes.get(k, ""),
+                }
                 for k, trajectories in runs.items()
             ]
             draw.figure(
@@ -394,6 +407,13 @@ def main():
                 "older than the marks, or a hand-built tree), so the flag would change nothing; "
                 'mark the first-phase chains\' steps "phase1": true, or drop the flag (the same '
                 "numbers, every step trained)"
+            )
+        if args.algo == "vineppo" and not any(n.sampled for t in trees for n in tree.walk(t.root)):
+            raise SystemExit(
+                f'--algo vineppo: no leaf of {args.trees} is marked "sampled", so every path is a '
+                "trained chain, none a Monte Carlo continuation, and nothing can be trained; mark "
+                'the trained chains\' leaves "sampled": true (the other paths are their '
+                "continuations, as rollout.vineppo writes them)"
             )
         try:
             trajectories = credits[args.algo](trees, cfg)

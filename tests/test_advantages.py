@@ -699,6 +699,9 @@ def test_demo_credit_per_step_hand_computed():
     # AT2PO (leaves z-scored in the one tree: +-a; V = the child mean, no log-probs so equal
     # weights; A = V): V(q.0) = (a + a - a) / 3 = a/3 in three trajectories = a; every other step
     # its leaf's +-a. ARPO soft: GRPO over the four leaves, +-a broadcast: GRPO's numbers
+    # VinePPO (scripts.credit.vineppo_chain: q.0 -> q.0.0 the chain, the rest its continuations):
+    # V(q) = q.1.0's reward = 0, V(q.0) = mean(q.0.1.0, q.0.2) = (1 + 0) / 2 = 1/2;
+    # A(q.0) = 1/2 - 0, A(q.0.0) = 1 - 1/2; the continuations are not trained
     want = {
         "grpo": [a, a, a, a, -a, -a, -a],
         "gigpo": [a + sum(z1[:3]), a + z2[0], a + z2[1], a, -a + z2[2], -a + z1[3], -a],
@@ -708,6 +711,7 @@ def test_demo_credit_per_step_hand_computed():
         "branpo": [b, a, None, a, -a, -b, -a],
         "carl": [1 / 3, 1 / 3, 1 / 3, None, -2 / 3, -1 / 3, None],
         "treeps": [1 / S3, 5 / 6, 5 / 6, 1 / 2, -7 / 6, -1, -1 / 2],
+        "vineppo": [1 / 2, 1 / 2, None, None, None, None, None],
     }
     tree, runs = demo(CREDITS, C)
     steps = ["q.0", "q.0.0", "q.0.1", "q.0.1.0", "q.0.2", "q.1", "q.1.0"]
@@ -934,7 +938,9 @@ def test_rewards_at_the_largest_magnitude_read_give_finite_advantages(tmp_path):
     )
     for algo, credit in CREDITS.items():
         on_chains = algo in ("grpo", "gigpo")
-        trajectories = credit(load_trees(str(chains if on_chains else f), None, True), C)
+        trees = load_trees(str(chains if on_chains else f), None, True)
+        trees[0].find("a.0").sampled = algo == "vineppo"  # its chain; a.1, a.2: continuations
+        trajectories = credit(trees, C)
         advantages = [a for tr in trajectories for a in tr.advantages if a is not None]
         assert advantages and all(map(math.isfinite, advantages)), algo
         assert any(a != 0 for a in advantages), algo

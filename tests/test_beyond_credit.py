@@ -414,10 +414,10 @@ def oracle():
 
 
 def test_the_oracle_fixture_names_its_sources(oracle):
-    assert set(oracle["sources"]) == {"gigpo", "at2po", "treepo"}
+    assert set(oracle["sources"]) == {"gigpo", "at2po", "treepo", "vineppo"}
     for src in oracle["sources"].values():
         assert set(src) == {"repo", "path", "commit"} and len(src["commit"]) == 40
-    assert all(len(oracle[k]) >= 8 for k in ("gigpo", "at2po", "treepo"))
+    assert all(len(oracle[k]) >= 8 for k in ("gigpo", "at2po", "treepo", "vineppo"))
 
 
 def test_gigpo_matches_the_official_code(oracle):
