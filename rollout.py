@@ -31,6 +31,7 @@ Deviations from the papers, each cited by its name (argued in docs/paper_code.md
 - arpo-entropy: H is a step's mean sampled-token NLL, not the normalised top-10 entropy of 20 tokens
 - arpo-branch-step: ΔH is the tool-calling step's (the official code's), not the step's after it
 - arpo-initial-entropy: ΔH against the first step of its own chain or branch, in this rollout only
+- raw-logprobs: log-probs of the raw logits whatever temperature / top_p (verl divides by T)
 - vineppo-contexts: K continuations per context of each chain trained, equal contexts apart
 """
 
@@ -98,6 +99,14 @@ def query_key(query: str) -> str:
     return re.sub(r"\s+", " ", query.strip().lower())
 
 
+def rollout_logprob(logits, tokens):  # (B, V) float32, (B,) -> (B,)
+    """log pi_rollout of each sampled token, what TIS weighs by in train.ppo_loss: the log_softmax
+    of the raw logits it was sampled from, whatever the temperature and top_p (raw-logprobs). The
+    HF engine calls it as it samples (its capture of the logits is machinery: infra/engines.py);
+    vLLM computes the same (its raw_logprobs mode)."""
+    return logits.log_softmax(-1).gather(-1, tokens[:, None])[:, 0]  # (B,)
+
+
 class Agent:
     """Generates, parses, executes and scores the steps of frontiers of nodes of many prompts."""
 
@@ -106,7 +115,8 @@ class Agent:
         self.cfg, self.seed, self.refiner = cfg, seed, refiner
         self.template = instruction_template(cfg.instruction, tokenizer)
         kw = dict(temperature=cfg.temperature, top_p=cfg.top_p, stop=["</search>", "</answer>"])
-        self.sampling = Sampling(max_tokens=cfg.max_step_tokens, seed=seed, **kw)
+        kw.update(max_tokens=cfg.max_step_tokens, seed=seed, logprob=rollout_logprob)  # pi_rollout
+        self.sampling = Sampling(**kw)
         self.counters = Counter()  # abnormal/<flag>, rollout/steps, rollout/waves, ...
         self.obs_open = encode(tokenizer, "\n\n<information>")
         self.obs_close = encode(tokenizer, "</information>\n\n")

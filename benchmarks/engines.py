@@ -28,6 +28,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from infra import flags
 from infra.engines import HFEngine, Sampling
+from rollout import rollout_logprob
 
 
 @dataclass
@@ -123,7 +124,9 @@ if __name__ == "__main__":
         + torch.randint(4, model.config.vocab_size, (args.prompt_len - 1,), generator=g).tolist()
         for _ in range(max(batch_sizes))
     ]
+    # the agent's: each token's log-prob by pi_rollout's rule (vLLM computes the same)
     sampling = Sampling(temperature=1.0, max_tokens=args.max_tokens, seed=args.seed)
+    sampling.logprob = rollout_logprob
 
     results: dict[str, dict[int, float]] = {}
     # first: vLLM's CPU build pins the OpenMP threads of this process when it starts

@@ -78,6 +78,7 @@ from memory_plan import (  # noqa: F401 (the tests' names)
 import train
 from infra import files, flags
 from infra.engines import HFEngine, Sampling
+from rollout import rollout_logprob
 from tree import Sample
 
 TABLE = SHAPES / "h100_measured.json"  # the committed figures, with their provenance
@@ -369,7 +370,8 @@ def measure_rollout(a: Args) -> dict:
     # no stop strings, so the tokenizer is asked for its EOS and pad ids alone
     tokenizer = SimpleNamespace(eos_token_id=cfg.eos_token_id, pad_token_id=cfg.eos_token_id)
     engine = HFEngine(model, tokenizer, max_batch_size=b)
-    sampling = Sampling(max_tokens=new, temperature=1.0, seed=a.seed)
+    # the agent's: each token's log-prob kept by pi_rollout's rule, as a rollout does
+    sampling = Sampling(max_tokens=new, temperature=1.0, seed=a.seed, logprob=rollout_logprob)
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)

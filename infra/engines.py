@@ -3,16 +3,15 @@
 rollout.py talks to the `Engine` protocol; `VLLMEngine` (offline `vllm.LLM`, prefix caching,
 in-process weight update) and `HFEngine` (batched `model.generate`, the CPU / no-vLLM fallback)
 implement it, and `make_engine` picks one and says which and why. Completions are the exact sampled
-ids: a context is extended, never re-tokenized.
-
-Deviations from the papers, each cited by its name (argued in docs/paper_code.md):
-- raw-logprobs: log-probs of the raw logits whatever temperature / top_p (verl divides by T)
+ids: a context is extended, never re-tokenized. Which log-prob a sampled token gets is the caller's
+rule (`Sampling.logprob`: rollout.py's pi_rollout); vLLM's engine computes the same one itself.
 """
 
 import importlib.util
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -42,6 +41,12 @@ class Sampling:
     stop: list[str] = field(default_factory=list)
     # seed for this call (None: the engine's running RNG); vLLM: seed + i for prompt i
     seed: int | None = None
+    # Each sampled token's log-prob from the raw float32 logits it was sampled from: (B, V) logits,
+    # (B,) sampled ids -> (B,) log-probs. The rule is the caller's (rollout.rollout_logprob, the
+    # agent's pi_rollout); the HF engine calls it as it samples (None: no log-probs, nothing kept).
+    # vLLM runs no Python per token: its log-probs are always its raw ones (logprobs_mode), which
+    # is rollout_logprob's rule.
+    logprob: Callable | None = None
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -64,7 +69,7 @@ class Completion:
 
     # the sampled ids, up to and including the one that completed a stop string or the EOS
     token_ids: list[int]
-    logprobs: list[float]  # log_softmax(raw logits)[token]: log pi_old at T=1 (raw-logprobs)
+    logprobs: list[float]  # each token's Sampling.logprob (HF; empty without one), vLLM's raw one
     # "stop" (a stop string completed), "eos" (an EOS was sampled) or "length" (max_tokens)
     finish_reason: str
 
@@ -130,15 +135,17 @@ class _StopOnText(StoppingCriteria):
 
 
 class _SampledLogprobs(StoppingCriteria):
-    """Each sampled token's log-prob, kept as generate goes (raw-logprobs): a forward hook on the
-    model keeps the last position's raw logits of one step, in float32 (the copy generate makes
-    before its logits processors: `output_logits` returned the same tensors, every step's kept to
-    the end: 32 x 500 x 151,936 x 4 B = 9.06 GiB at 3 B); generate calls this criterion once the
-    token it sampled from them is appended, and it takes their log_softmax at that token. It never
-    stops a row. Use it as a context manager (the hook is removed on leaving)."""
+    """Each sampled token's log-prob, kept as generate goes. The mechanics are the engine's: a
+    forward hook on the model keeps the last position's raw logits of one step, in float32 (the
+    copy generate makes before its logits processors: `output_logits` returned the same tensors,
+    every step's kept to the end: 32 x 500 x 151,936 x 4 B = 9.06 GiB at 3 B); generate calls this
+    criterion once the token it sampled from them is appended. Which log-prob that token gets is
+    the caller's rule, `score` (Sampling.logprob: rollout.py's pi_rollout, which TIS reads), so that
+    the paper's rule stands on the step's path and this capture stays reusable. It never stops a
+    row. Use it as a context manager (the hook is removed on leaving)."""
 
-    def __init__(self, model: torch.nn.Module):
-        self.model, self.steps, self.last = model, [], None  # steps: N x (B,)
+    def __init__(self, model: torch.nn.Module, score: Callable):
+        self.model, self.score, self.steps, self.last = model, score, [], None  # steps: N x (B,)
 
     def __enter__(self):
         self.handle = self.model.register_forward_hook(self.keep)
@@ -159,7 +166,7 @@ class _SampledLogprobs(StoppingCriteria):
             )
         logits, self.last = self.last.to(input_ids.device), None  # (B, V)
         # (B,): finished rows' pad ids, as `sequences` holds them
-        self.steps.append(torch.log_softmax(logits, -1).gather(-1, input_ids[:, -1:])[:, 0])
+        self.steps.append(self.score(logits, input_ids[:, -1]))
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # (B,)
 
 
@@ -267,19 +274,20 @@ class HFEngine:
         # sampling defaults); swap in an empty one for the call so that only `config` applies, as
         # vLLM ignores them given SamplingParams.
         saved, self.model.generation_config = self.model.generation_config, GenerationConfig()
+        kept = _SampledLogprobs(self.model, sampling.logprob) if sampling.logprob else None
         try:
-            with _SampledLogprobs(self.model) as kept:
+            with kept or nullcontext():
                 sequences = self.model.generate(
                     input_ids=input_ids.to(self.model.device),
                     generation_config=config,
                     attention_mask=attention_mask.to(self.model.device),
-                    stopping_criteria=StoppingCriteriaList([kept] + ([stop] if stop else [])),
+                    stopping_criteria=StoppingCriteriaList([c for c in (kept, stop) if c]),
                 )  # (B, P + N)
         finally:
             self.model.generation_config = saved
         new_ids = sequences[:, P:]  # (B, N)
         # (B, N); a step generate took back (a deferred stop check) is not in `sequences`
-        logprobs = torch.stack(kept.steps[: new_ids.shape[1]], dim=1)
+        logprobs = torch.stack(kept.steps[: new_ids.shape[1]], dim=1) if kept else None
         completions = []
         for row in range(B):
             ids = new_ids[row].tolist()
@@ -297,7 +305,8 @@ class HFEngine:
                     f"row {row} stopped after {end} < max_tokens={sampling.max_tokens} tokens "
                     "without a stop string or EOS; a stopping rule outside Sampling is active"
                 )
-            completions.append(Completion(ids[:end], logprobs[row, :end].tolist(), reason))
+            scores = logprobs[row, :end].tolist() if kept else []
+            completions.append(Completion(ids[:end], scores, reason))
         return completions
 
 
@@ -349,7 +358,8 @@ class VLLMEngine:
             llm_kwargs.setdefault("enable_chunked_prefill", False)
         from vllm import LLM
 
-        # prefix caching: tree branches share their prefixes; logprobs_mode: raw-logprobs
+        # prefix caching: tree branches share their prefixes; logprobs_mode: rollout.py's
+        # raw-logprobs, the raw logits' log-probs whatever the temperature
         self.llm = LLM(
             model=model_path,
             tensor_parallel_size=tensor_parallel_size,

@@ -10,9 +10,12 @@ torchcodec`):
 
 import copy
 import importlib.util
+import math
 import string
 import sys
 import types
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -28,8 +31,13 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from infra.engines import HFEngine, Sampling, _StopOnText, make_engine
+from infra import engines
+from infra.engines import HFEngine, _StopOnText, make_engine
 from infra.policy import model_problem
+from rollout import rollout_logprob
+
+# every sampling here scores its tokens as the agent's does: pi_rollout's rule (rollout.py)
+Sampling = partial(engines.Sampling, logprob=rollout_logprob)
 
 # ids: 1 = <s>, rest = chars
 PROMPTS = [[1, 11, 12], [1, 30, 31, 32, 33, 34, 35], [1, 40], [1, 50, 51, 52, 53]]
@@ -250,6 +258,24 @@ def test_hf_logprobs_kept_as_generate_goes_are_bitwise_output_logits_ones(hf):
     autocast.forward = torch.autocast("cpu", dtype=torch.bfloat16)(autocast.forward)
     assert autocast(torch.tensor([PROMPTS[0]])).logits.dtype == torch.bfloat16
     check_against_output_logits(HFEngine(autocast, tok, max_batch_size=4), prompts, sampling)
+
+
+def test_hf_engine_scores_each_token_by_the_callers_rule_and_keeps_nothing_without_one(hf):
+    # the capture is the engine's, the rule the caller's (Sampling.logprob): pi_rollout's is
+    # log_softmax of the raw logits at the sampled id: logits (0, ln 3) -> ln(3 / 4) for id 1
+    logits = torch.tensor([[0.0, math.log(3.0)], [0.0, 0.0]])
+    assert rollout_logprob(logits, torch.tensor([1, 0])).tolist() == pytest.approx(
+        [math.log(0.75), math.log(0.5)]
+    )
+    model, tok = hf
+    engine, plain = HFEngine(model, tok), engines.Sampling(temperature=0, max_tokens=6)
+    (bare,) = engine.generate(PROMPTS[:1], plain)
+    (scored,) = engine.generate(PROMPTS[:1], replace(plain, logprob=rollout_logprob))
+    assert bare.token_ids == scored.token_ids and bare.logprobs == []  # no rule: no log-probs
+    assert len(scored.logprobs) == len(scored.token_ids) > 0 and not model._forward_hooks
+    doubled = lambda logits, ids: 2 * rollout_logprob(logits, ids)
+    (twice,) = engine.generate(PROMPTS[:1], replace(plain, logprob=doubled))
+    assert twice.logprobs == pytest.approx([2 * x for x in scored.logprobs])
 
 
 def test_hf_engine_asks_generate_for_no_logits(hf, monkeypatch):

@@ -89,6 +89,7 @@ def test_hf_engine_logprobs_are_output_logits_ones_on_the_gpu_under_bf16():
 
     from infra import warmstart
     from infra.engines import HFEngine, Sampling
+    from rollout import rollout_logprob
 
     tok = warmstart.world_tokenizer()
     model = warmstart.tiny_llama(tok, hidden=64, layers=2, heads=2).cuda().eval()
@@ -96,5 +97,6 @@ def test_hf_engine_logprobs_are_output_logits_ones_on_the_gpu_under_bf16():
     questions = ["who wrote the book", "where was the author of the book born", "what", "when"]
     prompts = [tok.encode(q) for q in questions]
     sampling = Sampling(temperature=0.7, top_p=0.9, max_tokens=24, stop=["</search>"], seed=0)
+    sampling.logprob = rollout_logprob  # pi_rollout, as the agent scores its tokens
     out = check_against_output_logits(HFEngine(model, tok, max_batch_size=3), prompts, sampling)
     assert [len(c.token_ids) for c in out] and all(c.logprobs for c in out)
