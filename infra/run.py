@@ -449,19 +449,35 @@ def quiet(silent: bool):
 
 def start(accelerator, run_dir: str, args, configs, warm):
     """Before anything loads: give one CPU process every core it may use, seed (--seed); then rank
-    0 claims run_dir
-    (claim_run_dir), writes the whole configuration (`configs`: train.py's dataclasses; `warm`, the
-    warm start's, with the embedded default) and prints what differs from the defaults
-    (save_config), says when a user's accelerate config goes unused, and starts the trackers.
-    Returns the open run.lock on rank 0 (hold it while the run lasts), else None."""
+    0 checks a --resume (rundir.check_resume), claims run_dir (claim_run_dir), writes the whole
+    configuration (`configs`: train.py's dataclasses; `warm`, the warm start's, with the embedded
+    default) and prints what differs from the defaults (save_config), says when a user's
+    accelerate config goes unused, and starts the trackers (claim_and_record). A refusal there
+    ends every rank, rank 0 saying why. Returns the open run.lock on rank 0 (hold it while the run
+    lasts), else None."""
     ranks = accelerator.num_processes
     if ranks == 1 and accelerator.device.type == "cpu":
         # `accelerate launch` sets OMP_NUM_THREADS=1; one process may use every core it is allowed
         # (taskset / cpuset)
         torch.set_num_threads(len(os.sched_getaffinity(0)))
     accelerate.utils.set_seed(args.seed)
-    if not accelerator.is_main_process:
-        return None
+    lock, refused = None, (False, None)
+    if accelerator.is_main_process:
+        try:
+            lock = claim_and_record(accelerator, run_dir, args, configs, warm)
+        except SystemExit as e:  # a refusal (a --resume that would not continue, a live lock)
+            refused = (True, e.code)
+    if ranks > 1:  # rank 0's decision, every rank's: the others would go on to a collective and
+        # die there when rank 0 leaves, each with gloo's "Connection closed by peer" traceback
+        refused = accelerate.utils.broadcast_object_list([refused])[0]
+    if refused[0]:  # rank 0 says why; the others leave without repeating it
+        raise SystemExit(refused[1] if accelerator.is_main_process else 1)
+    return lock
+
+
+def claim_and_record(accelerator, run_dir: str, args, configs, warm):
+    """start's part on rank 0: check a --resume, claim run_dir, write config.json, start the
+    trackers (start's arguments); returns the open run.lock. A refusal is a SystemExit."""
     config = {k: v for c in configs for k, v in asdict(c).items()}
     whole = {**config, **(asdict(warm) if not args.model else {})}  # warm: embedded default
     whole |= rundir.recorded(args, accelerator.mixed_precision)  # the files read, the precision
