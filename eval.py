@@ -186,9 +186,9 @@ def evaluate(agent, rows, k=1, seed=0, judge_fn=None, processes=None):
     (--eval_temperature 0) gives each question the same answer whoever rolls it out."""
     ranks, rank = (processes.num_processes, processes.process_index) if processes else (1, 0)
     share = rows[len(rows) * rank // ranks : len(rows) * (rank + 1) // ranks]
-    prompts = chain(agent, share, random.Random(seed), RolloutConfig(grpo_G=k))
+    tree_groups = chain(agent, share, random.Random(seed), RolloutConfig(grpo_G=k))  # per prompt
     results = []  # per question of the share: (its first sample's answer, its metrics) or None
-    for row, trees in zip(share, prompts):
+    for row, trees in zip(share, tree_groups):
         samples = [t.leaves()[0] for t in trees if t.leaves()[0].scored]
         if not samples:
             results.append(None)

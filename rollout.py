@@ -296,11 +296,11 @@ def chain(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> lis
     """GRPO: G = cfg.grpo_G independent trajectories per prompt, each a chain-shaped tree of its
     own."""
     G = cfg.grpo_G
-    prompts = [
+    tree_groups = [
         [agent.new_tree(ex, f"p{i}.g{j}") for j in range(G)] for i, ex in enumerate(examples)
     ]
-    agent.run([(t, t.root) for trees in prompts for t in trees])
-    return prompts
+    agent.run([(t, t.root) for trees in tree_groups for t in trees])
+    return tree_groups
 
 
 def tree_grpo(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list[list[Tree]]:
@@ -309,13 +309,13 @@ def tree_grpo(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) ->
     has fewer, or with `tree_replace`: expand-without-replacement), each get one new full
     continuation. M (L N + 1) leaves per prompt."""
     M, N, L = cfg.tree_M, cfg.tree_N, cfg.tree_L
-    prompts = [
+    tree_groups = [
         [agent.new_tree(ex, f"p{i}.t{m}") for m in range(M)] for i, ex in enumerate(examples)
     ]
-    agent.run([(t, t.root) for trees in prompts for t in trees])  # initialization
+    agent.run([(t, t.root) for trees in tree_groups for t in trees])  # initialization
     for _ in range(L):
         frontier = []
-        for t in (t for trees in prompts for t in trees):
+        for t in (t for trees in tree_groups for t in trees):
             # root + intermediate steps (never a final answer)
             inner = [n for n in walk(t.root) if n.children]
             picks = (
@@ -325,7 +325,7 @@ def tree_grpo(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) ->
             )
             frontier += [(t, n) for n in picks]
         agent.run(frontier)  # expansion: all trees of all prompts in one batch
-    return prompts
+    return tree_groups
 
 
 def _f1(leaf: Node) -> float:
@@ -365,13 +365,13 @@ def branpo(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> li
     original with no branch kept stays split at the last truncation point tried (Algorithm 1):
     marked `prefix_end`, its one continuation the original suffix. N: cfg.branpo_N."""
     N = cfg.branpo_N
-    prompts = [
+    tree_groups = [
         [agent.new_tree(ex, f"p{i}.n{j}") for j in range(N)] for i, ex in enumerate(examples)
     ]
-    agent.run([(t, t.root) for trees in prompts for t in trees])
+    agent.run([(t, t.root) for trees in tree_groups for t in trees])
     # (tree, original leaf, plan: the truncations still to try, each (depth k, n branches, mode))
     jobs = []
-    for trees in prompts:
+    for trees in tree_groups:
         originals = [(t, t.leaves()[0]) for t in trees if t.leaves()[0].scored]
         f1s = [_f1(leaf) for _, leaf in originals]
         if not f1s:
@@ -412,7 +412,7 @@ def branpo(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> li
             if not plan:  # kept one, or the last truncation point tried: B = τ≤k (Algorithm 1)
                 start.prefix_end = True
         jobs = [(t, leaf, plan) for t, leaf, plan in jobs if plan]
-    return prompts
+    return tree_groups
 
 
 def _states(tree: Tree) -> list[Node]:
@@ -430,17 +430,17 @@ def carl(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list
     N0/N + 1/2 of the actions of GRPO with N chains (Eq. 14: a fork starts halfway down, on
     average). The N0 chains' steps are marked `phase1` (App. C.1, carl-phase1)."""
     N0, N = cfg.carl_N0, cfg.carl_N
-    prompts = [[agent.new_tree(ex, f"p{i}")] for i, ex in enumerate(examples)]
-    agent.run([(trees[0], trees[0].root) for trees in prompts for _ in range(N0)])
-    for step in (n for [t] in prompts for n in walk(t.root) if n.parent is not None):
+    tree_groups = [[agent.new_tree(ex, f"p{i}")] for i, ex in enumerate(examples)]
+    agent.run([(trees[0], trees[0].root) for trees in tree_groups for _ in range(N0)])
+    for step in (n for [t] in tree_groups for n in walk(t.root) if n.parent is not None):
         step.phase1 = True
     for _ in range(N):  # lowest n/H = highest H/n
         agent.run(
-            [(t, max(_states(t), key=lambda s: s.entropy / len(s.children))) for [t] in prompts]
+            [(t, max(_states(t), key=lambda s: s.entropy / len(s.children))) for [t] in tree_groups]
         )
-    for [t] in prompts:
+    for [t] in tree_groups:
         _states(t)  # the final H(s), kept on the tree
-    return prompts
+    return tree_groups
 
 
 def jaccard_prune(children: list[Node], k: int) -> list[Node]:

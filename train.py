@@ -158,7 +158,7 @@ def validate(args: Args, *configs):
     """Every flag against its module's RULES, and the rules that tie flags together (infra/run.py's
     validate, given the top level's); one message lists all broken."""
     rollout_cfg, agent = (
-        next(c for c in configs if isinstance(c, t)) for t in (RolloutConfig, AgentConfig)
+        next(c for c in configs if isinstance(c, cls)) for cls in (RolloutConfig, AgentConfig)
     )
     depth = rollout.depth_rule(rollout_cfg, agent)
     run.validate(args, configs, rollout.RULES + retriever.RULES, depth)
@@ -424,8 +424,8 @@ def reject_sampling(agent, rows: list, order: list[int], accelerator, book: Book
     share = picked[len(picked) * rank // ranks : len(picked) * (rank + 1) // ranks]
     group = RolloutConfig(grpo_G=args.filter_rollouts)
     with torch.no_grad():
-        prompts = rollout.chain(agent, share, random.Random(args.seed), group)
-    rewards = [[x.reward for t in trees for x in t.leaves() if x.scored] for trees in prompts]
+        tree_groups = rollout.chain(agent, share, random.Random(args.seed), group)  # per prompt
+    rewards = [[x.reward for t in trees for x in t.leaves() if x.scored] for trees in tree_groups]
     rewards = gather_object(rewards) if ranks > 1 else rewards
     judged = [(row, r) for row, r in zip(picked, rewards) if r]
     kept, report = reject_sampling_filter([row for row, _ in judged], [r for _, r in judged])
@@ -504,11 +504,12 @@ def main(
     # ---- loop: six phases (SIGTERM, Ctrl-C: the step finishes, a checkpoint is saved, it stops)
     for step in range(book.start, args.steps):  # book.start: a resumed run's checkpoint, else 0
         batch = share(train_rows, order, step, args.prompts_per_step, accelerator)
-        with torch.no_grad():  # 1. grow the trees (rollout.py)
-            prompts = algo.grow(agent, batch, rng, rollout_cfg)
+        with torch.no_grad():  # 1. grow the trees (rollout.py): one list of trees per prompt
+            tree_groups = algo.grow(agent, batch, rng, rollout_cfg)
         engine.sleep()  # --vllm_sleep: vLLM's memory goes to the update until the weight sync
         # ---- EDIT HERE: the credit, one function per paper (advantages.py) ---------------------
-        trajectories = [t for trees in prompts for t in algo.credit(trees, credit_cfg)]  # 2. credit
+        # 2. credit: each prompt's trees in, one Trajectory per trained leaf out
+        trajectories = [traj for trees in tree_groups for traj in algo.credit(trees, credit_cfg)]
         samples = to_samples(trajectories)  # 3. training samples: token ids, mask, advantages
         counts = gather_object([len(samples)])  # every rank's, in rank order (waits for the last)
         book.lap("rollout")
@@ -522,7 +523,7 @@ def main(
         weights = shard.Weights(accelerator, model)  # 6. weight sync: whole tensors, one at a time
         engine.load_weights(weights)  # each rank's engine samples from them from the next step on
         nonfinite = weights.nonfinite  # those the update left NaN or inf, checked as they passed
-        book.step_done(step, prompts, trajectories, samples, updated, nonfinite)  # log, eval, save
+        book.step_done(step, tree_groups, trajectories, samples, updated, nonfinite)  # log, save
         if book.stopped:  # by a signal, after its checkpoint
             break
     weights = shard.gather(accelerator, model)  # every rank (under FSDP2 a collective)

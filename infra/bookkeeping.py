@@ -106,19 +106,19 @@ class Book:
         """This rank's refine agent's sums over the step: summaries, summary tokens, seconds."""
         return Counter(self.refiner.stats) - self.refined if self.refiner else Counter()
 
-    def step_done(self, step, prompts, trajectories, samples, updated, nonfinite):
-        """After step `step` (0-based) of `prompts` (its trees), `trajectories` and `samples` (what
-        it trained), train.update's results (`updated`: stats, gradient norms, losses, skipped
-        mini-batches) and `nonfinite` (shard.Weights.nonfinite: the weights it left NaN or inf): the
-        metrics over every rank's trees, samples and tokens (in rank order) logged, the env-error
-        stop, the stop on non-finite weights, evaluation when due, a checkpoint when due (never of
-        a step degraded by a retrieval outage) or asked for by a signal (on every rank alike),
-        after which it sets `stopped`: the loop ends."""
+    def step_done(self, step, tree_groups, trajectories, samples, updated, nonfinite):
+        """After step `step` (0-based) of `tree_groups` (its trees, a list per prompt),
+        `trajectories` and `samples` (what it trained), train.update's results (`updated`: stats,
+        gradient norms, losses, skipped mini-batches) and `nonfinite` (shard.Weights.nonfinite: the
+        weights it left NaN or inf): the metrics over every rank's trees, samples and tokens (in
+        rank order) logged, the env-error stop, the stop on non-finite weights, evaluation when
+        due, a checkpoint when due (never of a step degraded by a retrieval outage) or asked for by
+        a signal (on every rank alike), after which it sets `stopped`: the loop ends."""
         args, accelerator = self.args, self.accelerator
         stats, grad_norms, losses, skipped = updated
         self.skipped, self.done = self.skipped + skipped, step + 1
         mine = {
-            "prompts": prompts,
+            "tree_groups": tree_groups,
             "samples": health.sample_metrics(trajectories, samples),
             "stats": [{k: v.cpu() for k, v in s.items()} for s in stats],
             "refine": self.refine_metrics(),
@@ -126,7 +126,7 @@ class Book:
         every = gather_object([mine])
         refine = sum((r["refine"] for r in every), Counter())
         metrics = {
-            **health.metrics([trees for r in every for trees in r["prompts"]]),
+            **health.metrics([trees for r in every for trees in r["tree_groups"]]),
             **{k: sum(r["samples"][k] for r in every) for k in every[0]["samples"]},
             **health.train_metrics(
                 [s for r in every for s in r["stats"]], grad_norms, losses, args

@@ -18,17 +18,17 @@ def path(node) -> list:
     return steps[::-1]
 
 
-def metrics(prompts: list[list]) -> dict[str, float]:
+def metrics(tree_groups: list[list]) -> dict[str, float]:
     """One rollout batch's metrics (docs/metrics.md lists them): reward, EM/F1 (as the agent
     recorded them), behaviour, effective groups, budgets per prompt, failed retrieval queries
     (summed over the batch), abnormal rates (FLAGS, the abnormal outcomes)."""
-    n = max(len(prompts), 1)
-    leaves = [leaf for trees in prompts for t in trees for leaf in t.leaves()]
+    n = max(len(tree_groups), 1)
+    leaves = [leaf for trees in tree_groups for t in trees for leaf in t.leaves()]
     scored = [leaf for leaf in leaves if leaf.scored]
     em = [x.em or 0.0 for x in scored]  # a missing answer scores 0
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0
-    stat = lambda key: sum(t.stats.get(key, 0) for trees in prompts for t in trees) / n
-    groups = [[x.reward for t in trees for x in t.leaves() if x.scored] for trees in prompts]
+    stat = lambda key: sum(t.stats.get(key, 0) for trees in tree_groups for t in trees) / n
+    groups = [[x.reward for t in trees for x in t.leaves() if x.scored] for trees in tree_groups]
     m = {
         "rollout/reward": mean([x.reward for x in scored]),
         "rollout/em": mean(em),
@@ -66,7 +66,7 @@ def sample_metrics(trajectories: list, samples: list) -> dict[str, float]:
     (CARL's |D_upd|): the steps with an advantage, once per trajectory a row trains (a truncated
     one has none)."""
     kept = {s.leaf_id for s in samples}
-    trained = [a for t in trajectories if t.leaf.id in kept for a in t.advantages]
+    trained = [a for traj in trajectories if traj.leaf.id in kept for a in traj.advantages]
     return {
         "train/tokens_trained": float(sum(sum(s.loss_mask) for s in samples)),
         "train/actions_trained": float(sum(a is not None for a in trained)),

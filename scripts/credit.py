@@ -22,10 +22,10 @@ from infra import draw, files, flags
 # Trees on disk and as `infra.draw` data
 
 
-def save_trees(prompts: list[list], path_: str) -> None:
+def save_trees(tree_groups: list[list], path_: str) -> None:
     """Write a JSON list with one entry per prompt, each entry that prompt's trees (whole or not at
     all)."""
-    files.write_json(path_, [[t.to_dict() for t in trees] for trees in prompts], indent=1)
+    files.write_json(path_, [[t.to_dict() for t in trees] for trees in tree_groups], indent=1)
 
 
 MAX_DEPTH = 100  # steps on one path of a trees file: far more than any rollout's --max_turns, well

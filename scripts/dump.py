@@ -83,10 +83,11 @@ def main():
     agent = rollout.Agent(engine, retriever, tok, agent_cfg, args.seed)
     algo = rollout.ALGOS[r.algo]
     t0 = time.perf_counter()
-    prompts = algo.grow(agent, rows, random.Random(args.seed), r)
-    save_trees(prompts, args.dump)
-    print(f"{r.algo}: {len(prompts)} prompts in {time.perf_counter() - t0:.1f} s -> {args.dump}")
-    for k, v in {**health.metrics(prompts), **agent.counters}.items():
+    tree_groups = algo.grow(agent, rows, random.Random(args.seed), r)  # a list of trees per prompt
+    save_trees(tree_groups, args.dump)
+    seconds = time.perf_counter() - t0
+    print(f"{r.algo}: {len(tree_groups)} prompts in {seconds:.1f} s -> {args.dump}")
+    for k, v in {**health.metrics(tree_groups), **agent.counters}.items():
         print(f"  {k:40} {v:10.2f}")
     print(
         f"credit assignment of the first prompt: python advantages.py --algo {r.algo} --trees "
@@ -97,7 +98,7 @@ def main():
         for name, other in rollout.ALGOS.items():
             fresh = rollout.Agent(engine, retriever, tok, agent_cfg, args.seed)
             rng = random.Random(args.seed)
-            batch = prompts if name == r.algo else other.grow(fresh, rows, rng, r)
+            batch = tree_groups if name == r.algo else other.grow(fresh, rows, rng, r)
             trees = batch[args.plot_prompt]
             mine = [f.name for f in fields(r) if f.name.startswith(name.split("_")[0] + "_")]
             used = ", ".join(f"{f}={getattr(r, f)}" for f in mine)  # its knobs: grpo_G, tree_M, ...
