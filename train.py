@@ -26,7 +26,7 @@ import random
 import sys
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -328,13 +328,21 @@ def micro_batches(
     return minis
 
 
-def update(minis, accelerator, model, optimizer, scheduler, args: PPOConfig):
+class Update(NamedTuple):
+    """What one step's `update` did."""
+
+    stats: list[dict]  # per micro-batch: its trained tokens' clipped, ratio, tis, kl, entropy
+    grad_norms: list[float]  # per optimizer step applied: the gradient norm before clipping
+    losses: list[float]  # per optimizer step applied: its mini-batch's loss
+    skipped: int  # mini-batches whose loss or norm was not finite: no step, gradients dropped
+
+
+def update(minis, accelerator, model, optimizer, scheduler, args: PPOConfig) -> Update:
     """PPO epochs x mini-batches, the same mini-batches in the same order every epoch (no
     reshuffle): each micro-batch's share of its mini-batch's token-mean (or seq-mean-token-mean)
     loss, backward, one clipped optimizer step per mini-batch (ranks: the count is all ranks', the
     loss scaled by their number, as Accelerate averages gradients).
-    Returns per-micro-batch stats, the applied steps' gradient norms and losses, and the number
-    skipped for a non-finite loss or norm (never applied)."""
+    Returns what it did (`Update`)."""
     token_mean = args.loss_agg == "token-mean"
     count = lambda b: b["mask"].sum() if token_mean else (b["mask"].sum(-1) > 0).sum()  # ()
     model.train()
@@ -362,7 +370,7 @@ def update(minis, accelerator, model, optimizer, scheduler, args: PPOConfig):
                 grad_norms.append(float(norm))
                 losses.append(loss_sum)
             optimizer.zero_grad()  # a skipped mini-batch's gradients are dropped, never applied
-    return stats, grad_norms, losses, args.ppo_epochs * len(minis) - len(grad_norms)
+    return Update(stats, grad_norms, losses, args.ppo_epochs * len(minis) - len(grad_norms))
 
 
 def share(rows: list, order: list[int], step: int, prompts_per_step: int, accelerator) -> list:

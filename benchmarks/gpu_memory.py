@@ -249,12 +249,10 @@ def measure(a: Args) -> dict:
             minis = train.micro_batches(
                 samples, [len(samples)], accelerator, model, ref_model, targs, 0, False
             )
-            _, _, losses, skipped = train.update(
-                minis, accelerator, model, optimizer, scheduler, targs
-            )
+            updated = train.update(minis, accelerator, model, optimizer, scheduler, targs)
             del minis
-            if skipped or not all(math.isfinite(x) for x in losses):
-                raise SystemExit(f"step {step}: the update was skipped (losses {losses})")
+            if updated.skipped or not all(math.isfinite(x) for x in updated.losses):
+                raise SystemExit(f"step {step}: the update was skipped (losses {updated.losses})")
     except torch.cuda.OutOfMemoryError as e:  # a result: the peak it reached is a lower bound
         oom = torch.cuda.max_memory_allocated(device)
         print(f"step {step}: out of memory at {oom / GIB:.1f} GiB: {str(e).splitlines()[0]}")

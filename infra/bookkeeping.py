@@ -108,19 +108,18 @@ class Book:
 
     def step_done(self, step, tree_groups, trajectories, samples, updated, nonfinite):
         """After step `step` (0-based) of `tree_groups` (its trees, a list per prompt),
-        `trajectories` and `samples` (what it trained), train.update's results (`updated`: stats,
-        gradient norms, losses, skipped mini-batches) and `nonfinite` (shard.Weights.nonfinite: the
+        `trajectories` and `samples` (what it trained), `updated` (train.Update: stats, gradient
+        norms, losses, skipped mini-batches) and `nonfinite` (shard.Weights.nonfinite: the
         weights it left NaN or inf): the metrics over every rank's trees, samples and tokens (in
         rank order) logged, the env-error stop, the stop on non-finite weights, evaluation when
         due, a checkpoint when due (never of a step degraded by a retrieval outage) or asked for by
         a signal (on every rank alike), after which it sets `stopped`: the loop ends."""
         args, accelerator = self.args, self.accelerator
-        stats, grad_norms, losses, skipped = updated
-        self.skipped, self.done = self.skipped + skipped, step + 1
+        self.skipped, self.done = self.skipped + updated.skipped, step + 1
         mine = {
             "tree_groups": tree_groups,
             "samples": health.sample_metrics(trajectories, samples),
-            "stats": [{k: v.cpu() for k, v in s.items()} for s in stats],
+            "stats": [{k: v.cpu() for k, v in s.items()} for s in updated.stats],
             "refine": self.refine_metrics(),
         }
         every = gather_object([mine])
@@ -129,7 +128,7 @@ class Book:
             **health.metrics([trees for r in every for trees in r["tree_groups"]]),
             **{k: sum(r["samples"][k] for r in every) for k in every[0]["samples"]},
             **health.train_metrics(
-                [s for r in every for s in r["stats"]], grad_norms, losses, args
+                [s for r in every for s in r["stats"]], updated.grad_norms, updated.losses, args
             ),
             "train/skipped_steps": self.skipped,
             "train/lr": self.parts[2].get_last_lr()[0],
@@ -140,7 +139,7 @@ class Book:
             self.seconds[f"RL {k}"] = self.seconds.get(f"RL {k}", 0.0) + v
         self.log({"step": step + 1, **metrics})
         degraded = run.check_env_errors(self.history, args, self.where)  # an outage's step
-        health.check_finite(nonfinite, step + 1, len(grad_norms), skipped)
+        health.check_finite(nonfinite, step + 1, len(updated.grad_norms), updated.skipped)
         self.bar.set_postfix(
             reward=f"{metrics['rollout/reward']:.3f}",
             em=f"{metrics['rollout/em']:.2f}",

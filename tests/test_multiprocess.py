@@ -482,14 +482,14 @@ def probe(records: Path, argv: list[str]):
         return loss, stats
 
     def recording_update(*args):
-        stats, grad_norms, losses, skipped = update(*args)
+        updated = update(*args)
         mine["steps"][-1].update(
-            stats=[{k: v.cpu() for k, v in s.items()} for s in stats],
-            grad_norms=grad_norms,
-            losses=losses,
+            stats=[{k: v.cpu() for k, v in s.items()} for s in updated.stats],
+            grad_norms=updated.grad_norms,
+            losses=updated.losses,
         )
         save()
-        return stats, grad_norms, losses, skipped
+        return updated
 
     def recording_check(history, args, where):  # the env-error stop: what this rank decides on
         mine["checked"].append(strip(history)[-1])
@@ -584,9 +584,10 @@ def parity(out: Path, fsdp: bool):
 
             model.register_comm_hook(None, counting)
         minis = train.micro_batches(mine, counts, accelerator, model, ref, args, 0, False)
-        _, norms, losses, skipped = train.update(
+        updated = train.update(
             minis, accelerator, model, optimizer, get_constant_schedule(optimizer), args
         )
+        norms, losses, skipped = updated.grad_norms, updated.losses, updated.skipped
         # one process: micro-batches 0, 2 and 1, 3; two: rank 0 rows 0, 1 | 4 and 2, 3, rank 1 5 |
         # padding and 6
         want = [2, 2] if accelerator.num_processes == 1 else [2, 1]
