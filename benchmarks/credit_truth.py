@@ -7,6 +7,7 @@ estimate of the step's true advantage under the policy that grew the trees, in t
                                                  # out/credit_truth (docs/credit_truth.md)
     python benchmarks/credit_truth.py --own      # also each method on the trees of its own strategy
     python benchmarks/credit_truth.py --warm_start DIR --trained DIR    # other policies
+    python benchmarks/credit_truth.py --warm_only   # no RL-trained policy at hand
     python benchmarks/credit_truth.py --report docs/credit_truth.json --out DIR
                                                  # its results.md again, byte for byte, and figure
 
@@ -31,8 +32,9 @@ GRPO (the trees' root-to-leaf paths copied into chains, as `python advantages.py
 Tree-GRPO both / intra / inter (inter is ARPO's soft credit), CARL, TreePS-RAG, GiGPO (on the
 chains, as GRPO), AT2PO, ARPO hard, TreePO, and BranPO where `prefix_end` marks exist (its own trees
 only). This isolates credit from rollout. Two reference rows: "random", a seeded N(0, 1) per step
-(the floor: chance), and "VinePPO, K = 4", A = V(s') - V(s) from 4 continuations per context drawn
-apart from A*'s (how close a cheap Monte Carlo estimate comes). --own adds each method on its own
+(the floor: chance), and "VinePPO, K = 4", the registry's VinePPO credit (A = V(s') - V(s)) from 4
+continuations per context of its own, drawn apart from A*'s (how close a cheap Monte Carlo estimate
+comes). --own adds each method on its own
 strategy's trees at the comparison's matched budget (benchmarks/compare_arms.py's MATCHED). A
 method's credit on a step is what its tokens receive in the loss (`tree.step_credit`: the sum over
 the trajectories that train it); a step it does not train has credit 0.
@@ -62,7 +64,13 @@ from advantages import CreditConfig  # noqa: E402
 from benchmarks.compare import parse_train  # noqa: E402
 from benchmarks.compare_arms import MATCHED, algo_config, arm_name, tree  # noqa: E402
 from benchmarks.compare_report import commit  # noqa: E402
-from benchmarks.credit_truth_report import CEILING, FLOOR, report_file, write  # noqa: E402
+from benchmarks.credit_truth_report import (  # noqa: E402
+    CEILING,
+    FLOOR,
+    REFERENCES,
+    report_file,
+    write,
+)
 from infra import data, engines, flags, loaders, policy  # noqa: E402
 from rollout import Agent, RolloutConfig  # noqa: E402
 from scripts import warmstart  # noqa: E402
@@ -79,8 +87,6 @@ class Args:
     """Independent draws per policy: their own prompts, trees and continuations."""
     K: int = 16
     """Continuations sampled from every context to estimate its value for A*."""
-    vine_K: int = 4
-    """Continuations per context of the VinePPO row, sampled apart from A*'s."""
     trees: str = tree(4, 2, 1)
     """The strategy and knobs (train.py's algorithm flags) that grow the shared trees."""
     warm_start: str = ""
@@ -88,6 +94,8 @@ class Args:
     trained: str = ""
     """The second policy; empty = the main job's final model, out_dir/runs/tree_grpo-seedS/final
     (`python train.py` with --train_flags is run first if it is missing: ~15 min on 2 cores)."""
+    warm_only: bool = False
+    """The warm start alone, where no RL-trained policy is at hand (tau: between its draws)."""
     quick: bool = False
     """A smaller run that prints the table in ~5 min on 2 cores (QUICK), with wider intervals."""
     own: bool = False
@@ -120,6 +128,7 @@ SHARED = {
     "ARPO hard": ("arpo", CreditConfig(arpo_credit="hard")),  # ARPO soft: Tree-GRPO inter
     "TreePO": ("tree_grpo", CreditConfig(tree_mode="treepo")),
 }
+ONLY_OWN = {"VinePPO": ("vineppo", CreditConfig())}  # reads its continuations: on its trees only
 ON_CHAINS = ("grpo", "gigpo")  # the credits of GRPO chains: given the trees' paths as chains
 OWN = {  # --own: the credit each strategy's trees are trained with
     "grpo": "GRPO",
@@ -130,7 +139,9 @@ OWN = {  # --own: the credit each strategy's trees are trained with
     "gigpo": "GiGPO",
     "at2po": "AT2PO",
     "arpo": "Tree-GRPO inter",  # ARPO's soft credit (its default) is Tree-GRPO's inter
+    "vineppo": "VinePPO",
 }
+VINE_K = 4  # the VinePPO row's continuations per context (CEILING names it)
 GROUP_ROWS = 512  # continuations sampled together (one agent.run): prompts are grouped to ~this
 HF_BATCH = 256  # rows per HF generate call (train.py's engine: 32); larger, the same distribution
 DRAW_SEED = 100  # draw d samples with --seed + DRAW_SEED d (+ 1: A*, + 2: VinePPO)
@@ -150,12 +161,13 @@ def as_chains(trees: list[Tree]) -> list[Tree]:
 
 
 def credits(trees: list[Tree], names: list[str]) -> dict[str, dict[str, float]]:
-    """Credit name (of SHARED) -> node id -> the credit its tokens receive (`tree.step_credit`),
-    for one prompt's trees; BranPO only where they carry its `prefix_end` marks."""
+    """Credit name (of SHARED or ONLY_OWN; REFERENCES: skipped) -> node id -> the credit its tokens
+    receive (`tree.step_credit`), for one prompt's trees; BranPO only where they carry its
+    `prefix_end` marks."""
     marked = any(n.prefix_end for t in trees for n in walk(t.root))
     out = {}
-    for name in names:
-        algo, cfg = SHARED[name]
+    for name in (n for n in names if n not in REFERENCES):
+        algo, cfg = (SHARED | ONLY_OWN)[name]
         if algo == "branpo" and not marked:
             continue
         chains = as_chains(trees) if algo in ON_CHAINS else trees
@@ -209,14 +221,23 @@ def value(node: Node, sampled: dict[str, list[float]]):
     return (halves, *mean_se(rewards), rewards)
 
 
-def vineppo_stand_in(step: Node, sampled: dict[str, list[float]]) -> float:
-    """VinePPO's advantage of `step` (Kazemnejad et al., ICML 2025, §4: a state's value is the mean
-    return of K Monte Carlo rollouts from it, and A(s_t, a_t) = r_t + V(s_{t+1}) - V(s_t), the
-    reward only at the end): V(s') - V(s) from `sampled`, reward - V(s) for a step that ended; 0
-    where a context has no scored continuation. A stand-in for the registry's credit, to be
-    replaced by it once `--algo vineppo` is in rollout.ALGOS."""
-    before, after = value(step.parent, sampled), value(step, sampled)
-    return 0.0 if before is None or after is None else after[1] - before[1]
+def vineppo_credits(agent: Agent, tree_groups: list[list[Tree]], K: int) -> list[dict]:
+    """The VinePPO row, for each prompt's trees in `tree_groups`: node id -> the credit of the
+    registry's VinePPO (`advantages.vineppo`: V(s) the mean reward of s's Monte Carlo
+    continuations, A = V(s') - V(s), R - V(s) for a step that ended; a step trained once) on a copy
+    of the trees whose every leaf is marked the end of a trained path, with K continuations
+    sampled by `agent` (apart from A*'s) from every context of a step, each tree's own
+    (vineppo-no-merge), in one `agent.run`. The trees given are left as they were."""
+    copies = [[Tree.from_dict(t.to_dict()) for t in trees] for trees in tree_groups]
+    contexts = []
+    for t in (t for trees in copies for t in trees):
+        t.stats = Counter(t.stats)  # the agent counts into it
+        for leaf in t.leaves():
+            leaf.sampled = True  # the end of a trained path; the continuations are not
+        contexts += [(t, n) for n in walk(t.root) if n.children]
+    agent.run([job for job in contexts for _ in range(K)])
+    vineppo = rollout.ALGOS["vineppo"].credit
+    return [step_credit(vineppo(trees, CreditConfig())) for trees in copies]
 
 
 def describe(node: Node) -> str:
@@ -232,7 +253,8 @@ def step_rows(agents: tuple[Agent, Agent], floor: random.Random, group: list, K:
     """One row per step that some credit of `names` trains in each (tree set, prompt, trees,
     names) of `group`: its A* from K continuations of every context involved (one `agent.run` of
     agents[0] for the whole group), each credit's value there (0: not trained), the random row's
-    draw from `floor` and the VinePPO row's advantage from vine_K continuations of agents[1]."""
+    draw from `floor` and the VinePPO row's credit from vine_K continuations of agents[1] (the two
+    where `names` hold them)."""
     truth, vine = agents
     plans, jobs = [], []
     for tree_set, prompt, trees, names in group:
@@ -242,15 +264,19 @@ def step_rows(agents: tuple[Agent, Agent], floor: random.Random, group: list, K:
         plans.append((tree_set, prompt, got, steps))
         jobs += [(t, n) for t in trees for n in walk(t.root) if n.children and _needed(n, steps)]
     sampled = continue_from(truth, jobs, K)
-    apart = continue_from(vine, jobs, vine_K)
+    vined = iter(vineppo_credits(vine, [job[2] for job in group if CEILING in job[3]], vine_K))
     rows = []
-    for tree_set, prompt, got, steps in plans:
+    for (tree_set, prompt, got, steps), names in zip(plans, (job[3] for job in group)):
+        vine_credit = next(vined) if CEILING in names else {}
         for s in steps:
             before, after = value(s.parent, sampled), value(s, sampled)
             if before is None or after is None:
                 continue
             credit = {name: c.get(s.id, 0.0) for name, c in got.items()}
-            credit |= {FLOOR: floor.gauss(0, 1), CEILING: vineppo_stand_in(s, apart)}
+            if FLOOR in names:
+                credit[FLOOR] = floor.gauss(0, 1)
+            if CEILING in names:
+                credit[CEILING] = vine_credit.get(s.id, 0.0)
             rows.append(
                 {
                     "set": tree_set,
@@ -285,12 +311,17 @@ def grow(agent: Agent, examples: list, flags_: str, seed: int) -> list[list[Tree
 
 
 def policies(a: Args, targs, world: str, warm, agent_cfg, search) -> dict[str, tuple[str, str]]:
-    """Policy name -> (its path, what the results call it): the warm start and the main job's
-    final model, each found, or made first, where train.py puts it, unless given."""
+    """Policy name -> (its path, what the results call it): the warm start and (unless
+    --warm_only) the main job's final model, each found, or made first, where train.py puts it,
+    unless given."""
     start = a.warm_start or os.path.join(targs.out_dir, "warmstart")
     if not a.warm_start:
         warmstart.ensure(start, world, warm, agent_cfg, targs.seed, search)
-    name = targs.run_name or f"tree_grpo-seed{targs.seed}"  # train.py's run name, its default algo
+    seed = targs.seed
+    found = {"warm start": (start, a.warm_start or f"train.py's warm start, seed {seed}")}
+    if a.warm_only:
+        return found
+    name = targs.run_name or f"tree_grpo-seed{seed}"  # train.py's run name, its default algo
     final = a.trained or os.path.join(targs.out_dir, "runs", name, "final")
     if not a.trained and policy.model_problem(final):
         command = [sys.executable, os.path.join(ROOT, "train.py"), *a.train_flags.split()]
@@ -301,10 +332,8 @@ def policies(a: Args, targs, world: str, warm, agent_cfg, search) -> dict[str, t
                 f"the main job (train.py {a.train_flags}) exited with {done.returncode} (its "
                 f"output above) and left no policy in {final}; fix it, or pass --trained DIR"
             )
-    seed = targs.seed
-    return {
-        "warm start": (start, a.warm_start or f"train.py's warm start, seed {seed}"),
-        "RL-trained": (final, a.trained or f"the main job's final model (train.py), seed {seed}"),
+    return found | {
+        "RL-trained": (final, a.trained or f"the main job's final model (train.py), seed {seed}")
     }
 
 
@@ -318,7 +347,7 @@ def measure(a: Args, targs, agent_cfg, search, model_path: str, draws: list) -> 
     steps = []
     for d, (examples, seed) in enumerate(draws):
         t0, grower = time.perf_counter(), Agent(engine, search, tok, agent_cfg, seed)
-        sets = {"shared": (grow(grower, examples, a.trees, seed), list(SHARED))}
+        sets = {"shared": (grow(grower, examples, a.trees, seed), [*SHARED, *REFERENCES])}
         if a.own:
             for algo, name in OWN.items():
                 sets[algo] = (grow(grower, examples, MATCHED[algo], seed), [name])
@@ -335,7 +364,7 @@ def measure(a: Args, targs, agent_cfg, search, model_path: str, draws: list) -> 
         bar = flags.progress(_groups(jobs, a.K), desc=f"draw {d}: A* and VinePPO")
         for group in bar:
             floor = random.Random(f"{FLOOR} {seed} {group[0][1]}")  # one stream per group
-            got = step_rows(agents, floor, group, a.K, a.vine_K)
+            got = step_rows(agents, floor, group, a.K, VINE_K)
             steps += [dict(r, draw=d) for r in got]
             bar.set_postfix(steps=len(steps), refresh=False)
     return steps
@@ -368,10 +397,15 @@ def main(a: Args):
     taken = [x for x in a.train_flags.split() if x.lstrip("-").removeprefix("no_") in algo_flags]
     flags.check(
         a,
-        [("prompts draws bootstrap vine_K", "an integer >= 1", lambda v: v >= 1)]
+        [("prompts draws bootstrap", "an integer >= 1", lambda v: v >= 1)]
         + [("K", "an integer >= 2 (two halves)", lambda v: v >= 2)],
         [
             (bool(taken), f"--train_flags sets {taken}: the algorithm knobs are --trees'"),
+            (
+                a.warm_only and bool(a.trained),
+                f"--warm_only and --trained {a.trained}: the second policy is measured or not; "
+                "pass one of them",
+            ),
             (
                 bool(targs.model),
                 f"--train_flags sets --model {targs.model}: the policies are --warm_start and "

@@ -203,6 +203,23 @@ def taus(stored: dict) -> tuple[list[str], np.ndarray]:
     return labels, tau
 
 
+def signed(x: float) -> str:
+    return f"{x:+.2f}" if np.isfinite(x) else "n/a"
+
+
+def tau_summary(labels: list[str], tau: np.ndarray) -> str:
+    """The mean tau between two draws of one policy and between draws of two policies."""
+    policy = [x.rsplit(" ", 1)[0] for x in labels]
+    pairs = [(i, j) for i in range(len(labels)) for j in range(i + 1, len(labels))]
+    said = []
+    for what, same in (("two draws of one policy", True), ("the two policies' draws", False)):
+        got = [tau[i, j] for i, j in pairs if (policy[i] == policy[j]) == same]
+        if got:
+            mean = np.nanmean(got) if np.isfinite(got).any() else np.nan
+            said.append(f"between {what}: {signed(mean)} ({len(got)} pairs)")
+    return "Mean τ " + "; ".join(said) + "." if said else "No two draws to compare."
+
+
 def cell(x: tuple, signed: bool = False) -> str:
     v, lo, hi = x
     if not np.isfinite(v):
@@ -250,7 +267,7 @@ def policy_table(stored: dict, policy: str, got: dict) -> list[str]:
                 where,
                 str(int(x["pairs"][0])),
                 cell(x["sibling"]),
-                f"{x['ties'][0]:.2f}",
+                cell((x["ties"][0], np.nan, np.nan)),
                 cell(x["rho"], True),
                 cell(x["zero"]),
             ]
@@ -308,7 +325,7 @@ def render(stored: dict, got: dict) -> str:
         + ", ".join(stored["policies"])
         + f" (seed {stored['seed']}), each on {a['draws']} "
         f"draw(s) of {a['prompts']} train prompts; shared trees {stored['sets']['shared']}; "
-        f"K = {a['K']} continuations per context for A*, VinePPO's {a['vine_K']} drawn apart; "
+        f"K = {a['K']} continuations per context for A* (VinePPO's 4 drawn apart); "
         f"{a['bootstrap']} bootstrap resamples of the prompts (95% intervals); commit "
         f"{stored['commit']}, {stored['wall_s'] / 60:.0f} min.",
         "",
@@ -337,9 +354,9 @@ def render(stored: dict, got: dict) -> str:
         "|---|" + "---|" * len(labels),
     ]
     lines += [
-        f"| {x} | " + " | ".join(f"{t:+.2f}" if np.isfinite(t) else "n/a" for t in row) + " |"
-        for x, row in zip(labels, tau)
+        f"| {x} | " + " | ".join(signed(t) for t in row) + " |" for x, row in zip(labels, tau)
     ]
+    lines += ["", tau_summary(labels, tau)]
     ceilings = [
         (p, ceiling(m["ceiling"]["rho"][0])) for (p, s), (_, m) in got.items() if s == "shared"
     ]
@@ -389,6 +406,7 @@ def worked_example(stored: dict) -> str:
     a, b = pair
     draws = lambda s: ", ".join(f"{r:g}" for r in s["k_after"]) if s["k_after"] else "ended"
     value = lambda s: f"{s['v_after']:.3f} ± {s['se_after']:.3f}"
+    said = lambda s: s["step"].replace("|", "\\|")  # a query may hold the table's separator
     gap = a["a_star"] - b["a_star"]
     lines = [
         "",
@@ -397,7 +415,7 @@ def worked_example(stored: dict) -> str:
         f"{a['v_before']:.3f}). A*(a) − A*(b) = {gap:.3f} > {CLEAR:g} × "
         f"{math.hypot(a['se_after'], b['se_after']):.3f}: separated, a is the better.",
         "",
-        "| | a: " + a["step"] + " | b: " + b["step"] + " | orders them as A* |",
+        f"| | a: {said(a)} | b: {said(b)} | orders them as A* |",
         "|---|---|---|---|",
         f"| the continuations' rewards from s′ | {draws(a)} | {draws(b)} | |",
         f"| V̂(s′) ± SE | {value(a)} | {value(b)} | |",

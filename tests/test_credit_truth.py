@@ -14,10 +14,11 @@ import pytest
 from test_rollout import EX, TOK, MemoryRetriever
 
 from benchmarks.compare_arms import MATCHED, algo_config
-from benchmarks.credit_truth import OWN, SHARED, credits, step_rows
+from benchmarks.credit_truth import ONLY_OWN, OWN, SHARED, credits, step_rows
 from benchmarks.credit_truth_report import (
     CEILING,
     FLOOR,
+    REFERENCES,
     columns,
     kendall,
     measures,
@@ -74,7 +75,9 @@ def test_ground_truth_and_vineppo_recover_the_hand_written_advantages_within_4_s
     before = shape()
     truth, vine = (Agent(CoinEngine(), MemoryRetriever(), TOK, cfg, seed=s) for s in (1, 2))
     K = 200
-    rows = step_rows((truth, vine), random.Random(0), [("shared", 0, trees, list(SHARED))], K, K)
+    rows = step_rows(
+        (truth, vine), random.Random(0), [("shared", 0, trees, [*SHARED, *REFERENCES])], K, K
+    )
     assert shape() == before  # the continuations removed, the counts restored
     steps = {n.id: n for t in trees for n in walk(t.root)}
     assert len(rows) == len(steps) - 2  # every step is trained by some credit (2 roots)
@@ -84,7 +87,7 @@ def test_ground_truth_and_vineppo_recover_the_hand_written_advantages_within_4_s
         assert 0.02 < r["se"] < 0.06, r
         assert abs(r["a_star"] - want) < 4 * r["se"], (r, want)
         assert r["a_star"] == r["v_after"] - r["v_before"]
-        # VinePPO's row: the same A*, from K continuations of its own (another seed)
+        # VinePPO's row (the registry's credit): the same A*, from K continuations of its own
         assert r["credit"][CEILING] != r["a_star"] or not r["k_after"]
         assert abs(r["credit"][CEILING] - want) < 4 * r["se"], (r, want)
         assert len(r["k_after"]) == (0 if steps[r["id"]].ended else K)
@@ -308,7 +311,7 @@ def test_own_trees_every_strategy_at_its_matched_budget_with_its_own_credit():
     assert set(OWN) == set(ALGOS) == set(MATCHED)
     for algo, name in OWN.items():
         assert algo_config(MATCHED[algo])[0].algo == algo
-        credit, cfg = SHARED[name]
+        credit, cfg = (SHARED | ONLY_OWN)[name]
         assert (credit, cfg.tree_mode) == (
             ("tree_grpo", "inter") if algo == "arpo" else (algo, cfg.tree_mode)
         )
