@@ -294,15 +294,11 @@ def mini_batch_partition(n: int, size: int, mini_batches: int) -> list[list[int]
     return [[g for g in range(n) if g // size % m == j] for j in range(m)]
 
 
-def micro_batches(
-    samples, counts, accelerator, model, ref_model, args: PPOConfig, pad_id, old_from_engine
-):
+def micro_batches(samples, counts, accelerator, args: PPOConfig, pad_id) -> list[list[dict]]:
     """The step's samples in mini-batches of micro_batch_size-row micro-batches
     (`mini_batch_partition`; with several processes shard.deal gives each rank its own rows of
-    each, padded to the same count), each with pi_old (the trainer's, or the engine's:
-    tis-old-policy) and pi_ref log-probs by the policy's forward and precision."""
-    minis, padding = [], Sample([pad_id], [0], [0.0], [0.0], "padding")
-    model.eval()
+    each, padded to the same count), each collated onto this rank's device."""
+    padding = Sample([pad_id], [0], [0.0], [0.0], "padding")  # a rank's micro-batch with no row
     size, wanted = args.micro_batch_size, args.ppo_mini_batches
     parts = mini_batch_partition(sum(counts), size, wanted)
     if len(parts) < wanted:  # fewer micro-batches than mini-batches asked for: said, every time
@@ -310,22 +306,28 @@ def micro_batches(
             f"--ppo_mini_batches {wanted}: this step's {sum(counts)} samples fill {len(parts)} "
             f"micro-batches of --micro_batch_size {size}, so {len(parts)} mini-batches of one"
         )
-    for rows in shard.deal(parts, counts, accelerator.process_index, size):  # this rank's rows
-        mini = []
-        for micro in rows:
-            chunk = [samples[i] for i in micro] or [padding]
-            b = {k: v.to(accelerator.device) for k, v in collate(chunk, pad_id).items()}  # (B, T)
-            with torch.no_grad():
-                b["old_logp"] = (
-                    b["rollout_logp"]
-                    if old_from_engine
-                    else token_logprobs(model, b["ids"], b["attn"])[0]
-                )
-                with accelerator.autocast():  # the prepared policy's forward runs under this
-                    b["ref_logp"], _ = token_logprobs(ref_model, b["ids"], b["attn"])
-            mini.append(b)
-        minis.append(mini)
-    return minis
+    rows = shard.deal(parts, counts, accelerator.process_index, size)  # this rank's, per mini-batch
+    to_device = lambda b: {k: v.to(accelerator.device) for k, v in b.items()}  # (B, T) each
+    return [
+        [to_device(collate([samples[i] for i in micro] or [padding], pad_id)) for micro in mini]
+        for mini in rows
+    ]
+
+
+def add_old_and_ref_logprobs(minis, accelerator, model, ref_model, old_from_engine: bool):
+    """Add to each micro-batch of `minis` its pi_old log-probs, "old_logp" (the engine's where they
+    are the trainer's, tis-old-policy; else the policy's forward), and its pi_ref ones, "ref_logp",
+    both by the policy's forward and precision, before the update."""
+    model.eval()
+    for b in (b for mini in minis for b in mini):
+        with torch.no_grad():
+            b["old_logp"] = (
+                b["rollout_logp"]
+                if old_from_engine
+                else token_logprobs(model, b["ids"], b["attn"])[0]
+            )  # (B, T)
+            with accelerator.autocast():  # the prepared policy's forward runs under this
+                b["ref_logp"], _ = token_logprobs(ref_model, b["ids"], b["attn"])  # (B, T)
 
 
 class Update(NamedTuple):
@@ -521,9 +523,8 @@ def main(
         samples = to_samples(trajectories)  # 3. training samples: token ids, mask, advantages
         counts = gather_object([len(samples)])  # every rank's, in rank order (waits for the last)
         book.lap("rollout")
-        minis = micro_batches(
-            samples, counts, accelerator, model, ref_model, args, tok.pad_token_id, from_engine
-        )  # 4. log-probs of pi_old and pi_ref
+        minis = micro_batches(samples, counts, accelerator, args, tok.pad_token_id)
+        add_old_and_ref_logprobs(minis, accelerator, model, ref_model, from_engine)  # 4. log-probs
         book.lap("logprob")
         # ---- EDIT HERE: the loss (ppo_loss above) ----------------------------------------------
         updated = update(minis, accelerator, model, optimizer, scheduler, args)  # 5. PPO update

@@ -15,8 +15,9 @@ mixed-precision dtype), AdamW, optional gradient checkpointing (as train.py enab
 1-rank FSDP2 (torch's fully_shard per decoder layer and on the root, with accelerate's bf16 policy;
 --offload: CPUOffloadPolicy), an Accelerator with --mixed_precision; then --micro_batches rows of
 --micro_batch x --length random token ids (the first quarter the prompt, the rest trained, random
-advantages, rollout log-probs near a random policy's) through train.micro_batches (pi_old by the
-trainer's forward, as under vLLM or mixed precision, and pi_ref) and train.update, twice. Reported:
+advantages, rollout log-probs near a random policy's) through train.micro_batches,
+train.add_old_and_ref_logprobs (pi_old by the trainer's forward, as under vLLM or mixed precision,
+and pi_ref) and train.update, twice. Reported:
 memory_allocated between the steps, the second step's max_memory_allocated (reset before it), and
 its terms: parameters, gradients (at the optimizer step), AdamW states and the reference, each
 counted from the tensors, and the remainder (activations, logits, temporaries, autocast's bf16
@@ -246,9 +247,8 @@ def measure(a: Args) -> dict:
             if step == 2:
                 resident = torch.cuda.memory_allocated(device) if cuda else None
                 torch.cuda.reset_peak_memory_stats(device) if cuda else None
-            minis = train.micro_batches(
-                samples, [len(samples)], accelerator, model, ref_model, targs, 0, False
-            )
+            minis = train.micro_batches(samples, [len(samples)], accelerator, targs, 0)
+            train.add_old_and_ref_logprobs(minis, accelerator, model, ref_model, False)
             updated = train.update(minis, accelerator, model, optimizer, scheduler, targs)
             del minis
             if updated.skipped or not all(math.isfinite(x) for x in updated.losses):

@@ -534,9 +534,9 @@ def parity_command(out: Path, processes: int, *extra: str) -> list[str]:
 
 
 def parity(out: Path, fsdp: bool):
-    """micro_batches + update on 7 fixed samples split 5 / 2 over two ranks (all 7 on one), from
-    one tiny model, for both loss aggregations; rank 0 saves the weights, losses and norms. With
-    `fsdp`, the policy is sharded as test_fsdp.py shards it."""
+    """micro_batches, their log-probs and update on 7 fixed samples split 5 / 2 over two ranks (all
+    7 on one), from one tiny model, for both loss aggregations; rank 0 saves the weights, losses
+    and norms. With `fsdp`, the policy is sharded as test_fsdp.py shards it."""
     import copy
 
     import torch
@@ -583,7 +583,8 @@ def parity(out: Path, fsdp: bool):
                 return allreduce_hook(state, bucket)
 
             model.register_comm_hook(None, counting)
-        minis = train.micro_batches(mine, counts, accelerator, model, ref, args, 0, False)
+        minis = train.micro_batches(mine, counts, accelerator, args, 0)
+        train.add_old_and_ref_logprobs(minis, accelerator, model, ref, False)
         updated = train.update(
             minis, accelerator, model, optimizer, get_constant_schedule(optimizer), args
         )
