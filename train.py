@@ -216,15 +216,16 @@ def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, entropy: bool =
     return aligned(logp), aligned(ent) if entropy else None  # (B, T), (B, T) or None
 
 
-def ppo_loss(logp, old_logp, ref_logp, rollout_logp, adv, mask, args: PPOConfig, denom: float):
+def ppo_loss(*, logp, old_logp, ref_logp, rollout_logp, adv, mask, args: PPOConfig, denom: float):
     """Per-token PPO-clip surrogate x TIS weight + kl_coef x k3 KL, summed over masked tokens /
     `denom` (loss-form, tis-old-policy, dual-clip, log-ratio-bound, k3-unclamped).
 
-    All inputs (B, T). ratio = exp(logp - old_logp); surrogate = max(-A ratio, -A clip(ratio,
-    1-eps_l, 1+eps_h)), for A < 0 at most -A c (--dual_clip c); TIS weight w = min(exp(old_logp -
-    rollout_logp), C), no gradient; k3 = exp(ref - logp) - (ref - logp) - 1. `denom` is the
-    mini-batch's token count (token-mean) or row count (seq-mean-token-mean; rows are then first
-    averaged over their own tokens), so micro-batches add up to the mini-batch mean."""
+    Every input by keyword, the tensors (B, T). ratio = exp(logp - old_logp); surrogate = max(-A
+    ratio, -A clip(ratio, 1-eps_l, 1+eps_h)), for A < 0 at most -A c (--dual_clip c); TIS weight
+    w = min(exp(old_logp - rollout_logp), C), no gradient; k3 = exp(ref - logp) - (ref - logp) - 1.
+    `denom` is the mini-batch's token count (token-mean) or row count (seq-mean-token-mean; rows
+    are then first averaged over their own tokens), so micro-batches add up to the mini-batch
+    mean."""
     m = mask.bool()  # (B, T)
     # Untrained positions (prompt, observations, padding) may hold anything, inf or NaN: their log
     # ratios become 0 before any exp and torch.where drops their loss (x mask would make inf x 0 =
@@ -358,8 +359,16 @@ def update(minis, accelerator, model, optimizer, scheduler, args: PPOConfig) -> 
                 # gradients reduced over ranks once, at the mini-batch's last micro-batch
                 with shard.accumulate(accelerator, model, sync=i == len(mb) - 1):
                     logp, entropy = token_logprobs(model, b["ids"], b["attn"], entropy=True)
-                    logps = logp, b["old_logp"], b["ref_logp"], b["rollout_logp"]  # (B, T) each
-                    loss, s = ppo_loss(*logps, b["adv"], b["mask"], args, denom)
+                    loss, s = ppo_loss(
+                        logp=logp,  # (B, T), as each of the micro-batch's below
+                        old_logp=b["old_logp"],
+                        ref_logp=b["ref_logp"],
+                        rollout_logp=b["rollout_logp"],
+                        adv=b["adv"],
+                        mask=b["mask"],
+                        args=args,
+                        denom=denom,
+                    )
                     accelerator.backward(loss)
                 s["entropy"] = entropy[b["mask"].bool()].detach()
                 loss_sum += loss.item()

@@ -72,7 +72,14 @@ def cell(impl: str, B: int, T: int, V: int) -> tuple[float, float]:
     else:
         logp, ent = train.token_logprobs(model, ids, None, entropy=True)
     loss, _ = train.ppo_loss(
-        logp, old, old - 0.01, old + 0.01, adv, mask, train.Args(), mask.sum().item()
+        logp=logp,
+        old_logp=old,
+        ref_logp=old - 0.01,
+        rollout_logp=old + 0.01,
+        adv=adv,
+        mask=mask,
+        args=train.Args(),
+        denom=mask.sum().item(),
     )
     loss.backward()
     seconds = time.perf_counter() - t0

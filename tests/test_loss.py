@@ -27,7 +27,16 @@ def loss_of(logp, old, adv, args=ARGS, ref=None, rollout=None, mask=None):
     ref = logp if ref is None else ref
     rollout = old if rollout is None else rollout
     mask = torch.ones_like(logp) if mask is None else mask
-    return ppo_loss(logp, old, ref, rollout, adv, mask, args, denom=mask.sum().item())
+    return ppo_loss(
+        logp=logp,
+        old_logp=old,
+        ref_logp=ref,
+        rollout_logp=rollout,
+        adv=adv,
+        mask=mask,
+        args=args,
+        denom=mask.sum().item(),
+    )
 
 
 def test_ppo_loss_clips_the_ratio_on_both_sides_and_stops_the_gradient_there():
@@ -82,11 +91,12 @@ def test_masked_tokens_count_for_nothing_in_token_mean_and_seq_mean_token_mean()
     logp = torch.zeros(2, 3, dtype=torch.float64)
     adv = t([1.0, 1.0, 1.0], [-1.0, 5.0, 5.0])
     mask = t([1, 1, 1], [1, 0, 0])
-    loss, s = ppo_loss(logp, logp, logp, logp, adv, mask, ARGS, denom=4)
+    same = dict(logp=logp, old_logp=logp, ref_logp=logp, rollout_logp=logp, adv=adv, mask=mask)
+    loss, s = ppo_loss(**same, args=ARGS, denom=4)
     # token-mean: masked tokens (A=5) contribute nothing
     assert loss.item() == pytest.approx((-3 + 1) / 4)
     seq = Args(loss_agg="seq-mean-token-mean", tis_cap=0.0, kl_coef=0.0)
-    loss, _ = ppo_loss(logp, logp, logp, logp, adv, mask, seq, denom=2)
+    loss, _ = ppo_loss(**same, args=seq, denom=2)
     assert loss.item() == pytest.approx((-1 + 1) / 2)  # row means -1 and +1, averaged over 2 rows
     assert s["ratio"].numel() == 4
 
@@ -158,7 +168,8 @@ def test_masked_positions_contribute_exactly_zero_whatever_they_hold():
     ):
         lp = torch.tensor(logp, requires_grad=True)
         ref, old, rollout_logp, adv = (torch.tensor(x) for x in (ref, old, rollout_logp, adv))
-        loss, s = ppo_loss(lp, old, ref, rollout_logp, adv, mask, args, denom=1.0)
+        logps = dict(logp=lp, old_logp=old, ref_logp=ref, rollout_logp=rollout_logp)
+        loss, s = ppo_loss(**logps, adv=adv, mask=mask, args=args, denom=1.0)
         loss.backward()
         assert loss.item() == -1.0 and lp.grad.tolist() == [0.0, -1.0]
         assert s["kl"].tolist() == [0.0] and s["ratio"].tolist() == [1.0]  # trained tokens only
@@ -269,7 +280,8 @@ def checkpointing_gradients(device: str, dtype: torch.dtype) -> tuple[dict, dict
         with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
             logp, _ = token_logprobs(model, ids, attn)
             old = logp.detach() - 0.1  # (B, T): ratio e^0.1, inside the clip
-            loss, _ = ppo_loss(logp, old, old, old, adv, mask, Args(), mask.sum().item())
+            olds = dict(old_logp=old, ref_logp=old, rollout_logp=old, adv=adv, mask=mask)
+            loss, _ = ppo_loss(logp=logp, **olds, args=Args(), denom=mask.sum().item())
         loss.backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
     # the layer's MLP ran once without checkpointing, then twice with it: forward, then in backward

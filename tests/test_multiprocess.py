@@ -476,8 +476,8 @@ def probe(records: Path, argv: list[str]):
         mine["steps"][-1]["samples"] = to_samples(trajectories)
         return mine["steps"][-1]["samples"]
 
-    def recording_ppo_loss(*args):
-        loss, stats = ppo_loss(*args)
+    def recording_ppo_loss(**inputs):
+        loss, stats = ppo_loss(**inputs)
         mine["steps"][-1]["loss_items"].append(loss.item())
         return loss, stats
 
