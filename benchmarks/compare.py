@@ -25,7 +25,11 @@ Resuming: each finished task stores its result in OUT/seedS/results/ with a key:
 left out; a setting's world flags too), a hash of every repository module its script imports, a hash
 of the warm start's weights, --threads and the torch and transformers versions. A later call reuses
 a result whose key matches; where a stored key differs it stops before running anything and says
-what differs (--redo recomputes those tasks instead).
+what differs (--redo recomputes those tasks instead). One sitting at a time per OUT (it holds
+OUT/compare.lock). SIGTERM or Ctrl-C stops a sitting: each running arm finishes its step and saves
+a checkpoint, which the same command, run again, resumes; a sitting killed outright (SIGKILL) takes
+its tasks down with it, and no sitting touches an arm's run directory while a train.py holds it
+(compare_tasks.py).
 
 Threads: each task runs pinned to --threads cores (its CPU affinity, which train.py's torch threads
 follow, and OMP_NUM_THREADS) whatever --jobs is, so the figures do not depend on --jobs. One thread
@@ -74,7 +78,7 @@ from benchmarks.compare_report import (  # noqa: E402
     summarize,
     write_report,
 )
-from benchmarks.compare_tasks import Task, load, run_tasks  # noqa: E402
+from benchmarks.compare_tasks import Sitting, Task, load, run_tasks  # noqa: E402
 from infra import data, files  # noqa: E402
 from infra.flags import check, parse  # noqa: E402
 from infra.warmstart import WarmConfig  # noqa: E402
@@ -278,6 +282,7 @@ def main(a: Args):
     lock = files.hold_lock(  # noqa: F841 (held while main runs)
         os.path.join(a.out, "compare.lock"), f"the comparison folder {a.out} (--out)"
     )
+    sitting = Sitting(a.out)  # SIGTERM, Ctrl-C: passed on to the running tasks (compare_tasks.py)
     cfg, _, _, agent, retriever_cfg, _ = parse_train(shared)
     home = {s: os.path.join(a.out, f"seed{s}") for s in a.seeds}
     world_flags = SETTINGS[a.setting]["world"]  # a world of other flags: another directory
@@ -305,7 +310,7 @@ def main(a: Args):
         for s in a.seeds
         if not a.warmstart
     ]
-    run_tasks(warm_tasks, a)
+    run_tasks(warm_tasks, a, sitting)
     evals, runs = {}, {}
     for s in a.seeds:
         report = os.path.join(home[s], "logs", "step0.json")
@@ -353,17 +358,17 @@ def main(a: Args):
                 f"seed {s} {name}",
                 "train.py",
                 flags,
-                ["--model", warm[s], "--out_dir", home[s], "--run_name", run, "--overwrite"]
+                ["--model", warm[s], "--out_dir", home[s], "--run_name", run]
                 + ["--data", world[s], "--corpus", os.path.join(world[s], "corpus.jsonl")]
                 * bool(world_flags),  # else train.py reads OUT/seedS/world, the default's
                 home[s],
                 run,
                 warm=warm[s],
                 steps=cfg.steps,
-                metrics=os.path.join(home[s], "runs", run, "metrics.jsonl"),
+                run=os.path.join(home[s], "runs", run),  # --overwrite or --resume: run_task
                 world=world_flags,
             )
-    run_tasks([*evals.values(), *runs.values()], a)
+    run_tasks([*evals.values(), *runs.values()], a, sitting)
 
     # ---- outputs
     if a.calibrate:

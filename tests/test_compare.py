@@ -6,6 +6,8 @@ under other settings), and a sitting's processes (one per --out, its signals, it
 import functools
 import json
 import math
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -994,3 +996,80 @@ def test_a_second_sitting_on_one_out_refuses_at_start_and_touches_nothing(env, t
             assert path.read_bytes().startswith(was), path
     finally:
         end_tree(first)
+
+
+def test_sigterm_to_a_sitting_stops_its_arm_with_a_checkpoint_and_the_next_sitting_resumes_it(
+    env, tmp_path
+):
+    # before: compare.py died at once, saying nothing, and its arm trained on under init; now the
+    # signal reaches the arm, which finishes its step, saves a checkpoint and stops, the sitting
+    # says so, and the same command goes on from that checkpoint
+    import psutil
+
+    out = tmp_path / "out"
+    first = start_sitting(env, out, 8, tmp_path / "first")
+    tasks = psutil.Process(first.pid).children(recursive=True)
+    try:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=600)
+    finally:
+        end_tree(first)
+        alive = [p for p in tasks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        for p in alive:
+            p.kill()
+    said = (tmp_path / "first.err").read_text()
+    assert first.returncode == 128 + signal.SIGTERM and not alive, said[-3000:]
+    run = out / "seed0" / "runs" / "grpo-g-2"
+    checkpoint = (run / "latest").read_text()  # the step the arm was in, finished and saved
+    step = int(checkpoint.removeprefix("checkpoint-"))
+    assert f"stopped by SIGTERM; interrupted:\n  seed 0 GRPO G=2: {run}/{checkpoint} saved" in said
+    assert "run the same command again" in said and "--train_flags=" in said
+    assert not (out / "seed0" / "results" / "grpo-g-2.json").exists()
+    again = subprocess.run(
+        sitting(env, out, 8), cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "reusing 1 stored results" in again.stdout  # step 0's
+    log = (out / "seed0" / "logs" / "grpo-g-2.log").read_text()
+    assert "SIGTERM: finishing this step, then saving a checkpoint" in log  # the first part's
+    assert f"resumed from {run}/{checkpoint} at step {step}" in log
+    rows = json.loads((out / "seed0" / "results" / "grpo-g-2.json").read_text())["rows"]
+    assert [r["step"] for r in rows if "train/loss" in r] == list(range(1, 9))  # each step once
+
+
+def test_sigkill_to_a_sitting_ends_its_arm_and_no_sitting_touches_a_live_run(env, tmp_path):
+    # before: the arm of a sitting killed by SIGKILL trained on under init, and a later sitting
+    # deleted that arm's metrics.jsonl and rewrote its log, then failed on its run lock
+    import psutil
+    from test_train import held_lock
+
+    first = start_sitting(env, tmp_path / "out", 500, tmp_path / "first")
+    (arm,) = psutil.Process(first.pid).children()
+    try:
+        first.kill()
+        first.wait()
+        arm.wait(timeout=60)  # killed with it, by the kernel
+    finally:
+        if arm.is_running():
+            arm.kill()
+    # a run still alive (an arm of another sitting, or one's own train.py): this test holds its
+    # lock, and a sitting refuses before running anything, deleting or rewriting none of its files
+    home = tmp_path / "live" / "seed0"
+    run, log = home / "runs" / "grpo-g-2", home / "logs" / "grpo-g-2.log"
+    with held_lock(run):
+        log.parent.mkdir(parents=True)
+        log.write_text("the live arm's log\n")
+        (run / "metrics.jsonl").write_text('{"step": 1}\n')
+        refused = subprocess.run(
+            sitting(env, tmp_path / "live", 500),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    assert refused.returncode != 0
+    said = f"seed 0 GRPO G=2: its run directory {run} is in use by process {os.getpid()} testhost"
+    assert said in refused.stderr, refused.stderr[-3000:]
+    assert log.read_text() == "the live arm's log\n"
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert not (home / "results" / "step0.json").exists()  # nothing ran
