@@ -71,6 +71,9 @@ Algorithm = Literal[  # --algo: ALGOS's names
 CORRECT_F1 = 0.8  # BranPO App. A.1: "an F1 score of 0.8 is used as a threshold" for correctness
 AT2PO_ALPHA = 0.05  # AT2PO: branching penalty per existing sibling (official code's constant)
 ARPO_BEAM, ARPO_BETA, ARPO_TAU = 2, 0.2, 0.5  # ARPO: beam size, ΔH weight, threshold (official run)
+# wave w samples with seed + 7919 w, vLLM's completion i with that + i: a wave of fewer completions
+# shares no seed with the next; a prime, as infra/run.py's RANK_SEED (no rank meets another's)
+WAVE_SEED_STEP = 7919
 
 
 # --------------------------------------------------------------------------------------------------
@@ -137,7 +140,8 @@ class Agent:
         has its observation."""
         cfg, t0 = self.cfg, time.perf_counter()
         # fresh per wave
-        sampling = replace(self.sampling, seed=self.seed + 7919 * self.counters["rollout/waves"])
+        wave = self.counters["rollout/waves"]
+        sampling = replace(self.sampling, seed=self.seed + WAVE_SEED_STEP * wave)
         outs = self.engine.generate([context_ids(node) for _, node in frontier], sampling)
         gen_time = time.perf_counter() - t0
         self.counters["rollout/waves"] += 1

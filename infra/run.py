@@ -438,7 +438,7 @@ def stop_on_signals() -> dict:
 # its own engine
 
 RANK_SEED = 1_000_003  # rank r samples with seed + RANK_SEED x r: a prime, so no rank's per-wave
-# seeds (rollout.Agent: seed + 7919 x wave) meet another's before 7919 ranks
+# seeds (rollout.Agent: seed + rollout.WAVE_SEED_STEP x wave, 7919) meet another's before 7919 ranks
 
 
 def quiet(silent: bool):
