@@ -521,7 +521,7 @@ def main(
     book.begin(rng, agent.counters, engine, parts, evaluator, where, refiner)  # --resume, step 0
     algo = rollout.ALGOS[rollout_cfg.algo]  # the paper: its rollout strategy and credit function
     # ---- loop: six phases (SIGTERM, Ctrl-C: the step finishes, a checkpoint is saved, it stops)
-    for step in range(book.start, args.steps):  # book.start: a resumed run's checkpoint, else 0
+    for step in range(book.first_step, args.steps):  # 0, or where a resumed run's checkpoint was
         batch = share(train_rows, order, step, args.prompts_per_step, accelerator)
         with torch.no_grad():  # 1. grow the trees (rollout.py): one list of trees per prompt
             tree_groups = algo.grow(agent, batch, rng, rollout_cfg)

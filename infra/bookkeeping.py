@@ -21,13 +21,14 @@ from infra import flags, health, run
 class Book:
     """One run's bookkeeping: made right after the run starts (`run.start`); `begin` once the
     policy, engine and agent exist (a checkpoint restored by `resume`, the starting policy
-    evaluated); the loop then goes from `start` to --steps, marks each `lap`, ends each step with
-    `step_done` and stops early when a signal set `stopped`; `end` closes the run."""
+    evaluated); the loop then goes from `first_step` to --steps, marks each `lap`, ends each step
+    with `step_done` and stops early when a signal set `stopped`; `end` closes the run."""
 
     def __init__(self, accelerator, run_dir: str, args, desc: str):
         self.accelerator, self.run_dir, self.args, self.desc = accelerator, run_dir, args, desc
         self.t_start, self.seconds = time.perf_counter(), {}  # seconds: wall time per stage
-        self.start, self.history, self.skipped, self.done = 0, [], 0, 0
+        # first_step: the loop's first, 0, or the step a resumed run's checkpoint holds (`resume`)
+        self.first_step, self.history, self.skipped, self.done = 0, [], 0, 0
         self.asked, self.stopped = {}, None
         self.laps, self.clock, self.refined = {}, 0.0, Counter()
         self.first_row = {}  # metrics of the run's start (the data filter's), logged at step 0
@@ -47,10 +48,10 @@ class Book:
         env-error stop) and the refine agent (or None). A run from step 0 logs `first_row` there,
         if any."""
         a = self.accelerator, self.run_dir, self.args.resume, rng, counters, engine, parts
-        self.start, self.history, self.skipped = run.resume(*a)
-        self.done, self.rng, self.counters, self.parts = self.start, rng, counters, parts
+        self.first_step, self.history, self.skipped = run.resume(*a)
+        self.done, self.rng, self.counters, self.parts = self.first_step, rng, counters, parts
         self.evaluate, self.where, self.refiner = evaluate, where, refiner
-        if self.first_row and self.start == 0:
+        if self.first_row and self.first_step == 0:
             self.log({"step": 0, **self.first_row})
 
     def log(self, row: dict):
@@ -80,14 +81,14 @@ class Book:
         its step (with a checkpoint), the progress bar, the first step's clock."""
         self.resume(rng, counters, engine, parts, evaluate, where, refiner)
         args = self.args
-        if self.start == 0 and args.eval_every and args.eval_start:
+        if self.first_step == 0 and args.eval_every and args.eval_start:
             self.eval(0)
         self.asked = run.stop_on_signals()
         self.bar = flags.progress(
             None,
             desc=self.desc,
             disable=not self.accelerator.is_main_process,
-            initial=self.start,
+            initial=self.first_step,
             total=args.steps,
         )
         self.next_clock()
