@@ -25,7 +25,7 @@
 # Measured at e21ea67 and committed (benchmarks/shapes/h100_measured.json), so no longer rerun here:
 # checkpointing off / on x reference float32 / bf16, one-rank FSDP2, micro-batch 1 (rerun one by
 # hand: python benchmarks/gpu_memory.py --shape 3B --micro_batch 1 --gradient_checkpointing), and
-# benchmarks/precision.py (bf16 against float32 seconds a step: 1.00x on the rollout).
+# benchmarks/checks/precision.py (bf16 against float32 seconds a step: 1.00x on the rollout).
 # It ends by printing every figure in one block, and each part's exit code (124: out of time).
 set -u
 shopt -s nullglob  # a measurement that did not finish leaves no JSON for the plan

@@ -1,7 +1,7 @@
 """advantages.py's credit beyond the five papers: GiGPO, AT2PO, ARPO and TreePO (tree_grpo's
 tree_mode "treepo"), on hand-built trees with the arithmetic written out, their reductions, and
 oracle checks against the official code's numbers (tests/fixtures/oracle_credit.json, written by
-benchmarks/oracle_credit.py).
+benchmarks/checks/oracle_credit.py).
 
 Group convention: (r - mean) / (std + 1e-6), unbiased std; the 1e-6 changes results below 1e-5, so
 expected values are written from the exact formula and compared with approx(abs=1e-5).

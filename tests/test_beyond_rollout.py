@@ -1,7 +1,7 @@
 """rollout.py's AT2PO and ARPO strategies: tree shapes worked out by hand with a scripted engine
 (each step's text and log-prob per token, in the order the engine is asked) and scripted uniform
 draws, and the two selection rules against the official code's, on the random inputs of
-tests/fixtures/oracle_rollout.json (written by benchmarks/oracle_rollout.py)."""
+tests/fixtures/oracle_rollout.json (written by benchmarks/checks/oracle_rollout.py)."""
 
 import json
 import pathlib
@@ -234,7 +234,7 @@ def test_arpo_draws_once_per_step_whatever_the_beam(monkeypatch):
     assert rng.values == [] and [n.id for _, n, _ in new] == ["s0"] and made == [3]
 
 
-# ---- the official code's decisions (benchmarks/oracle_rollout.py) --------------------------------
+# ---- the official code's decisions (benchmarks/checks/oracle_rollout.py) ------------------------
 
 
 def fixture() -> dict:

@@ -1,6 +1,7 @@
 """benchmarks/gpu_memory.py on CPU at the tiny shape: its counted terms are the byte counts worked
 out by hand from the tiny config; the plan's arithmetic on hand-made figures; and
-benchmarks/precision.py's --help and its copy of the tests' small flags. No timing is asserted."""
+benchmarks/checks/precision.py's --help and its copy of the tests' small flags. No timing is
+asserted."""
 
 import json
 import math
@@ -13,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "checks"))
 import gpu_memory  # noqa: E402
 import precision  # noqa: E402
 from gpu_memory import Recipe  # noqa: E402
@@ -324,7 +326,7 @@ def test_the_committed_table_gives_the_h100_remainders():
 def test_precision_help_and_the_tests_small_flags():
     assert precision.FAST == FAST and precision.TINY_WARM == TINY_WARM
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "precision.py"), "--help"],
+        [sys.executable, str(ROOT / "benchmarks" / "checks" / "precision.py"), "--help"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,6 +1,6 @@
 """VinePPO (--algo vineppo): its credit on hand-built trees with the arithmetic written out, against
 the official code's numbers (tests/fixtures/oracle_credit.json, written by
-benchmarks/oracle_credit.py), its rollout's shape with a scripted engine, and its flag.
+benchmarks/checks/oracle_credit.py), its rollout's shape with a scripted engine, and its flag.
 
 The trained chains' leaves are marked `sampled`; every other child of a context is a Monte Carlo
 continuation. V(s) is the mean reward of s's continuations whose reward counts; A = V(s_{t+1}) -
@@ -188,10 +188,10 @@ def test_the_cli_refuses_an_unmarked_tree_for_vineppo(tmp_path):
 def test_vineppo_matches_the_official_code():
     """VinePPO's MathEpisodeGeneratorWithMCAdvantages: `_compute_mc_value` on each context's
     continuations and `_compute_step_advantages` on each scored chain, on 8 random prompts of 1-4
-    chains with 1-4 continuations per context (benchmarks/oracle_credit.py). Mapped: a truncated
-    continuation scores 0 there (the unfinished-response penalty of its math runs) as here; a
-    discarded one is left out of its rollouts. Not mapped: a context with no continuation left
-    (the official code: V = 0; here: none, vineppo-no-estimate), which the cases avoid; a chain
+    chains with 1-4 continuations per context (benchmarks/checks/oracle_credit.py). Mapped: a
+    truncated continuation scores 0 there (the unfinished-response penalty of its math runs) as
+    here; a discarded one is left out of its rollouts. Not mapped: a context with no continuation
+    left (the official code: V = 0; here: none, vineppo-no-estimate), which the cases avoid; a chain
     lost to retrieval (no trajectory in either). A truncated chain's advantages are compared too:
     the official code trains it, `to_samples` drops it."""
     cases = json.loads(FIXTURE.read_text())["vineppo"]

@@ -1,8 +1,8 @@
 """float32 against bf16 autocast: seconds per RL step of the main job at a small size, per phase
 (rollout, log-probs, update), side by side.
 
-    python benchmarks/precision.py                     # tree_grpo, 4 steps each, a temp dir
-    python benchmarks/precision.py --steps 6 --out out/precision --json precision.json
+    python benchmarks/checks/precision.py                     # tree_grpo, 4 steps each, a temp dir
+    python benchmarks/checks/precision.py --steps 6 --out out/precision --json precision.json
 
 Runs train.py twice under accelerate's launcher, one process, `--mixed_precision no` then `bf16`:
 the embedded default with the tests' tiny warm start and small flags (FAST and TINY_WARM of
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from infra import flags
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # tests/test_train.py's FAST and TINY_WARM (tests/test_precision_help.py keeps them equal)
 FAST = (
     "--prompts_per_step 2 --max_step_tokens 12 --max_turns 2 --eval_n 2 --grpo_G 3 --branpo_N 2 "

@@ -1,7 +1,7 @@
 """Writes tests/fixtures/oracle_credit.json: the official code of GiGPO, AT2PO, TreePO and VinePPO
 run on seeded random prompts built as our Trees, their inputs and outputs side by side.
 
-    python benchmarks/oracle_credit.py \\
+    python benchmarks/checks/oracle_credit.py \\
         --gigpo /tmp/oracle/core_gigpo.py --gigpo_from "OWNER/REPO PATH COMMIT" \\
         --at2po /tmp/oracle/ATPO --at2po_from "OWNER/REPO PATH COMMIT" \\
         --treepo /tmp/oracle/core_algos.py --treepo_from "OWNER/REPO PATH COMMIT" \\
@@ -52,7 +52,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from advantages import GIGPO_GAMMA
 from infra import files, flags
 from tree import Node, Tree, leaves, path, scored_leaves, walk
@@ -450,7 +450,9 @@ def main():
         ],
     )
     fixture = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
-    fixture["about"] = "written by benchmarks/oracle_credit.py, read by tests/test_beyond_credit.py"
+    fixture["about"] = (
+        "written by benchmarks/checks/oracle_credit.py, read by tests/test_beyond_credit.py"
+    )
     fixture.setdefault("sources", {}).update({m: source(getattr(args, m + "_from")) for m in given})
     rng = random.Random(args.seed)  # GiGPO's, then AT2PO's, then TreePO's cases: one stream
     if args.gigpo:

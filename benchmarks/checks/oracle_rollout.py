@@ -7,7 +7,7 @@ project: this script runs it from local copies of its files, given on the comman
 vllm_rollout_with_tools_tree_offline.py > /tmp/atpo.py
     git -C ARPO_GIT show HEAD:ARPO/verl_arpo_entropy/verl/workers/rollout/vllm_rollout/\\
 vllm_rollout_with_tools.py > /tmp/arpo.py
-    python benchmarks/oracle_rollout.py --atpo /tmp/atpo.py --atpo_git ATPO_GIT \\
+    python benchmarks/checks/oracle_rollout.py --atpo /tmp/atpo.py --atpo_git ATPO_GIT \\
         --arpo /tmp/arpo.py --arpo_git ARPO_GIT
 
 ATPO_GIT and ARPO_GIT are git directories of zzfoutofspace/ATPO and dongguanting/ARPO (a bare
@@ -37,7 +37,7 @@ from typing import Optional  # the official class's annotations name it, and Lis
 
 import numpy
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "fixtures" / "oracle_rollout.json"
 ATPO = (
     "zzfoutofspace/ATPO",

@@ -1,8 +1,8 @@
 """Peak extra memory and time of the update's log-prob + loss + backward pass, the old formula
 against train.token_logprobs, at a Qwen-sized vocabulary, on CPU.
 
-    python benchmarks/logprob_memory.py                  # B = 2, T = 256 / 512 / 1,024, V = 151,936
-    python benchmarks/logprob_memory.py --lengths 2048 --batch 1
+    python benchmarks/checks/logprob_memory.py  # B = 2, T = 256 / 512 / 1,024, V = 151,936
+    python benchmarks/checks/logprob_memory.py --lengths 2048 --batch 1
 
 Each cell runs in a fresh process: it makes random float32 logits (B, T, V) that require a
 gradient (what the model's forward hands over), notes the process's peak resident memory
@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import train
 from infra import flags
 
