@@ -86,8 +86,9 @@ def group_normalize(rewards: list[float]) -> list[float]:
     return ((r - r.mean()) / (r.std() + 1e-6)).tolist()
 
 
-def _reset(trees: list[Tree]) -> list[Node]:
-    """Clear an earlier method's value/advantage; return all trees' scored leaves, in order."""
+def _clear_then_scored_leaves(trees: list[Tree]) -> list[Node]:
+    """Clear every node's value and advantage (an earlier method's), then return the trees' scored
+    leaves, in tree order."""
     for n in [n for t in trees for n in walk(t.root)]:
         n.value = n.advantage = None
     return [leaf for t in trees for leaf in scored_leaves(t.root)]
@@ -104,8 +105,9 @@ def _first_trained(ends: list[Node]) -> dict[Node, Node]:
     return owner
 
 
-def _mark_node_advantages(trajectories: list[Trajectory]) -> list[Trajectory]:
-    """Write node.advantage where every trajectory that trains the node uses the same advantage."""
+def _with_node_advantages_marked(trajectories: list[Trajectory]) -> list[Trajectory]:
+    """`trajectories`, returned once node.advantage is written on each step they train: the one
+    advantage every trajectory that trains it uses, else None (for display)."""
     seen: dict[Node, set[float]] = {}  # step -> the advantages it is trained with
     for traj in trajectories:
         for step, a in zip(path(traj.leaf), traj.advantages):
@@ -132,10 +134,12 @@ def grpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     """GRPO ("Cut the Bill" §5.3, Shao et al. 2024 Eq. 3): A_i = (r_i - mean(r)) / (std(r) + 1e-6)
     over the G trajectories of the prompt, broadcast to every step of trajectory i. Each tree must
     be a chain. GRPO has no option in `cfg`."""
-    scored = _reset(trees)
+    scored = _clear_then_scored_leaves(trees)
     _refuse_branching(trees, "grpo")
     A = group_normalize([leaf.reward for leaf in scored])  # one A_i per trajectory, G = len(scored)
-    return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(scored, A)])
+    return _with_node_advantages_marked(
+        [Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(scored, A)]
+    )
 
 
 GIGPO_GAMMA = 0.95  # GiGPO's discount γ (Eq. 5) in its search-agent setting
@@ -170,7 +174,7 @@ def gigpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     trained in its one chain. No invalid-action penalty: an invalid step ends its chain with reward
     0, as in every method (gigpo-no-invalid-penalty). With ω = 0 and per-chain statistics, this is
     GRPO."""
-    scored = _reset(trees)
+    scored = _clear_then_scored_leaves(trees)
     _refuse_branching(trees, "gigpo")
     rows = [leaf for leaf in scored for _ in range(leaf.depth if cfg.gigpo_step_rows else 1)]
     A_E = dict(zip(rows, group_normalize([leaf.reward for leaf in rows])))  # Eq. 3: leaf -> A^E
@@ -183,7 +187,7 @@ def gigpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     for step in R_t:
         groups.setdefault(_anchor_state(step, cfg), []).append(step)
     A_S = {s: a for G in groups.values() for s, a in zip(G, group_normalize([R_t[s] for s in G]))}
-    return _mark_node_advantages(
+    return _with_node_advantages_marked(
         [
             Trajectory(leaf, [A_E[leaf] + GIGPO_OMEGA * A_S[s] for s in path(leaf)])
             for leaf in scored
@@ -201,7 +205,7 @@ def tree_grpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     Each root-to-leaf trajectory H_i is trained with its own A_tree(H_i): a prefix shared by k
     leaves is trained k times, as in the paper's objective. `cfg.tree_mode` = "intra" or "inter" is
     the Table 4 ablation (inter alone is GRPO over the tree leaves); "treepo" is TreePO's credit."""
-    scored = _reset(trees)
+    scored = _clear_then_scored_leaves(trees)
     inter = group_normalize([leaf.reward for leaf in scored])  # G_inter: the leaves of all M trees
     # G_intra(T_i)
     intra = [
@@ -212,7 +216,9 @@ def tree_grpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
         A = _treepo(trees, scored)
     else:
         A = {"both": both, "intra": intra, "inter": inter}[cfg.tree_mode]
-    return _mark_node_advantages([Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(scored, A)])
+    return _with_node_advantages_marked(
+        [Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(scored, A)]
+    )
 
 
 def _treepo(trees: list[Tree], scored: list[Node]) -> list[float]:
@@ -248,13 +254,13 @@ def arpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
         hard: step n gets Â(n) = (1/d) Σ_{j ∈ L(n)} Â_j over the d scored leaves L(n) below it
               (an unshared step: its leaf's Â_j), trained once (arpo-hard-once, first-untruncated)
     `cfg.arpo_credit`; soft is the paper's default, hard its text's alternative (no code)."""
-    scored = _reset(trees)
+    scored = _clear_then_scored_leaves(trees)
     A = dict(zip(scored, group_normalize([j.reward for j in scored])))  # Â_j
     if cfg.arpo_credit == "soft":
-        return _mark_node_advantages([Trajectory(j, [A[j]] * j.depth) for j in scored])
+        return _with_node_advantages_marked([Trajectory(j, [A[j]] * j.depth) for j in scored])
     owner = _first_trained(scored)
     mean = {s: fmean(A[j] for j in scored_leaves(s)) for s in owner}  # (1/d) Σ_j Â_j
-    return _mark_node_advantages(
+    return _with_node_advantages_marked(
         [Trajectory(j, [mean[s] if owner[s] is j else None for s in path(j)]) for j in scored]
     )
 
@@ -309,7 +315,7 @@ def branpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     `cfg.branpo_norm="prefix"`: Algorithm 1 (branch-norm). With one continuation for every prefix,
     every step gets the GRPO advantage (Theorem B.1). The official code's two differences:
     `branpo_skip_empty_base` (empty-prefix-stats), `branpo_clip_losers` (preference-mask)."""
-    _reset(trees)
+    _clear_then_scored_leaves(trees)  # its leaves: below, each prefix end's
     # (B_n's last node, C_n); an original trajectory whose continuations were all discarded
     # (env_error) is dropped
     groups = [(end, C) for end in _prefix_ends(trees) if (C := scored_leaves(end))]
@@ -338,7 +344,7 @@ def branpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
             else:  # Eq. 14
                 suffix = [None if step.redundant else A_branch[leaf] for step in steps[end.depth :]]
             trajectories.append(Trajectory(leaf, prefix + suffix))
-    return _mark_node_advantages(trajectories)
+    return _with_node_advantages_marked(trajectories)
 
 
 def carl(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
@@ -349,7 +355,7 @@ def carl(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     advantage of the edge into its parent (0 below the root). `cfg.carl_train_phase1=False` leaves
     the steps of the N0 first-phase chains (marked `phase1` by rollout.carl) untrained (App. C.1,
     carl-phase1)."""
-    scored = _reset(trees)
+    scored = _clear_then_scored_leaves(trees)
     nodes = [n for t in trees for n in walk(t.root)]
     for n in reversed(nodes):  # bottom-up (App. C.2): every child before its parent
         if not n.children:
@@ -368,7 +374,7 @@ def carl(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
                 trained[c] = edge[c] = edge.get(s, 0.0)  # Eq. 16: the edge above; 0 below the root
     untrained = {n for n in nodes if n.phase1 and not cfg.carl_train_phase1}  # App. C.1
     owner = _first_trained(scored)
-    return _mark_node_advantages(
+    return _with_node_advantages_marked(
         [
             Trajectory(
                 leaf,
@@ -391,11 +397,11 @@ def treeps(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     sqrt(|L(n)|) because a node with many leaves appears in that many trajectories. Only the N
     trajectories drawn for training (§2.3, treeps-sampled) are trained, each with A(n) on every step
     n. `cfg.treeps_process=False`: the Table 2 ablation, GRPO over them."""
-    scored = _reset(trees)
+    scored = _clear_then_scored_leaves(trees)
     chosen = [leaf for leaf in scored if leaf.sampled] or scored  # Y = {y_1 .. y_N}
     if not cfg.treeps_process:
         A = group_normalize([leaf.reward for leaf in chosen])
-        return _mark_node_advantages(
+        return _with_node_advantages_marked(
             [Trajectory(leaf, [a] * leaf.depth) for leaf, a in zip(chosen, A)]
         )
     A: dict[Node, float] = {}
@@ -405,7 +411,7 @@ def treeps(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
                 n.value = sum(leaf.reward for leaf in L) / len(L)
                 if n.parent is not None:
                     A[n] = (2 * n.value - t.root.value - n.parent.value) / math.sqrt(len(L))
-    return _mark_node_advantages(
+    return _with_node_advantages_marked(
         [Trajectory(leaf, [A[step] for step in path(leaf)]) for leaf in chosen]
     )
 
@@ -436,7 +442,7 @@ def at2po(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     every scored trajectory is trained with its A(n), a shared step once per trajectory, as the
     official code; its turn-level GSPO objective is not our loss (at2po-ppo-loss). The defaults are
     the paper's run: child softmax over entropies, the value as the advantage."""
-    scored = _reset(trees)
+    scored = _clear_then_scored_leaves(trees)
     A: dict[Node, float] = {}
     for t in trees:
         L = scored_leaves(t.root)
@@ -451,7 +457,9 @@ def at2po(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
                 local, glob = n.value - n.parent.value, n.value - t.root.value
                 modes = {"value": n.value, "parent": local, "root": glob, "both": local + glob}
                 A[n] = modes[cfg.at2po_advantage]
-    return _mark_node_advantages([Trajectory(leaf, [A[s] for s in path(leaf)]) for leaf in scored])
+    return _with_node_advantages_marked(
+        [Trajectory(leaf, [A[s] for s in path(leaf)]) for leaf in scored]
+    )
 
 
 def vineppo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
@@ -466,7 +474,7 @@ def vineppo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     continuation was discarded has no V̂, and the steps on either side of it are not trained
     (vineppo-no-estimate); no whitening (vineppo-unwhitened). A step on several trained paths (a
     tree, not VinePPO's chains) is trained once (first-untruncated). No option in `cfg`."""
-    scored = _reset(trees)
+    scored = _clear_then_scored_leaves(trees)
     every = [x for t in trees for x in leaves(t.root)]
     ends = [x for x in every if x.sampled] or every  # the trained paths' leaves
     trained_path = {s for x in ends for s in path(x)}  # discarded ones too: not continuations
@@ -480,7 +488,7 @@ def vineppo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
         after = step.value if step.children else step.reward  # V̂(s_{t+1}), or R after the last
         if after is not None and step.parent.value is not None:
             A[step] = after - step.parent.value
-    return _mark_node_advantages(
+    return _with_node_advantages_marked(
         [Trajectory(x, [A.get(s) if owner[s] is x else None for s in path(x)]) for x in main]
     )
 
