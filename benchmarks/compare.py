@@ -66,6 +66,7 @@ from benchmarks.compare_arms import (  # noqa: E402
     SETS,
     SETTINGS,
     arm_name,
+    arm_prompts,
     arms,
     slug,
 )
@@ -97,7 +98,8 @@ class Args:
     """Seeds: each its own warm start, every arm trained from it."""
     arms: list[str] = field(default_factory=list)
     """Only these arms (names as the tables print them, e.g. "GRPO G=4", or a set's: "matched",
-    the five methods at GRPO G=4's budget; "later", the three later ones); empty = every arm."""
+    the five methods at GRPO G=4's budget; "later", the three later ones; "ceiling", VinePPO's
+    two); empty = every arm."""
     train_flags: str = "--eval_every 5"
     """train.py flags of every arm, as --train_flags="..." (agent format: also --warm_flags)."""
     warm_flags: str = ""
@@ -220,13 +222,15 @@ def configure(a: Args) -> tuple[Args, dict[str, str], str]:
     return a, {n: table[n] for n in a.arms or table}, shared
 
 
-def calibration_table(rows: dict[str, list[dict]], steps: int) -> list[str]:
-    """Each candidate's generated tokens per prompt per step against GRPO G=4's (rows: flags ->
-    its run's metrics rows)."""
+def calibration_table(rows: dict[str, list[dict]], steps: int, prompts: int) -> list[str]:
+    """Each candidate's generated tokens per prompt per step (rows: flags -> its run's metrics
+    rows) and its tokens per step against GRPO G=4's: the same ratio, unless the candidate sets
+    its own prompts per step (`arm_prompts`; the others have the shared `prompts`)."""
     rows = {f: [r for r in rs if "train/loss" in r] for f, rs in rows.items()}
     mean = {
         f: statistics.mean(r["rollout/tokens_per_prompt"] for r in rs) for f, rs in rows.items()
     }
+    step = {f: m * (arm_prompts(f) or prompts) for f, m in mean.items()}  # tokens per step
     if G4 not in rows:
         raise SystemExit("--calibrate measures against GRPO G=4: add it to --arms")
     out = [
@@ -247,7 +251,7 @@ def calibration_table(rows: dict[str, list[dict]], steps: int) -> list[str]:
     ]
     for algo, candidates in CANDIDATES.items():
         for f in (f for f in candidates if f in rows):
-            ratio = mean[f] / mean[G4] - 1
+            ratio = step[f] / step[G4] - 1
             step_s = statistics.mean(
                 sum(r[f"train/time_{x}"] for x in ("rollout", "logprob", "update")) for r in rows[f]
             )
@@ -373,7 +377,7 @@ def main(a: Args):
     # ---- outputs
     if a.calibrate:
         rows = {chosen[n]: load(runs[n, a.seeds[0]])["rows"] for n in chosen}
-        text = "\n".join(calibration_table(rows, a.calibrate_steps))
+        text = "\n".join(calibration_table(rows, a.calibrate_steps, cfg.prompts_per_step))
         path = os.path.join(a.out, f"calibration-{a.calibrate_steps}-steps.md")
         with open(path, "w") as f:
             f.write(text + "\n")
@@ -381,7 +385,11 @@ def main(a: Args):
         return
     summaries = {
         n: [
-            summarize(load(runs[n, s])["rows"], load(evals[s])["rows"][0], cfg.prompts_per_step)
+            summarize(
+                load(runs[n, s])["rows"],
+                load(evals[s])["rows"][0],
+                arm_prompts(chosen[n]) or cfg.prompts_per_step,  # VinePPO's budget arm: its own
+            )
             for s in a.seeds
         ]
         for n in chosen

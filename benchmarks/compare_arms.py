@@ -6,6 +6,7 @@ compare_stats.py's."""
 
 import functools
 import re
+from dataclasses import dataclass
 
 from advantages import CreditConfig
 from infra.flags import parse
@@ -21,10 +22,26 @@ def tree(M: int, N: int, L: int) -> str:
     return f"--algo tree_grpo --tree_M {M} --tree_N {N} --tree_L {L}"
 
 
+def vine(G: int, K: int, prompts: int = 0) -> str:
+    """VinePPO: G chains, K continuations per context; `prompts` per step (0: the shared ones)."""
+    return f"--algo vineppo --grpo_G {G} --vineppo_K {K}" + f" --prompts_per_step {prompts}" * (
+        prompts > 0
+    )
+
+
+@dataclass
+class ArmPrompts:
+    """The one train.py flag an arm may set beside its method's knobs."""
+
+    prompts_per_step: int = 0
+    """This arm's prompts per step (a budget met with fewer prompts); 0: the shared flags'."""
+
+
 # The matched budget: GRPO G=4's generated tokens per prompt per step, each method within +-15% of
 # it. Chosen among CANDIDATES with `--calibrate` on seed 0's warm start (docs/comparison.md); the
 # comments give each against GRPO G=4 over 3 steps (every candidate) and 15 steps (the nearest
 # ones).
+VINE_PROMPTS = 1  # VinePPO (4,4)'s prompts per step at GRPO G=4's tokens per step (shared: 8)
 MATCHED = {
     "grpo": grpo(4),
     "tree_grpo": tree(2, 1, 1),  # -12%, -15.2%; (2,2,1) +19%, +18%; M=1: intra = inter
@@ -35,6 +52,10 @@ MATCHED = {
     "gigpo": "--algo gigpo --grpo_G 4",  # -0%: GRPO's chains, GRPO G=4's budget by construction
     "at2po": "--algo at2po --tree_M 3 --tree_N 1 --tree_L 1",  # -5%; (2,2,1) -13%, (2,1,2) -14%
     "arpo": "--algo arpo --grpo_G 2 --arpo_M 5",  # -3%; (2,4) -13%, (3,5) +13%
+    # the ceiling, matched per step, with fewer prompts: VinePPO (G, K) = (4, 4) generates 1770
+    # tokens per prompt per step against GRPO G=4's 256 (6.9x, +591%; 3 steps on seed 0); at 1
+    # prompt a step that is 1770 against 8 x 256 = 2049 tokens per step, -14%; at 2, +73%
+    "vineppo": vine(4, 4, VINE_PROMPTS),
 }
 AT2PO = [(2, 2, 1), (3, 1, 1), (2, 1, 2)]  # --calibrate's AT2PO (M, N, L): 4 leaves each
 CANDIDATES = {  # --calibrate's knobs per method; the budget grows with G, trees, N, forks, nodes
@@ -48,6 +69,8 @@ CANDIDATES = {  # --calibrate's knobs per method; the budget grows with G, trees
     "gigpo": ["--algo gigpo --grpo_G 4"],
     "at2po": [f"--algo at2po --tree_M {m} --tree_N {n} --tree_L {x}" for m, n, x in AT2PO],
     "arpo": [f"--algo arpo --grpo_G {g} --arpo_M {m}" for g, m in ((2, 4), (2, 5), (3, 5))],
+    # VinePPO at the shared prompts per step (its token multiple), then at fewer
+    "vineppo": [vine(4, 4), *(vine(4, 4, p) for p in (1, 2))],
 }
 TREE, G4 = MATCHED["tree_grpo"], grpo(4)
 GROUPS = [  # (title, [(an arm's flags, the arms it is compared with, paired by seed)]); an ablation
@@ -90,16 +113,24 @@ GROUPS = [  # (title, [(an arm's flags, the arms it is compared with, paired by 
             (MATCHED["branpo"] + " --no_branpo_rsm", (MATCHED["branpo"],)),
         ],
     ),
+    (
+        "the ceiling: VinePPO's Monte Carlo values at every context, near-exact credit, at GRPO "
+        "G=4's prompts per step (its tokens a multiple of GRPO's) and at GRPO G=4's tokens per "
+        "step (fewer prompts)",
+        [(G4, ()), (vine(4, 4), (G4,)), (MATCHED["vineppo"], (G4,))],
+    ),
 ]
 FAMILIES = [  # (name, title, the GROUPS whose pairings it tests, Dunnett's test (else Holm's))
     ("primary", "the five methods against GRPO G=4", (1,), True),
     ("later", "the later methods against GRPO G=4, a family of their own", (2,), True),
     ("sweep", "Tree-GRPO's Table 3 sweep, each tree against its chains", (0,), False),
     ("ablation", "each ablation against the method it ablates", (3, 4), False),
+    ("ceiling", "VinePPO against GRPO G=4, a family of its own: can credit win here?", (5,), True),
 ]
 SETS = {  # --arms NAME: a group's arms (with "matched", 1 h per pair of hard-setting seeds)
     "matched": [f for f, _ in GROUPS[1][1]],  # the five methods at GRPO G=4's budget
     "later": [f for f, _ in GROUPS[2][1]],  # the later methods and GRPO G=4
+    "ceiling": [f for f, _ in GROUPS[5][1]],  # VinePPO's two arms and GRPO G=4
 }
 CLAIMS = [  # (a paper's claim, its numbers; arm; reference; measure(); the sign it claims)
     (
@@ -201,7 +232,12 @@ SETTINGS = {
 
 
 def algo_config(flags: str) -> tuple[RolloutConfig, CreditConfig]:
-    return parse(RolloutConfig, CreditConfig, args=flags.split())
+    return parse(RolloutConfig, CreditConfig, ArmPrompts, args=flags.split())[:2]
+
+
+def arm_prompts(flags: str) -> int:
+    """The prompts per step an arm sets for itself (0: the shared flags')."""
+    return parse(RolloutConfig, CreditConfig, ArmPrompts, args=flags.split())[2].prompts_per_step
 
 
 @functools.cache  # parsing flags takes 40 ms; the tables ask for hundreds of names
@@ -221,6 +257,8 @@ def arm_name(flags: str) -> str:
         "gigpo": f"GiGPO G={r.grpo_G}",
         "at2po": f"AT2PO ({r.tree_M},{r.tree_N},{r.tree_L})",
         "arpo": f"ARPO ({r.grpo_G},{r.arpo_M})" + " hard" * (c.arpo_credit == "hard"),
+        "vineppo": f"VinePPO G={r.grpo_G} K={r.vineppo_K}"
+        + f", {arm_prompts(flags)} prompts/step" * (arm_prompts(flags) > 0),
     }[r.algo]
 
 

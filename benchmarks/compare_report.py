@@ -31,6 +31,7 @@ from benchmarks.compare_arms import (
     GROUPS,
     MATCHED,
     arm_name,
+    arm_prompts,
     arms,
     matched_by,
     nominal,
@@ -342,7 +343,7 @@ def cost_table(runs: dict[str, list[dict]], walls: dict[str, list[float]]) -> li
         )
     matched = [
         (n, budget(runs, n) / target - 1)
-        for n in map(arm_name, MATCHED.values())
+        for n in (arm_name(f) for f in MATCHED.values() if not arm_prompts(f))  # per prompt
         if n in runs and n != arm_name(G4)
     ]
     if matched and not math.isnan(target):

@@ -516,7 +516,7 @@ def test_report_reproduces_a_run_of_the_default_setting_as_written(tmp_path):
 def test_every_arm_runs_once_under_its_own_name():
     arms = compare_arms.arms()
     names = [compare_arms.arm_name(f) for _, members in compare_arms.GROUPS for f, _ in members]
-    assert sorted(arms) == sorted(set(names)) and names.count("GRPO G=4") == 3  # run once
+    assert sorted(arms) == sorted(set(names)) and names.count("GRPO G=4") == 4  # run once
     assert compare_arms.arm_name(compare_arms.TREE + " --tree_mode intra").endswith(" intra only")
     assert (
         compare_arms.arm_name("--algo carl --carl_update_all") == "CARL (1,16) update-all"
@@ -529,6 +529,48 @@ def test_every_arm_runs_once_under_its_own_name():
             compare_arms.arms()
         finally:
             compare_arms.GROUPS.pop()
+
+
+def test_vineppo_ceiling_arms_their_own_family_and_a_budget_met_per_step():
+    # the ceiling's arms: VinePPO at the shared prompts per step, and at GRPO G=4's tokens per step
+    # with its own (fewer) prompts per step, the one train.py flag an arm may set
+    same, fewer = compare_arms.SETS["ceiling"][1:]
+    assert compare_arms.arm_name(same) == "VinePPO G=4 K=4" and compare_arms.arm_prompts(same) == 0
+    assert (
+        compare_arms.arm_prompts(fewer) == compare_arms.VINE_PROMPTS
+        and fewer == (compare_arms.MATCHED["vineppo"])
+    )
+    assert compare_arms.arm_name(fewer).endswith(f", {compare_arms.VINE_PROMPTS} prompts/step")
+    assert compare_arms.algo_config(fewer) == compare_arms.algo_config(same)  # knobs: the same
+    # a family of its own, tested against GRPO G=4 by Dunnett's test; in no other family
+    (ceiling,) = [f for f in compare_arms.FAMILIES if f[0] == "ceiling"]
+    assert ceiling[3] and all(
+        compare_arms.GROUPS[g][1][i][0] not in (same, fewer)
+        for name, _, groups, _ in compare_arms.FAMILIES
+        if name != "ceiling"
+        for g in groups
+        for i in range(len(compare_arms.GROUPS[g][1]))
+    )
+    # the calibration's ratio is per step: 1500 tokens per prompt is +500% at the shared 8 prompts
+    # (1500 * 8 against 250 * 8); with 1 prompt a step 1500 against 2000 = -25%; with 2, +50%
+    rows = {
+        compare_arms.G4: [{"rollout/tokens_per_prompt": 250.0}],
+        same: [{"rollout/tokens_per_prompt": 1500.0}],
+        compare_arms.vine(4, 4, 1): [{"rollout/tokens_per_prompt": 1500.0}],
+        compare_arms.vine(4, 4, 2): [{"rollout/tokens_per_prompt": 1500.0}],
+    }
+    for rs in rows.values():
+        rs[0] |= {"train/loss": 0.0} | {f"train/time_{x}": 1.0 for x in ("rollout", "logprob")}
+        rs[0]["train/time_update"] = 1.0
+    table = compare.calibration_table(rows, 1, 8)
+    split = lambda line: [c.strip() for c in line.strip("|").split("|")]
+    ratios = {c[1]: c[4] for c in map(split, table) if c[0] in ("grpo", "vineppo")}
+    assert ratios == {
+        "GRPO G=4": "+0%",
+        "VinePPO G=4 K=4": "+500%",
+        "VinePPO G=4 K=4, 1 prompts/step": "-25%",
+        "VinePPO G=4 K=4, 2 prompts/step": "+50%",
+    }
 
 
 def test_settings_apply_to_every_arm_and_warm_start_and_leave_the_default_as_it_was():
