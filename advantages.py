@@ -285,10 +285,17 @@ def _prefix_ends(trees: list[Tree]) -> list[Node]:
                     f"original trajectory {child.id!r} marks {len(marked)} prefix ends "
                     f"{[n.id for n in marked]}; BranPO truncates it once, so mark exactly one node"
                 )
-            if not marked and len(tips := leaves(child)) > 1:
+            tips = leaves(child)
+            if not marked and len(tips) > 1:
                 raise ValueError(
                     f"original trajectory {child.id!r} branches into {[n.id for n in tips]} but "
                     "marks no prefix_end; mark the node its continuations share"
+                )
+            if marked and (outside := [x.id for x in tips if x not in leaves(marked[0])]):
+                raise ValueError(  # leaves in no C_n (Eq. 9): in no statistic, never trained
+                    f"original trajectory {child.id!r} branches above its prefix_end "
+                    f"{marked[0].id!r}: {outside} are not continuations of it; mark the node its "
+                    "continuations share"
                 )
             ends.append(marked[0] if marked else tips[0])
     return ends

@@ -413,6 +413,32 @@ def test_branpo_refuses_two_prefix_ends_and_a_branch_without_one():
         branpo(T(n("r", n("r.0", leaf("r.0.0", 1.0), leaf("r.0.1", 0.0)))), C)
 
 
+def test_branpo_refuses_an_original_that_branches_above_its_prefix_end(tmp_path):
+    # r.0 -> {r.0.0 r=1, r.0.1 (prefix_end) -> {r.0.1.0 r=0, r.0.1.1 r=1}}: C = the leaves under
+    # r.0.1 (Eq. 9); r.0.0 is no continuation of it. Before: r.0.0 was silently dropped, in no
+    # statistic and never trained: Eq. 12 over [0, 1] gave -+0.7071, not over [1, 0, 1]
+    # (+0.5774, -1.1547, +0.5774), and its trajectory was missing from the credit
+    tree = n(
+        "r",
+        n(
+            "r.0",
+            leaf("r.0.0", 1.0),
+            n("r.0.1", leaf("r.0.1.0", 0.0), leaf("r.0.1.1", 1.0), prefix_end=True),
+        ),
+    )
+    message = (
+        "original trajectory 'r.0' branches above its prefix_end 'r.0.1': ['r.0.0'] are not "
+        "continuations of it; mark the node its continuations share"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        branpo(T(tree), C)
+    f = tmp_path / "trees.json"  # the command line says it, naming the file
+    f.write_text(json.dumps([tree]))
+    out = credit_cli("--algo", "branpo", "--trees", str(f))
+    assert out.returncode != 0 and out.stdout == "" and "Traceback" not in out.stderr
+    assert f"--trees {f} (--algo branpo): {message}" in out.stderr
+
+
 # ---- CARL ----------------------------------------------------------------------------------------
 
 
