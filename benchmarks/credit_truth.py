@@ -24,7 +24,8 @@ reward of K continuations sampled from that context's exact token ids (TITO: the
 nodes are continued, then the continuations removed), by the same agent, engine, sampling and
 retriever that grew the trees; a step that ended has V(s') = its reward, no estimate needed. Nodes
 share contexts (a prompt's trees share the prompt), so each context is sampled once (keyed by a
-hash of its ids). SE(A*) = sqrt(SE(V(s'))^2 + SE(V(s))^2), each the K rewards' std / sqrt(K).
+hash of its ids). SE(A*) = sqrt(SE(V(s'))^2 + SE(V(s))^2), each the K rewards' std / sqrt(K), that
+std never below a smoothed binomial one (se-floor, `mean_se`: K equal rewards are no exact value).
 
 One set of trees per prompt ("shared"), grown by --trees (bushier than any method's matched budget:
 many sibling actions at many contexts), is credited by every credit function that can read it:
@@ -81,12 +82,14 @@ from tree import Node, Tree, context_ids, path, scored_leaves, step_credit, walk
 class Args:
     """What to measure; the world, agent and retriever settings are train.py's."""
 
-    prompts: int = 32
+    prompts: int = 28
     """P: train questions per draw (draw d: the d-th P in train.py's order for --seed)."""
     draws: int = 2
     """Independent draws per policy: their own prompts, trees and continuations."""
-    K: int = 16
-    """Continuations sampled from every context to estimate its value for A*."""
+    K: int = 8
+    """Continuations sampled from every context to estimate its value for A* (in a 4-prompt pilot
+    K = 16 separated 73 sibling pairs, K = 8 61, for 20 against 12 continuations a context with
+    VinePPO's 4)."""
     trees: str = tree(4, 2, 1)
     """The strategy and knobs (train.py's algorithm flags) that grow the shared trees."""
     warm_start: str = ""
@@ -97,7 +100,8 @@ class Args:
     warm_only: bool = False
     """The warm start alone, where no RL-trained policy is at hand (tau: between its draws)."""
     quick: bool = False
-    """A smaller run that prints the table in ~5 min on 2 cores (QUICK), with wider intervals."""
+    """A smaller run that prints the table in ~5 min on 2 cores, with wider intervals: QUICK's
+    values for the flags not given."""
     own: bool = False
     """Also each method on the trees of its own strategy at the matched budget (~2.5x the time)."""
     bootstrap: int = 1000
@@ -112,7 +116,7 @@ class Args:
     """Instead: the table and figure again from a results.json, results.md byte for byte."""
 
 
-QUICK = dict(prompts=8, draws=1, K=8, bootstrap=300)  # --quick: ~5 min on 2 cores
+QUICK = dict(prompts=4, draws=1, bootstrap=200)  # --quick: ~5 min on 2 cores
 
 # credit name -> (credit function in rollout.ALGOS, its options): every one that reads any tree
 SHARED = {
@@ -201,10 +205,15 @@ def continue_from(agent: Agent, jobs: list[tuple[Tree, Node]], K: int) -> dict[s
 
 
 def mean_se(rewards: list[float]) -> tuple[float, float]:
+    """The mean of n rewards in [0, 1] and its standard error sqrt(v / n), v their unbiased
+    variance but never below p(1 - p) at the smoothed mean p = (sum + 1/2) / (n + 1) (se-floor: n
+    equal rewards, 16 zeros say, do not claim an exact value; for rewards of 0 or 1 it is the
+    binomial variance, Jeffreys-smoothed)."""
     n = len(rewards)
     mean = sum(rewards) / n
     var = sum((r - mean) ** 2 for r in rewards) / (n - 1) if n > 1 else 0.0
-    return mean, math.sqrt(var / n)
+    p = (sum(rewards) + 0.5) / (n + 1)
+    return mean, math.sqrt(max(var, p * (1 - p)) / n)
 
 
 def value(node: Node, sampled: dict[str, list[float]]):
@@ -388,8 +397,8 @@ def main(a: Args):
     if a.report:
         print(report_file(a.report, a.out or "out/credit_truth"))
         return
-    if a.quick:
-        a = replace(a, **QUICK)
+    if a.quick:  # QUICK's values where the flag was not given (left at its default)
+        a = replace(a, **{k: v for k, v in QUICK.items() if getattr(a, k) == getattr(Args(), k)})
     out = a.out or "out/credit_truth" + "-quick" * a.quick
     configs = parse_train(a.train_flags)
     targs, _, _, agent_cfg, retriever_cfg, warm = configs

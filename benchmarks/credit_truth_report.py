@@ -385,7 +385,8 @@ def render(stored: dict, got: dict) -> str:
 def example_pair(stored: dict) -> tuple[dict, dict] | None:
     """The branch point docs/credit.md shows: among the first policy's separated pairs on the
     shared trees, those whose two siblings both have continuations (searches), else any; of them
-    the one the methods split most evenly over (the first in prompt order of those)."""
+    the one on which the methods disagree most (the most of them on the less common side of right
+    and wrong, then the most wrong; the first in prompt order of those)."""
     first = next(iter(stored["policies"]))
     steps = [s for s in stored["steps"] if s["policy"] == first and s["set"] == "shared"]
     pairs = sibling_pairs(steps)
@@ -393,8 +394,9 @@ def example_pair(stored: dict) -> tuple[dict, dict] | None:
     if not pairs:
         return None
     methods = [n for n in pairs[0][0]["credit"] if n not in REFERENCES]
-    split = lambda p: abs(sum(order(p, n) for n in methods) - len(methods) / 2)
-    return min(pairs, key=split)
+    said = lambda p: [order(p, n) for n in methods]
+    disagree = lambda p: (min(said(p).count(1.0), said(p).count(0.0)), said(p).count(0.0))
+    return max(pairs, key=disagree)
 
 
 def worked_example(stored: dict) -> str:

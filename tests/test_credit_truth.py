@@ -14,7 +14,7 @@ import pytest
 from test_rollout import EX, TOK, MemoryRetriever
 
 from benchmarks.compare_arms import MATCHED, algo_config
-from benchmarks.credit_truth import ONLY_OWN, OWN, SHARED, credits, step_rows
+from benchmarks.credit_truth import ONLY_OWN, OWN, SHARED, credits, mean_se, step_rows
 from benchmarks.credit_truth_report import (
     CEILING,
     FLOOR,
@@ -94,6 +94,15 @@ def test_ground_truth_and_vineppo_recover_the_hand_written_advantages_within_4_s
     # the M = 2 trees' first steps are siblings: taken from the one context, the prompt
     first = [r for r in rows if r["depth"] == 1]
     assert len(first) >= 2 and len({r["from"] for r in first}) == 1
+
+
+def test_k_equal_rewards_are_no_exact_value():
+    # 16 zeros: variance 0, but never below p (1 - p) at p = (0 + 1/2) / 17 = 1/34:
+    # SE = sqrt(1/34 x 33/34 / 16) = 0.0422, not 0 (se-floor)
+    assert mean_se([0.0] * 16) == (0.0, pytest.approx(math.sqrt(33 / 34**2 / 16)))
+    # 8 ones and 8 zeros: the unbiased variance 16/15 x 1/4 = 0.2667 is above p (1 - p) = 1/4 at
+    # p = 8.5 / 17: SE = sqrt(0.2667 / 16) = 0.1291, the sample's own
+    assert mean_se([1.0, 0.0] * 8) == (0.5, pytest.approx(math.sqrt(4 / 15 / 16)))
 
 
 # ---- (b) a hand-built tree with A* given -----------------------------------------------------
