@@ -9,6 +9,8 @@ it is given, and nothing else,
   CARL's, TreePS-RAG's and AT2PO's V on every node, VinePPO's on each step's context), else None;
 - `advantage` on every node: the one advantage every trajectory that trains it uses, else None;
 for tree.render, the command line and the pictures. Never `reward`. No model or optimizer code.
+Each paper's options are a class above its function (TreeGRPOCredit, ...; CreditConfig, at the end,
+gathers them for the flags); its rollout's knobs are tree.py's (TreeGRPORollout, ...).
 
 Deviations from the papers, each cited by its name (argued in docs/paper_code.md):
 - group-of-one: a group of one reward gets advantage 0, GiGPO's step groups too (verl: r itself)
@@ -43,38 +45,6 @@ import torch
 
 from infra import flags
 from tree import Node, Trajectory, Tree, action_nll, leaves, path, scored_leaves, truncated, walk
-
-
-@dataclass
-class CreditConfig:
-    """Every paper's credit options, one name each (--algo, the rollout knobs: RolloutConfig)."""
-
-    tree_mode: Literal["both", "intra", "inter", "treepo"] = "both"
-    """Tree-GRPO advantage: intra + inter (paper), one of them (Table 4), or TreePO's subgroups."""
-    branpo_norm: Literal["prompt", "prefix"] = "prompt"
-    """BranPO: branch advantage normalized per prompt (Eq. 12) or per prefix (Algorithm 1)."""
-    branpo_skip_empty_base: bool = False
-    """BranPO: leave empty prefixes (k = 0) out of Eq. 11's statistics, as its official code."""
-    branpo_clip_losers: bool = False
-    """BranPO: its official code's preference mask (a pair's loser: min(A_branch, 0)), no Eq. 14."""
-    carl_update_all: bool = False
-    """CARL: also train single-child actions (Eq. 16 ablation)."""
-    carl_train_phase1: bool = True
-    """CARL: train the forked actions of the N0 first chains (Eqs. 13, 15); False: App. C.1."""
-    treeps_process: bool = True
-    """TreePS-RAG: process advantage (False = GRPO over its trajectories, Table 2 ablation)."""
-    gigpo_state: Literal["obs", "docs"] = "obs"
-    """GiGPO: a step's anchor state, its parent's observation text or retrieved doc-id set."""
-    gigpo_step_rows: bool = False
-    """GiGPO: Eq. 3's statistics over step rows (a chain of T steps T times), as its code."""
-    at2po_value: Literal["entropy", "child", "leaf"] = "entropy"
-    """AT2PO: V(n), the entropy-softmax-weighted or plain child mean, or the mean leaf."""
-    at2po_advantage: Literal["value", "parent", "root", "both"] = "value"
-    """AT2PO: A(n) = V(n), V(n) - V(parent), V(n) - V(root), or the sum of the last two."""
-    arpo_credit: Literal["soft", "hard"] = "soft"
-    """ARPO: soft (GRPO over the leaves) or hard (a shared step: its leaves' mean, once)."""
-
-    __post_init__ = flags.check_choices  # a choice no field has: refused, in Python calls too
 
 
 def group_normalize(rewards: list[float]) -> list[float]:
@@ -130,7 +100,7 @@ def _refuse_branching(trees: list[Tree], method: str) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def grpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
+def grpo(trees: list[Tree], cfg: object) -> list[Trajectory]:
     """GRPO ("Cut the Bill" §5.3, Shao et al. 2024 Eq. 3): A_i = (r_i - mean(r)) / (std(r) + 1e-6)
     over the G trajectories of the prompt, broadcast to every step of trajectory i. Each tree must
     be a chain. GRPO has no option in `cfg`."""
@@ -146,7 +116,17 @@ GIGPO_GAMMA = 0.95  # GiGPO's discount γ (Eq. 5) in its search-agent setting
 GIGPO_OMEGA = 1.0  # GiGPO's weight ω of the step advantage (Eq. 8), the paper's
 
 
-def _anchor_state(step: Node, cfg: CreditConfig):
+@dataclass
+class GiGPOCredit:
+    """GiGPO's credit options (gigpo below)."""
+
+    gigpo_state: Literal["obs", "docs"] = "obs"
+    """GiGPO: a step's anchor state, its parent's observation text or retrieved doc-id set."""
+    gigpo_step_rows: bool = False
+    """GiGPO: Eq. 3's statistics over step rows (a chain of T steps T times), as its code."""
+
+
+def _anchor_state(step: Node, cfg: GiGPOCredit):
     """GiGPO's anchor state of `step`, the state it was taken from, as a key that matches exactly
     (gigpo-exact-state): the question for a first step; else the parent's observation text, or with
     `cfg.gigpo_state="docs"` the set of doc ids the parent retrieved (its text if it retrieved
@@ -159,7 +139,7 @@ def _anchor_state(step: Node, cfg: CreditConfig):
     return parent.obs_text
 
 
-def gigpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
+def gigpo(trees: list[Tree], cfg: GiGPOCredit) -> list[Trajectory]:
     """GiGPO (Feng et al. 2025, §4) on GRPO chains (each tree a chain, as `grpo`), step t of chain i
     (T_i steps, reward R_i at its end) taken from anchor state s_t^i:
         A^E(τ_i)   = (R_i - mean_j R_j) / std_j R_j, j over the prompt's chains          (Eq. 3)
@@ -195,7 +175,15 @@ def gigpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     )
 
 
-def tree_grpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
+@dataclass
+class TreeGRPOCredit:
+    """Tree-GRPO's credit option (tree_grpo below)."""
+
+    tree_mode: Literal["both", "intra", "inter", "treepo"] = "both"
+    """Tree-GRPO advantage: intra + inter (paper), one of them (Table 4), or TreePO's subgroups."""
+
+
+def tree_grpo(trees: list[Tree], cfg: TreeGRPOCredit) -> list[Trajectory]:
     """Tree-GRPO (Ji et al. 2025) §4.2.4, Tree-based Group Relative Advantages: two displayed
     formulas, to which the paper's text that this project follows gives no equation number:
         Â_intra/inter(H_i) = (R(H_i) - mean_j R(H_j)) / std_j R(H_j), j over G_intra or G_inter
@@ -244,7 +232,15 @@ def _treepo(trees: list[Tree], scored: list[Node]) -> list[float]:
     return A
 
 
-def arpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
+@dataclass
+class ARPOCredit:
+    """ARPO's credit option (arpo below)."""
+
+    arpo_credit: Literal["soft", "hard"] = "soft"
+    """ARPO: soft (GRPO over the leaves) or hard (a shared step: its leaves' mean, once)."""
+
+
+def arpo(trees: list[Tree], cfg: ARPOCredit) -> list[Trajectory]:
     """ARPO (Dong et al. 2025) §3, Advantage Attribution Estimation, on the prompt's trees, leaf j
     scored (the equation numbers are not checked: this project keeps no copy of the paper's text;
     soft is its official code's estimate, hard its text's):
@@ -309,7 +305,19 @@ def _losers(end: Node, C: list[Node]) -> list[Node]:
     return redundant or [leaf for leaf in C if leaf.reward < best]
 
 
-def branpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
+@dataclass
+class BranPOCredit:
+    """BranPO's credit options (branpo below)."""
+
+    branpo_norm: Literal["prompt", "prefix"] = "prompt"
+    """BranPO: branch advantage normalized per prompt (Eq. 12) or per prefix (Algorithm 1)."""
+    branpo_skip_empty_base: bool = False
+    """BranPO: leave empty prefixes (k = 0) out of Eq. 11's statistics, as its official code."""
+    branpo_clip_losers: bool = False
+    """BranPO: its official code's preference mask (a pair's loser: min(A_branch, 0)), no Eq. 14."""
+
+
+def branpo(trees: list[Tree], cfg: BranPOCredit) -> list[Trajectory]:
     """BranPO §4.3 (Eqs. 8-12) with Redundant Step Masking §4.4 (Eq. 14). Each original trajectory n
     was grown into a prefix B_n (root .. the `prefix_end` node, Eq. 8) and continuations C_n, the
     leaves under it (Eq. 9):
@@ -354,7 +362,17 @@ def branpo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     return _with_node_advantages_marked(trajectories)
 
 
-def carl(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
+@dataclass
+class CARLCredit:
+    """CARL's credit options (carl below)."""
+
+    carl_update_all: bool = False
+    """CARL: also train single-child actions (Eq. 16 ablation)."""
+    carl_train_phase1: bool = True
+    """CARL: train the forked actions of the N0 first chains (Eqs. 13, 15); False: App. C.1."""
+
+
+def carl(trees: list[Tree], cfg: CARLCredit) -> list[Trajectory]:
     """CARL §5: V(leaf) = R (Eq. 9), V(s) = mean of its children's V (Eq. 10, not of its descendant
     leaves), A(s -> s') = V(s') - V(s) (Eq. 11), not group-normalized. Only actions whose parent
     state has more than one child are trained, each once (Eq. 13; first-untruncated).
@@ -395,7 +413,15 @@ def carl(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     )
 
 
-def treeps(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
+@dataclass
+class TreePSCredit:
+    """TreePS-RAG's credit option (treeps below)."""
+
+    treeps_process: bool = True
+    """TreePS-RAG: process advantage (False = GRPO over its trajectories, Table 2 ablation)."""
+
+
+def treeps(trees: list[Tree], cfg: TreePSCredit) -> list[Trajectory]:
     """TreePS-RAG §2.3, Value Estimation and Advantage Calculation, and Algorithm 1 lines 28-30 (the
     paper numbers no equation for these; its Eqs. 1-3 are the step, the branching factor and the
     objective): V(n) = mean reward over the descendant leaves L(n), and
@@ -435,7 +461,17 @@ def _at2po_value(n: Node, children: list[Node], mode: str) -> float:
     return float((w * torch.tensor([c.value for c in children], dtype=torch.float64)).sum())
 
 
-def at2po(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
+@dataclass
+class AT2POCredit:
+    """AT2PO's credit options (at2po below)."""
+
+    at2po_value: Literal["entropy", "child", "leaf"] = "entropy"
+    """AT2PO: V(n), the entropy-softmax-weighted or plain child mean, or the mean leaf."""
+    at2po_advantage: Literal["value", "parent", "root", "both"] = "value"
+    """AT2PO: A(n) = V(n), V(n) - V(parent), V(n) - V(root), or the sum of the last two."""
+
+
+def at2po(trees: list[Tree], cfg: AT2POCredit) -> list[Trajectory]:
     """AT2PO (Zong et al. 2026) §3, Turn-wise Credit Assignment (the equation numbers are not
     checked: this project keeps no copy of the paper's text; the formulas are checked against the
     official code by the oracle test) on each tree T of the prompt:
@@ -469,7 +505,7 @@ def at2po(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     )
 
 
-def vineppo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
+def vineppo(trees: list[Tree], cfg: object) -> list[Trajectory]:
     """VinePPO (Kazemnejad et al. 2025, §4) on the prompt's trees. The leaves marked `sampled` end
     the trained paths (rollout.vineppo's chains; none marked: every leaf); every other child of a
     step's context starts a Monte Carlo continuation η_k ~ π(·|s), never trained. Step t of a path
@@ -498,6 +534,16 @@ def vineppo(trees: list[Tree], cfg: CreditConfig) -> list[Trajectory]:
     return _with_node_advantages_marked(
         [Trajectory(x, [A.get(s) if owner[s] is x else None for s in path(x)]) for x in main]
     )
+
+
+@dataclass
+class CreditConfig(
+    ARPOCredit, AT2POCredit, GiGPOCredit, TreePSCredit, CARLCredit, BranPOCredit, TreeGRPOCredit
+):
+    """Every paper's credit options, each paper's class beside its credit function above (the last
+    base's flags come first; --algo and the rollout knobs: rollout.RolloutConfig)."""
+
+    __post_init__ = flags.check_choices  # a choice no field has: refused, in Python calls too
 
 
 # python advantages.py --demo | --algo ALGO --trees FILE | --budget M,N,L: scripts/credit.py

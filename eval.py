@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from accelerate.utils import gather_object
 
 from infra import engines
+from infra.protocol import user_turn_ids
 from infra.squad import normalize_answer, normalized_golds
-from rollout import RolloutConfig, chain, path, user_turn_ids
+from rollout import RolloutConfig, chain
+from tree import path
 
 # --------------------------------------------------------------------------------------------------
 # The response: final answer and format, and cover EM (beyond the reward's EM and F1)

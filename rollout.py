@@ -1,5 +1,4 @@
-"""Rollout: the outcome reward, the multi-turn search agent, and every paper's tree-building
-strategy.
+"""Rollout: the outcome reward, the multi-turn search agent, every paper's tree-building strategy.
 
 The agent speaks Search-R1's protocol (<think>, <search> query </search>, <information> ...
 </information>, <answer> ... </answer>; its settings and texts: infra/protocol.py; `parse_action`
@@ -8,7 +7,7 @@ below reads a step's text into its action).
 call and ONE batched retriever call; `Agent.run` steps until every branch has ended. A strategy
 (one per paper, `chain` for GRPO and GiGPO) picks the nodes to continue from; a chain is the
 degenerate tree. ALGOS, the algorithm registry, pairs each with its credit function in
-advantages.py; each reads its knobs from the RolloutConfig (or CreditConfig) given.
+advantages.py; each reads its paper's knobs (tree.py, advantages.py) from the config it is given.
 
 Abnormal outcomes ("Cut the Bill" §5.4), each a flag on the node and a counter: too_many_calls,
 parse_error, repeated_query (5.4.1) and max_turns (5.4.3) stop with reward 0; env_error (retrieval
@@ -53,21 +52,30 @@ from scipy.spatial.distance import squareform
 import advantages
 from infra import protocol
 from infra.engines import Sampling
-from infra.protocol import (
-    RETRY,
-    AgentConfig,
-    encode,
-    format_passages,
-    instruction_template,
-    user_turn_ids,
-)
+from infra.protocol import RETRY, AgentConfig, encode, format_passages
 from infra.squad import exact_match, token_f1  # the outcome reward's EM and F1 (squad-reward)
 from retriever import RetrievalError
-from tree import Node, Tree, action_nll, context_ids, path, scored_leaves, truncated, walk
+from tree import (
+    ROLLOUT_RULES,
+    ARPORollout,
+    AT2PORollout,
+    BranPORollout,
+    CARLRollout,
+    GRPORollout,
+    Node,
+    Tree,
+    TreeGRPORollout,
+    TreePSRollout,
+    TreeShape,
+    VinePPORollout,
+    action_nll,
+    context_ids,
+    path,
+    scored_leaves,
+    truncated,
+    walk,
+)
 
-Algorithm = Literal[  # --algo: ALGOS's names
-    "grpo", "tree_grpo", "branpo", "carl", "treeps", "gigpo", "at2po", "arpo", "vineppo"
-]
 CORRECT_F1 = 0.8  # BranPO App. A.1: "an F1 score of 0.8 is used as a threshold" for correctness
 AT2PO_ALPHA = 0.05  # AT2PO: branching penalty per existing sibling (official code's constant)
 ARPO_BEAM, ARPO_BETA, ARPO_TAU = 2, 0.2, 0.5  # ARPO: beam size, ΔH weight, threshold (official run)
@@ -103,10 +111,9 @@ def query_key(query: str) -> str:
 
 
 def rollout_logprob(logits, tokens):  # (B, V) float32, (B,) -> (B,)
-    """log pi_rollout of each sampled token, what TIS weighs by in train.ppo_loss: the log_softmax
-    of the raw logits it was sampled from, whatever the temperature and top_p (raw-logprobs). The
-    HF engine calls it as it samples (its capture of the logits is machinery: infra/engines.py);
-    vLLM computes the same (its raw_logprobs mode)."""
+    """log pi_rollout of each sampled token, what TIS weighs by (train.ppo_loss): the log_softmax of
+    the raw logits it was sampled from, whatever temperature and top_p (raw-logprobs). The HF engine
+    calls it as it samples (infra/engines.py's capture); vLLM's raw_logprobs mode is the same."""
     return logits.log_softmax(-1).gather(-1, tokens[:, None])[:, 0]  # (B,)
 
 
@@ -116,7 +123,7 @@ class Agent:
     def __init__(self, engine, retriever, tokenizer, cfg: AgentConfig, seed: int, refiner=None):
         self.engine, self.retriever, self.tok = engine, retriever, tokenizer
         self.cfg, self.seed, self.refiner = cfg, seed, refiner
-        self.template = instruction_template(cfg.instruction, tokenizer)
+        self.template = protocol.instruction_template(cfg.instruction, tokenizer)
         kw = dict(temperature=cfg.temperature, top_p=cfg.top_p, stop=["</search>", "</answer>"])
         kw.update(max_tokens=cfg.max_step_tokens, seed=seed, logprob=rollout_logprob)  # pi_rollout
         self.sampling = Sampling(**kw)
@@ -127,7 +134,7 @@ class Agent:
     def prompt_ids(self, question: str) -> list[int]:
         """The instruction (Search-R1's by default) as one user turn."""
         text = self.template.format(think=self.cfg.think_tag, question=question.strip())
-        return user_turn_ids(self.tok, text)
+        return protocol.user_turn_ids(self.tok, text)
 
     def new_tree(self, example, tree_id: str) -> Tree:
         """An empty tree for one prompt: the root holds the prompt's ids; `stats` counts from 0."""
@@ -139,8 +146,7 @@ class Agent:
         return them in frontier order. A child that ended carries its reward and flags; an open one
         has its observation."""
         cfg, t0 = self.cfg, time.perf_counter()
-        # fresh per wave
-        wave = self.counters["rollout/waves"]
+        wave = self.counters["rollout/waves"]  # a fresh seed per wave
         sampling = replace(self.sampling, seed=self.seed + WAVE_SEED_STEP * wave)
         outs = self.engine.generate([context_ids(node) for _, node in frontier], sampling)
         gen_time = time.perf_counter() - t0
@@ -237,66 +243,10 @@ class Agent:
 # Strategies: each grows the trees of a batch of prompts and returns one list of trees per prompt.
 
 
-@dataclass
-class RolloutConfig:
-    """Which paper, and every paper's rollout knobs (the credit options: CreditConfig)."""
-
-    algo: Algorithm = "tree_grpo"
-    """Which paper: its rollout strategy below and its credit function (ALGOS, the registry)."""
-    grpo_G: int = 8
-    """GRPO: trajectories per prompt (Search-R1: 5; Cut the Bill: 8); ARPO: initial chains."""
-    tree_M: int = 2
-    """Tree-GRPO: trees per prompt (paper default (M, N, L) = (2, 2, 1)); AT2PO: initial chains."""
-    tree_N: int = 2
-    """Tree-GRPO, AT2PO: expansions per tree per round."""
-    tree_L: int = 1
-    """Tree-GRPO, AT2PO: expansion rounds."""
-    tree_replace: bool = False
-    """Tree-GRPO: draw the N expansion nodes with replacement (official code: random.choices)."""
-    branpo_N: int = 4
-    """BranPO: initial trajectories per prompt."""
-    branpo_rsm: bool = True
-    """BranPO: redundant step masking (§4.4)."""
-    carl_N0: int = 1
-    """CARL: initial chains (1 = CARL-Lite, 8 = CARL)."""
-    carl_N: int = 16
-    """CARL: progressive forks."""
-    treeps_N: int = 8
-    """TreePS-RAG: nodes per layer (rollout budget N)."""
-    treeps_retain: int = 2
-    """TreePS-RAG: N_retain, search children kept per parent."""
-    treeps_D: int = 0
-    """TreePS-RAG: depth limit D <= max_turns + 1; 0 = max_turns + 1 (the paper uses D = 4)."""
-    treeps_train: int = 0
-    """TreePS-RAG: root-to-leaf paths sampled for training (§2.3); 0 = treeps_N, as the paper."""
-    at2po_leaves: int = 0
-    """AT2PO: leaves per tree, pruned or padded to (official run: 22); 0 = M + L N, as grown."""
-    arpo_M: int = 16
-    """ARPO: trajectories per prompt in all, the initial chains included (official run: 16)."""
-    vineppo_K: int = 4
-    """VinePPO: Monte Carlo continuations per context (its official runs: 9; docs/paper_code.md)."""
+RULES = protocol.RULES + ROLLOUT_RULES  # flags.check: AgentConfig's, RolloutConfig's (tree.py)
 
 
-RULES = protocol.RULES + [  # flags.check: AgentConfig's (infra/protocol.py), RolloutConfig's
-    (
-        "grpo_G tree_M tree_N branpo_N carl_N0 treeps_N treeps_retain arpo_M vineppo_K",
-        "an integer >= 1",
-        lambda v: v >= 1,
-    ),
-    ("tree_L carl_N treeps_D treeps_train at2po_leaves", "an integer >= 0", lambda v: v >= 0),
-]
-
-
-def depth_rule(r: RolloutConfig, cfg: AgentConfig) -> tuple[bool, str]:
-    """flags.check's rule that ties --treeps_D to --max_turns: (broken?, message)."""
-    return (
-        r.treeps_D > cfg.max_turns + 1,
-        f"--treeps_D {r.treeps_D}: TreePS-RAG's depth limit must be at most --max_turns + 1 = "
-        f"{cfg.max_turns + 1}; lower it, or raise --max_turns to {r.treeps_D - 1}",
-    )
-
-
-def chain(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list[list[Tree]]:
+def chain(agent: Agent, examples, rng: random.Random, cfg: GRPORollout) -> list[list[Tree]]:
     """GRPO: G = cfg.grpo_G independent trajectories per prompt, each a chain-shaped tree of its
     own."""
     G = cfg.grpo_G
@@ -307,7 +257,7 @@ def chain(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> lis
     return tree_groups
 
 
-def tree_grpo(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list[list[Tree]]:
+def tree_grpo(agent: Agent, examples, rng: random.Random, cfg: TreeGRPORollout) -> list[list[Tree]]:
     """Tree-GRPO §4.2.3: M chains per prompt (the initial trees), then L rounds in which N nodes per
     tree, drawn uniformly among the root and the non-leaf nodes (without replacement unless the tree
     has fewer, or with `tree_replace`: expand-without-replacement), each get one new full
@@ -357,7 +307,7 @@ def _kept(branch: Node, original: Node, mode: str) -> bool:
     return _f1(branch) >= CORRECT_F1 and branch.depth < original.depth
 
 
-def branpo(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list[list[Tree]]:
+def branpo(agent: Agent, examples, rng: random.Random, cfg: BranPORollout) -> list[list[Tree]]:
     """BranPO §4.2, App. A.1 (Algorithm 1; branch-waves, rsm-threshold, rsm-fallback-split): N
     chains per prompt, one tree per original trajectory; acc = their mean F1. Each trajectory (F1 r,
     T steps) is truncated at depth k = T-1, T-2, ... (Recur(r, acc) points, Eq. 16) with Bran(acc)
@@ -427,7 +377,7 @@ def _states(tree: Tree) -> list[Node]:
     return states
 
 
-def carl(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list[list[Tree]]:
+def carl(agent: Agent, examples, rng: random.Random, cfg: CARLRollout) -> list[list[Tree]]:
     """CARL App. C.1 (progressive rollout; carl-entropy), one tree per prompt: N0 chains from the
     root, then N forks, each a full trajectory from the state of lowest action density n(s) / H(s)
     (Eq. 12): n(s) actions sampled at s, H(s) their mean length-normalised NLL (Eq. 6-8). It samples
@@ -465,7 +415,7 @@ def jaccard_prune(children: list[Node], k: int) -> list[Node]:
     return list(first.values())
 
 
-def treeps(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list[list[Tree]]:
+def treeps(agent: Agent, examples, rng: random.Random, cfg: TreePSRollout) -> list[list[Tree]]:
     """TreePS-RAG §2.2 (Algorithm 1, phase 1; treeps-pruning), layer by layer from M(0) = {root}: at
     depth d each retained parent gets B_d = ceil(N / |M(d-1)|) children (Eq. 2), every tree's layer
     in one engine call; answers (and abnormal ends) are leaves; of each parent's search children
@@ -536,7 +486,7 @@ def at2po_fit(tree: Tree, k: int, rng: random.Random):
         leaves[-1].parent.add_child(**{name: copy(getattr(leaves[-1], name)) for name in own})
 
 
-def at2po(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list[list[Tree]]:
+def at2po(agent: Agent, examples, rng: random.Random, cfg: AT2PORollout) -> list[list[Tree]]:
     """AT2PO §3, Entropy-Guided Tree Expansion (official code: the offline tree search of
     vllm_rollout_with_tools_tree_offline.py), one tree per prompt: M chains from the root, then L
     rounds in which each tree's N nodes picked by `at2po_pick` are resampled, each by one new full
@@ -574,7 +524,7 @@ def arpo_branch(heads: list, made: list[int], roots: list[Node], M: int, rng: ra
     return new
 
 
-def arpo(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list[list[Tree]]:
+def arpo(agent: Agent, examples, rng: random.Random, cfg: ARPORollout) -> list[list[Tree]]:
     """ARPO §3, Entropy-based Adaptive Rollout (official code: vllm_rollout_with_tools.py), one tree
     per prompt of M trajectories: N = min(grpo_G, M) chains from the root, stepped a wave at a time,
     every prompt's open steps (searches with their observation) in one batch; after each wave
@@ -590,7 +540,7 @@ def arpo(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list
     return [[t] for t in trees]
 
 
-def vineppo(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> list[list[Tree]]:
+def vineppo(agent: Agent, examples, rng: random.Random, cfg: VinePPORollout) -> list[list[Tree]]:
     """VinePPO §4 (official code: MathEpisodeGeneratorWithMCAdvantages), one tree per prompt: G =
     grpo_G chains, their leaves marked `sampled` (trained), then K = vineppo_K full continuations,
     never trained, from the root and each step but the last of every chain neither discarded nor
@@ -614,7 +564,7 @@ def vineppo(agent: Agent, examples, rng: random.Random, cfg: RolloutConfig) -> l
 class Algo:
     """One paper: how it grows each prompt's trees, how it turns their rewards into advantages."""
 
-    grow: Callable  # a strategy above: (agent, examples, rng, RolloutConfig) -> trees per prompt
+    grow: Callable  # a strategy above: (agent, examples, rng, its knobs) -> trees per prompt
     credit: Callable  # advantages.py's function: (one prompt's trees, CreditConfig) -> Trajectories
 
 
@@ -629,3 +579,22 @@ ALGOS = {
     "arpo": Algo(arpo, advantages.arpo),
     "vineppo": Algo(vineppo, advantages.vineppo),
 }
+
+
+@dataclass
+class RolloutConfig(
+    VinePPORollout,
+    ARPORollout,
+    AT2PORollout,
+    TreePSRollout,
+    CARLRollout,
+    BranPORollout,
+    TreeGRPORollout,
+    TreeShape,
+    GRPORollout,
+):
+    """Every paper's rollout knobs, each paper's class in tree.py (the last base's flags come
+    first), and which paper (the credit options: CreditConfig)."""
+
+    algo: Literal[*ALGOS] = "tree_grpo"
+    """Which paper: its rollout strategy and its credit function (ALGOS, the registry)."""

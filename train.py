@@ -43,7 +43,7 @@ from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
 from rollout import AgentConfig, RolloutConfig
 from scripts import warmstart
-from tree import Sample, to_samples
+from tree import Sample, depth_rule, to_samples
 
 
 @dataclass
@@ -160,7 +160,7 @@ def validate(args: Args, *configs):
     rollout_cfg, agent = (
         next(c for c in configs if isinstance(c, cls)) for cls in (RolloutConfig, AgentConfig)
     )
-    depth = rollout.depth_rule(rollout_cfg, agent)
+    depth = depth_rule(rollout_cfg, agent)
     run.validate(args, configs, rollout.RULES + retriever.RULES, depth)
 
 

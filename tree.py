@@ -17,6 +17,10 @@ Conventions every module relies on:
   token budget (`truncated`) is scored, but `to_samples` drops it from the loss.
 - aligned-arrays: a `Sample`'s per-token arrays are aligned with `input_ids` (entry t describes
   token t); the trainer shifts by one.
+
+Each paper's rollout knobs, the shape of the trees its strategy grows, are a class of their own at
+the end (rollout.py's RolloutConfig gathers them for the flags): beside the strategies they would
+take rollout.py, which holds the agent and every strategy, past its 600 lines.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import MISSING, dataclass, field, fields
 
-from infra.protocol import FLAGS  # the abnormal outcomes a step can end with (their meanings there)
+from infra.protocol import FLAGS, AgentConfig  # FLAGS: the abnormal outcomes (meanings there)
 
 
 @dataclass(eq=False)
@@ -281,3 +285,112 @@ def step_credit(trajectories: list[Trajectory]) -> dict[str, float]:
     for step, a in trained_steps(trajectories):
         credit[step.id] = credit.get(step.id, 0.0) + a
     return credit
+
+
+# --------------------------------------------------------------------------------------------------
+# Each paper's rollout knobs: the trees its strategy in rollout.py grows (the flags: RolloutConfig)
+
+
+@dataclass
+class GRPORollout:
+    """GRPO's rollout knob (rollout.chain, GiGPO's chains too), ARPO's and VinePPO's chains."""
+
+    grpo_G: int = 8
+    """GRPO: trajectories per prompt (Search-R1: 5; Cut the Bill: 8); ARPO: initial chains."""
+
+
+@dataclass
+class TreeShape:
+    """The M, N, L of Tree-GRPO's trees (rollout.tree_grpo), AT2PO's too (rollout.at2po)."""
+
+    tree_M: int = 2
+    """Tree-GRPO: trees per prompt (paper default (M, N, L) = (2, 2, 1)); AT2PO: initial chains."""
+    tree_N: int = 2
+    """Tree-GRPO, AT2PO: expansions per tree per round."""
+    tree_L: int = 1
+    """Tree-GRPO, AT2PO: expansion rounds."""
+
+
+@dataclass
+class TreeGRPORollout(TreeShape):
+    """Tree-GRPO's rollout knobs (rollout.tree_grpo)."""
+
+    tree_replace: bool = False
+    """Tree-GRPO: draw the N expansion nodes with replacement (official code: random.choices)."""
+
+
+@dataclass
+class BranPORollout:
+    """BranPO's rollout knobs (rollout.branpo)."""
+
+    branpo_N: int = 4
+    """BranPO: initial trajectories per prompt."""
+    branpo_rsm: bool = True
+    """BranPO: redundant step masking (§4.4)."""
+
+
+@dataclass
+class CARLRollout:
+    """CARL's rollout knobs (rollout.carl)."""
+
+    carl_N0: int = 1
+    """CARL: initial chains (1 = CARL-Lite, 8 = CARL)."""
+    carl_N: int = 16
+    """CARL: progressive forks."""
+
+
+@dataclass
+class TreePSRollout:
+    """TreePS-RAG's rollout knobs (rollout.treeps)."""
+
+    treeps_N: int = 8
+    """TreePS-RAG: nodes per layer (rollout budget N)."""
+    treeps_retain: int = 2
+    """TreePS-RAG: N_retain, search children kept per parent."""
+    treeps_D: int = 0
+    """TreePS-RAG: depth limit D <= max_turns + 1; 0 = max_turns + 1 (the paper uses D = 4)."""
+    treeps_train: int = 0
+    """TreePS-RAG: root-to-leaf paths sampled for training (§2.3); 0 = treeps_N, as the paper."""
+
+
+@dataclass
+class AT2PORollout(TreeShape):
+    """AT2PO's rollout knobs (rollout.at2po): Tree-GRPO's M, N, L and its leaf count."""
+
+    at2po_leaves: int = 0
+    """AT2PO: leaves per tree, pruned or padded to (official run: 22); 0 = M + L N, as grown."""
+
+
+@dataclass
+class ARPORollout(GRPORollout):
+    """ARPO's rollout knobs (rollout.arpo): its initial chains (grpo_G) and its trajectories."""
+
+    arpo_M: int = 16
+    """ARPO: trajectories per prompt in all, the initial chains included (official run: 16)."""
+
+
+@dataclass
+class VinePPORollout(GRPORollout):
+    """VinePPO's rollout knobs (rollout.vineppo): its chains (grpo_G) and continuations."""
+
+    vineppo_K: int = 4
+    """VinePPO: Monte Carlo continuations per context (its official runs: 9; docs/paper_code.md)."""
+
+
+ROLLOUT_RULES = [  # flags.check: the knobs above
+    (
+        "grpo_G tree_M tree_N branpo_N carl_N0 treeps_N treeps_retain arpo_M vineppo_K",
+        "an integer >= 1",
+        lambda v: v >= 1,
+    ),
+    ("tree_L carl_N treeps_D treeps_train at2po_leaves", "an integer >= 0", lambda v: v >= 0),
+]
+
+
+def depth_rule(r: TreePSRollout, cfg: AgentConfig) -> tuple[bool, str]:
+    """flags.check's rule that ties --treeps_D to --max_turns: (broken?, message)."""
+    return (
+        r.treeps_D > cfg.max_turns + 1,
+        f"--treeps_D {r.treeps_D}: TreePS-RAG's depth limit must be at most --max_turns + 1 = "
+        f"{cfg.max_turns + 1}; lower it, or raise --max_turns to {r.treeps_D - 1}",
+    )

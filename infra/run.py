@@ -65,7 +65,7 @@ RULES = [  # flags.check: (flags of train.py's Args, what is allowed, test)
 def validate(args, configs, rules, depth):
     """Every flag of train.py (`args`; `configs`: its other dataclasses) against RULES, `rules`
     (the top-level modules', passed in), engines' and warmstart's, and the rules that tie flags
-    together (`depth`: rollout.depth_rule's (broken?, message)); one message lists all broken."""
+    together (`depth`: tree.depth_rule's (broken?, message)); one message lists all broken."""
     warm = next(c for c in configs if isinstance(c, warmstart.WarmConfig))
     one_file = args.data.endswith((".parquet", ".jsonl", ".json"))
     no_model = policy.model_problem(args.model, args.gguf_file) if args.model else ""

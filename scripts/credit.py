@@ -12,6 +12,7 @@ import json
 import math
 import sys
 from dataclasses import dataclass
+from typing import Literal
 
 import rollout
 import tree
@@ -324,7 +325,7 @@ class CreditArgs:
     """`python advantages.py --algo ALGO --trees FILE.json`: per-step advantages of one prompt's
     rollout trees (the credit flags: CreditConfig)."""
 
-    algo: rollout.Algorithm = "tree_grpo"
+    algo: Literal[*rollout.ALGOS] = "tree_grpo"
     """Whose credit function (rollout.ALGOS; with --trees or --budget)."""
     trees: str = ""
     """JSON list of trees for ONE prompt (see tree.py for the node format), or a rollout dump (with

@@ -20,6 +20,7 @@ from infra.policy import load_policy, model_problem
 from infra.protocol import AgentConfig
 from infra.search import BM25Retriever, load_corpus
 from scripts.credit import drawing, save_trees
+from tree import depth_rule
 
 
 @dataclass
@@ -66,7 +67,7 @@ def main():
         (args, r, agent_cfg),
         rollout.RULES + ENGINE_RULES + [("n_prompts", "an integer >= 1", lambda v: v >= 1)],
         [
-            rollout.depth_rule(r, agent_cfg),
+            depth_rule(r, agent_cfg),
             (no_model, no_model),
             *zip(no_out, no_out),  # checked before the work, not after it
             (

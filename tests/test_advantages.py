@@ -813,7 +813,7 @@ def test_cli_names_an_unknown_key_in_the_trees_file(tmp_path):
             ["--algo", "tree_grpo", "--budget", "0,2,1"],
             "--budget '0,2,1': M must be >= 1 and N, L >= 0",
         ),
-        # --algo's choices are the registry's names (rollout.Algorithm), as train.py's
+        # --algo's choices are the registry's names (rollout.ALGOS), as train.py's
         (["--algo", "crl", "--trees", "x.json"], "invalid choice 'crl' for argument '--algo'"),
         # a flag that would change nothing is refused
         (["--demo", "--render"], "--render goes with --trees"),

@@ -114,8 +114,12 @@ def test_the_registry_pairs_a_strategy_with_a_credit_function_that_read_their_co
         grow, credit = inspect.signature(algo.grow), inspect.signature(algo.credit)
         assert list(grow.parameters) == ["agent", "examples", "rng", "cfg"], name
         assert list(credit.parameters) == ["trees", "cfg"], name
-        hints = typing.get_type_hints(algo.credit)
-        assert hints["cfg"] is advantages.CreditConfig, name
+        # each reads its own paper's knobs (a class of tree.py, of advantages.py, or none: object),
+        # a base of the config the flags fill (RolloutConfig, CreditConfig), never every paper's
+        grows, credits = (typing.get_type_hints(f)["cfg"] for f in (algo.grow, algo.credit))
+        assert issubclass(rollout.RolloutConfig, grows) and grows is not rollout.RolloutConfig, name
+        assert issubclass(advantages.CreditConfig, credits), name
+        assert credits is not advantages.CreditConfig, name
         params = [*grow.parameters.values(), *credit.parameters.values()]
         assert all(p.default is inspect.Parameter.empty for p in params), name
 

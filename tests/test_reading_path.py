@@ -219,6 +219,10 @@ def test_the_shared_core_is_within_its_bounds_and_each_algo_owns_its_paper():
     for algo, entry in rollout.ALGOS.items():  # the paper's strategy and credit: its own
         mine = {(d.module, d.name) for d in own[algo]}
         assert ("rollout", entry.grow.__name__) in mine and ("advantages", algo) in mine
+    # each paper's knobs are its own class, on its path alone: no config every path reads
+    assert not {"RolloutConfig", "CreditConfig"} & {n for _, n in names}
+    mine = {(d.module, d.name) for d in own["tree_grpo"]}
+    assert {("tree", "TreeGRPORollout"), ("advantages", "TreeGRPOCredit")} <= mine
     # nothing on the path only logs, evaluates, times, checkpoints or stops the run
     assert not any(m == "eval" for m, _ in names) and not {"run_eval", "sample_metrics"} & {
         n for _, n in names

@@ -18,11 +18,10 @@ from rollout import (
     Agent,
     AgentConfig,
     RolloutConfig,
-    depth_rule,
     jaccard_prune,
     parse_action,
 )
-from tree import Node, context_ids, path, to_samples, walk
+from tree import Node, context_ids, depth_rule, path, to_samples, walk
 
 PIECES = [
     "<search>",
@@ -604,7 +603,7 @@ def test_treeps_prunes_at_the_depth_limit_and_samples_n_paths():
     assert [sum(1 for x in walk(tree.root) if x.depth == d) for d in (1, 2, 3)] == [2, 4, 0]
     assert sorted(x.query[:2] for x in tree.leaves()) == ["qa", "qa", "qb", "qb"]
     assert all(x.flags == ["max_turns"] and x.reward == 0.0 for x in tree.leaves())
-    # a deeper limit is refused at parse time (rollout.depth_rule), before anything runs
+    # a deeper limit is refused at parse time (tree.depth_rule), before anything runs
     broken, message = depth_rule(RolloutConfig(treeps_D=5), agent.cfg)
     assert broken and "must be at most --max_turns + 1 = 4" in message
 

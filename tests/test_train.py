@@ -919,8 +919,8 @@ def test_the_console_says_little_and_the_run_directory_holds_the_config(env, str
     assert (
         f"config: {run}/config.json; not the defaults: --micro_batch_size 4 --model "
         f"{env / 'tiny'} --out_dir {env / 'out'} --run_name straight4 --steps 4 "
-        f"--prompts_per_step 2 --eval_every 0 --eval_n 2 --checkpoint_every 0 --algo grpo"
-        in out.stdout
+        f"--prompts_per_step 2 --eval_every 0 --eval_n 2 --checkpoint_every 0 --grpo_G 3 "
+        f"--branpo_N 2 --carl_N 2 --treeps_N 3 --algo grpo" in out.stdout
     ), out.stdout
     assert '"kl_coef"' not in out.stdout and len(out.stdout.splitlines()) <= 8, out.stdout
     assert (
