@@ -170,6 +170,8 @@ def validate(args: Args, *configs):
 
 LOG_RATIO_BOUND = 20.0  # log-ratio-bound: |log ratio| <= 20 before any exp (verl's); e^20 = 4.9e8
 LOGP_CHUNK = 2**24  # logits per chunk in TokenLogp: 64 MiB of float32, 110 Qwen positions
+# a micro-batch's tensors that ppo_loss takes, by their names there
+LOSS_INPUTS = ("old_logp", "ref_logp", "rollout_logp", "adv", "mask")
 
 
 class TokenLogp(torch.autograd.Function):
@@ -220,12 +222,12 @@ def ppo_loss(*, logp, old_logp, ref_logp, rollout_logp, adv, mask, args: PPOConf
     """Per-token PPO-clip surrogate x TIS weight + kl_coef x k3 KL, summed over masked tokens /
     `denom` (loss-form, tis-old-policy, dual-clip, log-ratio-bound, k3-unclamped).
 
-    Every input by keyword, the tensors (B, T). ratio = exp(logp - old_logp); surrogate = max(-A
-    ratio, -A clip(ratio, 1-eps_l, 1+eps_h)), for A < 0 at most -A c (--dual_clip c); TIS weight
-    w = min(exp(old_logp - rollout_logp), C), no gradient; k3 = exp(ref - logp) - (ref - logp) - 1.
-    `denom` is the mini-batch's token count (token-mean) or row count (seq-mean-token-mean; rows
-    are then first averaged over their own tokens), so micro-batches add up to the mini-batch
-    mean."""
+    Every input by keyword, the tensors (B, T): logp and a micro-batch's LOSS_INPUTS. ratio =
+    exp(logp - old_logp); surrogate = max(-A ratio, -A clip(ratio, 1-eps_l, 1+eps_h)), for A < 0
+    at most -A c (--dual_clip c); TIS weight w = min(exp(old_logp - rollout_logp), C), no gradient;
+    k3 = exp(ref - logp) - (ref - logp) - 1. `denom` is the mini-batch's token count (token-mean)
+    or row count (seq-mean-token-mean; rows are then first averaged over their own tokens), so
+    micro-batches add up to the mini-batch mean."""
     m = mask.bool()  # (B, T)
     # Untrained positions (prompt, observations, padding) may hold anything, inf or NaN: their log
     # ratios become 0 before any exp and torch.where drops their loss (x mask would make inf x 0 =
@@ -286,11 +288,10 @@ def old_from_engine(engine, accelerator, model) -> bool:
 
 
 def mini_batch_partition(n: int, size: int, mini_batches: int) -> list[list[int]]:
-    """PPO's mini-batches of a step's n samples (every rank's, in rank order), each a list of their
-    indices: cut in order into micro-batches of `size` rows, micro-batch i dealt to mini-batch
-    i mod m. m is --ppo_mini_batches, or the number of micro-batches where that is fewer (at least
-    one): `micro_batches` says so. One partition serves every epoch: the mini-batches are not
-    reshuffled (docs/loss.md)."""
+    """PPO's mini-batches of a step's n samples (every rank's, in rank order) as index lists: cut in
+    order into micro-batches of `size` rows, micro-batch i in mini-batch i mod m, m the asked
+    `mini_batches` or, if fewer, the micro-batches' count (`micro_batches` says so). The same in
+    every epoch: no reshuffle (docs/loss.md)."""
     m = max(1, min(mini_batches, math.ceil(n / size)))  # no mini-batch without a micro-batch
     return [[g for g in range(n) if g // size % m == j] for j in range(m)]
 
@@ -322,13 +323,10 @@ def add_old_and_ref_logprobs(minis, accelerator, model, ref_model, old_from_engi
     model.eval()
     for b in (b for mini in minis for b in mini):
         with torch.no_grad():
-            b["old_logp"] = (
-                b["rollout_logp"]
-                if old_from_engine
-                else token_logprobs(model, b["ids"], b["attn"])[0]
-            )  # (B, T)
+            logprobs = partial(token_logprobs, ids=b["ids"], attn=b["attn"])  # (B, T), None
+            b["old_logp"] = b["rollout_logp"] if old_from_engine else logprobs(model)[0]
             with accelerator.autocast():  # the prepared policy's forward runs under this
-                b["ref_logp"], _ = token_logprobs(ref_model, b["ids"], b["attn"])  # (B, T)
+                b["ref_logp"], _ = logprobs(ref_model)
 
 
 class Update(NamedTuple):
@@ -344,8 +342,7 @@ def update(minis, accelerator, model, optimizer, scheduler, args: PPOConfig) -> 
     """PPO epochs x mini-batches, the same mini-batches in the same order every epoch (no
     reshuffle): each micro-batch's share of its mini-batch's token-mean (or seq-mean-token-mean)
     loss, backward, one clipped optimizer step per mini-batch (ranks: the count is all ranks', the
-    loss scaled by their number, as Accelerate averages gradients).
-    Returns what it did (`Update`)."""
+    loss scaled by their number, as Accelerate averages gradients). Returns what it did."""
     token_mean = args.loss_agg == "token-mean"
     count = lambda b: b["mask"].sum() if token_mean else (b["mask"].sum(-1) > 0).sum()  # ()
     model.train()
@@ -359,16 +356,8 @@ def update(minis, accelerator, model, optimizer, scheduler, args: PPOConfig) -> 
                 # gradients reduced over ranks once, at the mini-batch's last micro-batch
                 with shard.accumulate(accelerator, model, sync=i == len(mb) - 1):
                     logp, entropy = token_logprobs(model, b["ids"], b["attn"], entropy=True)
-                    loss, s = ppo_loss(
-                        logp=logp,  # (B, T), as each of the micro-batch's below
-                        old_logp=b["old_logp"],
-                        ref_logp=b["ref_logp"],
-                        rollout_logp=b["rollout_logp"],
-                        adv=b["adv"],
-                        mask=b["mask"],
-                        args=args,
-                        denom=denom,
-                    )
+                    inputs = {k: b[k] for k in LOSS_INPUTS}  # (B, T) each, by ppo_loss's names
+                    loss, s = ppo_loss(logp=logp, **inputs, args=args, denom=denom)
                     accelerator.backward(loss)
                 s["entropy"] = entropy[b["mask"].bool()].detach()
                 loss_sum += loss.item()

@@ -77,11 +77,10 @@ BOOKKEEPING = {
     "infra.draw": "pictures",
 }
 MACHINERY |= BOOKKEEPING
-# the shared core's bounds: 600 lines for the five papers' step, + 15 for the knobs of the three
-# later methods (GiGPO, AT2PO, ARPO) in the two config classes every path reads
-CORE_MAX = {"code lines": 615, "definitions": 60, "files": 6}
+# the shared core's bounds (each paper's knobs are its own class, on its path alone)
+CORE_MAX = {"code lines": 600, "definitions": 60, "files": 6}
 # the honest walk's core (into infra/ everywhere but BOOKKEEPING)
-HONEST_MAX = {"code lines": 740, "files": 10}
+HONEST_MAX = {"code lines": 680, "files": 9}
 LOOP_MODULE, LOOP_FUNCTION, LOOP_VARIABLE = "train", "main", "step"
 MAX_LINE = 100  # characters: pyproject.toml's line-length
 FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef)

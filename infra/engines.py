@@ -41,11 +41,9 @@ class Sampling:
     stop: list[str] = field(default_factory=list)
     # seed for this call (None: the engine's running RNG); vLLM: seed + i for prompt i
     seed: int | None = None
-    # Each sampled token's log-prob from the raw float32 logits it was sampled from: (B, V) logits,
-    # (B,) sampled ids -> (B,) log-probs. The rule is the caller's (rollout.rollout_logprob, the
-    # agent's pi_rollout); the HF engine calls it as it samples (None: no log-probs, nothing kept).
-    # vLLM runs no Python per token: its log-probs are always its raw ones (logprobs_mode), which
-    # is rollout_logprob's rule.
+    # The caller's rule for a sampled token's log-prob: (B, V) raw float32 logits, (B,) ids -> (B,)
+    # (rollout.rollout_logprob); HF calls it as it samples (None: no log-probs). vLLM runs no Python
+    # per token: its log-probs are its raw ones (logprobs_mode), which is rollout_logprob's rule.
     logprob: Callable | None = None
 
     def __post_init__(self):

@@ -144,10 +144,8 @@ def accumulate(accelerator, model: torch.nn.Module, sync: bool):
     """A micro-batch's backward pass. Whole weights (DDP): its gradients accumulate on this rank
     and are reduced over ranks once, with `sync` (the mini-batch's last micro-batch). Sharded
     (FSDP2): reduce-scattered at every micro-batch, as verl does, so each rank only ever holds its
-    shard of the gradients, accumulated in the parameters' float32; with sync off until the last,
-    every rank would hold the whole gradients in the reduce dtype (bf16 under Accelerate's bf16
-    policy: 5.75 GiB at 3 B, and a relative error of 1.0e-2 against float32 over 32 micro-batches
-    instead of 7.3e-3: docs/gpu.md). One process: nothing to do."""
+    shard, accumulated in float32 (whole gradients in bf16 would cost memory and precision:
+    docs/gpu.md). One process: nothing to do."""
     if sync or accelerator.num_processes == 1 or sharded(model):
         yield
     else:
@@ -156,12 +154,10 @@ def accumulate(accelerator, model: torch.nn.Module, sync: bool):
 
 
 def deal(minis: list[list[int]], counts: list[int], rank: int, size: int) -> list[list[list[int]]]:
-    """`rank`'s share of a step's mini-batches (`minis`: each the ascending indices of its samples
-    among the step's, which `counts` spreads over the ranks in rank order, rank r holding the r-th
-    contiguous share): for each, its own rows (indices into its samples), `size` at a time, with as
-    many micro-batches as the rank that has the most (DDP's collectives need the same number of
-    backward passes on every rank): an empty one is the caller's zero-weight padding row. One
-    process: exactly the mini-batches, cut into micro-batches in order."""
+    """`rank`'s rows of each of a step's mini-batches (`minis`: the step's sample indices; `counts`:
+    every rank's samples, rank r holding the r-th contiguous share), `size` at a time, with as many
+    micro-batches as the rank with the most (DDP needs as many backward passes on every rank): an
+    empty one is the caller's zero-weight padding row. One process: the mini-batches, in order."""
     starts = [sum(counts[:r]) for r in range(len(counts))]
     # the step's samples g of mini-batch j that rank r holds
     held = lambda j, r: [g for g in minis[j] if starts[r] <= g < starts[r] + counts[r]]

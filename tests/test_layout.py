@@ -132,9 +132,16 @@ def test_the_shared_core_of_the_reading_path_stays_within_its_bounds():
     )
     reading_path = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(reading_path)
-    core, _ = reading_path.core_and_own(reading_path.load_modules(ROOT))
+    modules = reading_path.load_modules(ROOT)
+    core, _ = reading_path.core_and_own(modules)
     size = reading_path.size(core)
     assert all(size[k] <= bound for k, bound in reading_path.CORE_MAX.items()), size
+    assert reading_path.CORE_MAX == {"code lines": 600, "definitions": 60, "files": 6}
+    # followed into infra/ everywhere but the bookkeeping: 680 lines in 9 files
+    honest, _ = reading_path.core_and_own(modules, reading_path.BOOKKEEPING)
+    size = reading_path.size(honest)
+    assert all(size[k] <= bound for k, bound in reading_path.HONEST_MAX.items()), size
+    assert reading_path.HONEST_MAX == {"code lines": 680, "files": 9}
 
 
 def test_no_file_over_600_lines():
