@@ -116,7 +116,7 @@ class Args:
     """Instead: the table and figure again from a results.json, results.md byte for byte."""
 
 
-QUICK = dict(prompts=4, draws=1, bootstrap=200)  # --quick: ~5 min on 2 cores
+QUICK = dict(prompts=2, bootstrap=200)  # --quick: ~5 min on 2 cores, two draws as the full run
 
 # credit name -> (credit function in rollout.ALGOS, its options): every one that reads any tree
 SHARED = {
