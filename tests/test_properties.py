@@ -242,7 +242,10 @@ def copy(group: list[Tree], a: float = 1.0, b: float = 0.0) -> list[Tree]:
 def outcome(group: list[Tree], trajectories, times: float = 1.0) -> dict:
     """What a credit gives (its advantages times `times`), keyed by ids: the trained leaves, each
     step's advantages over the trajectories that train it (sorted), its credit in the loss, each
-    node's value and advantage."""
+    node's value and advantage. Per step, not per trajectory: a step trained once
+    (first-untruncated) is trained in the first trajectory through it, which reordering siblings
+    changes; a leaf's own step is in one trajectory, so each trajectory's last advantage is
+    compared as is."""
     per_step, nodes = {}, [n for t in group for n in walk(t.root)]
     for t in trajectories:
         for s, a in zip(t.steps, t.advantages):
@@ -279,6 +282,19 @@ def grpo_identities(group, cfg, trajectories, tol):
         assert sum(a * a for a in A) / (len(A) - 1) == approx((s / (s + EPS)) ** 2, abs=tol)
 
 
+def anchor(step: Node, cfg) -> object:
+    """GiGPO's anchor state of a step (gigpo-exact-state): the question for a first step, else its
+    parent's doc-id set (gigpo_state "docs", if it retrieved any) or observation text."""
+    parent = step.parent
+    if parent.parent is None:
+        return ("question",)
+    return (
+        frozenset(parent.doc_ids)
+        if cfg.gigpo_state == "docs" and parent.doc_ids
+        else parent.obs_text
+    )
+
+
 def gigpo_identities(group, cfg, trajectories, tol):
     """GiGPO (Feng et al. 2025, §4): A(a_t^i) = A^E(τ_i) + ω A^S(a_t^i) (Eq. 8)."""
     rows = [t.leaf for t in trajectories for _ in range(t.leaf.depth if cfg.gigpo_step_rows else 1)]
@@ -288,7 +304,7 @@ def gigpo_identities(group, cfg, trajectories, tol):
         for s, a in zip(t.steps, t.advantages):
             R_t = advantages.GIGPO_GAMMA ** (t.leaf.depth - s.depth) * t.leaf.reward  # Eq. 5
             A_S = (a - A_E[t.leaf]) / advantages.GIGPO_OMEGA
-            groups.setdefault(advantages._anchor_state(s, cfg), []).append((A_S, R_t))
+            groups.setdefault(anchor(s, cfg), []).append((A_S, R_t))
     for G in groups.values():
         A_S, R_t = zip(*G)
         near(list(A_S), whiten(list(R_t)), tol)  # Eq. 7 over G^S(s)
@@ -341,7 +357,13 @@ def arpo_identities(group, cfg, trajectories, tol):
 def branpo_identities(group, cfg, trajectories, tol):
     """BranPO §4.3 (Eqs. 10-12), §4.4 (Eq. 14) on each original's prefix B_n and continuations
     C_n; its official code's switches (branpo_skip_empty_base, branpo_clip_losers) as written."""
-    groups = [(end, C) for end in advantages._prefix_ends(group) if (C := scored_leaves(end))]
+    # B_n's last node: the root if marked (k = 0), else each root child's marked step or its leaf
+    ends = [
+        next((n for n in walk(c) if n.prefix_end), leaves(c)[0])
+        for t in group
+        for c in ([t.root] if t.root.prefix_end else t.root.children)
+    ]
+    groups = [(end, C) for end in ends if (C := scored_leaves(end))]
     for end, C in groups:
         assert end.value == approx(fmean(rewards(C)), abs=tol)  # Eq. 10: r_base, the mean of C_n
     based = [end for end, _ in groups if end.depth or not cfg.branpo_skip_empty_base]
@@ -352,7 +374,10 @@ def branpo_identities(group, cfg, trajectories, tol):
     by_leaf = {t.leaf: t.advantages for t in trajectories}
     assert by_leaf.keys() == A_branch.keys()
     for end, C in groups:
-        losers = advantages._losers(end, C) if cfg.branpo_clip_losers else []
+        # preference-mask's losers: those through a redundant step, else those below C's best
+        redundant = [x for x in C if any(s.redundant for s in path(x)[end.depth :])]
+        losers = redundant or [x for x in C if x.reward < max(rewards(C))]
+        losers = losers if cfg.branpo_clip_losers else []
         trained = [0] * end.depth
         for x in C:
             for i, a in enumerate(by_leaf[x][: end.depth]):  # the prefix: A_base, trained once
