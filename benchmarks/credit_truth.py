@@ -57,6 +57,8 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, fields, replace
 
+import torch
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import retriever  # noqa: E402  (the project's modules, from the repository root)
@@ -106,6 +108,9 @@ class Args:
     """Also each method on the trees of its own strategy at the matched budget (~2.5x the time)."""
     bootstrap: int = 1000
     """Bootstrap resamples of the prompts, for every interval."""
+    threads: int = 1
+    """Torch threads: on shared cores a second one made --quick about 4x slower (and the tiny
+    model's training 5-15x: docs/comparison.md); more where the cores are this run's alone."""
     train_flags: str = ""
     """train.py flags (--seed, --out_dir, agent and retriever settings), as --train_flags="...";
     no --model (the policies: --warm_start, --trained) and no algorithm knobs."""
@@ -406,7 +411,7 @@ def main(a: Args):
     taken = [x for x in a.train_flags.split() if x.lstrip("-").removeprefix("no_") in algo_flags]
     flags.check(
         a,
-        [("prompts draws bootstrap", "an integer >= 1", lambda v: v >= 1)]
+        [("prompts draws bootstrap threads", "an integer >= 1", lambda v: v >= 1)]
         + [("K", "an integer >= 2 (two halves)", lambda v: v >= 2)],
         [
             (bool(taken), f"--train_flags sets {taken}: the algorithm knobs are --trees'"),
@@ -422,6 +427,7 @@ def main(a: Args):
             ),
         ],
     )
+    torch.set_num_threads(a.threads)
     t0 = time.perf_counter()
     world = os.path.join(targs.out_dir, "world") if not (targs.data and targs.corpus) else ""
     if world:
