@@ -449,10 +449,7 @@ def quiet(silent: bool):
 
 def start(accelerator, run_dir: str, args, configs, warm):
     """Before anything loads: give one CPU process every core it may use, seed (--seed); then rank
-    0 checks a --resume (rundir.check_resume), claims run_dir (claim_run_dir), writes the whole
-    configuration (`configs`: train.py's dataclasses; `warm`, the warm start's, with the embedded
-    default) and prints what differs from the defaults (save_config), says when a user's
-    accelerate config goes unused, and starts the trackers (claim_and_record). A refusal there
+    0 checks a --resume, claims run_dir and records the run (claim_and_record); a refusal there
     ends every rank, rank 0 saying why. Returns the open run.lock on rank 0 (hold it while the run
     lasts), else None."""
     ranks = accelerator.num_processes
@@ -499,11 +496,10 @@ def claim_and_record(accelerator, run_dir: str, args, configs, warm):
 def resume(accelerator, run_dir: str, asked: bool, rng, counters, engine, parts):
     """With --resume (`asked`) and a checkpoint: restore it (load_checkpoint: `parts`, the model,
     optimizer and scheduler), this rank's sampling stream (`rng`, the agent's `counters`) and the
-    engine's weights. Returns the step to start
-    from, the metrics logged up to it and the skipped updates so far; (0, [], 0) otherwise.
-    metrics.jsonl is rewritten to those rows: what an interrupted run logged after its
-    checkpoint is dropped. Without --resume, what an --overwrite replaces is deleted here, once the
-    inputs and models all loaded (rundir.clear_old_run)."""
+    engine's weights. Returns the step to start from, the metrics logged up to it and the skipped
+    updates so far; (0, [], 0) otherwise. metrics.jsonl is rewritten to those rows: what an
+    interrupted run logged after its checkpoint is dropped. Without --resume, what an --overwrite
+    replaces is deleted here, once the inputs and models all loaded (rundir.clear_old_run)."""
     rank, ranks = accelerator.process_index, accelerator.num_processes
     start, history, skipped = 0, [], 0
     state = load_checkpoint(accelerator, run_dir, parts) if asked else None
