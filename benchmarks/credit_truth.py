@@ -1,9 +1,9 @@
 """Which credit is closest to the truth? Every method's per-step credit set against a Monte Carlo
 estimate of the step's true advantage under the policy that grew the trees, in two policies.
 
-    python benchmarks/credit_truth.py --quick    # the table in ~5 min on 2 cores, wider intervals:
-                                                 # out/credit_truth-quick
-    python benchmarks/credit_truth.py            # the full run, ~60 min on 2 cores:
+    python benchmarks/credit_truth.py --quick    # the tables in ~5 min on 2 cores, wider
+                                                 # intervals: out/credit_truth-quick
+    python benchmarks/credit_truth.py            # the full run, 40-55 min on 2 cores:
                                                  # out/credit_truth (docs/credit_truth.md)
     python benchmarks/credit_truth.py --own      # also each method on the trees of its own strategy
     python benchmarks/credit_truth.py --warm_start DIR --trained DIR    # other policies
@@ -84,7 +84,7 @@ from tree import Node, Tree, context_ids, path, scored_leaves, step_credit, walk
 class Args:
     """What to measure; the world, agent and retriever settings are train.py's."""
 
-    prompts: int = 28
+    prompts: int = 24
     """P: train questions per draw (draw d: the d-th P in train.py's order for --seed)."""
     draws: int = 2
     """Independent draws per policy: their own prompts, trees and continuations."""

@@ -212,7 +212,7 @@ def tau_summary(labels: list[str], tau: np.ndarray) -> str:
         got = [tau[i, j] for i, j in pairs if (policy[i] == policy[j]) == same]
         if got:
             mean = np.nanmean(got) if np.isfinite(got).any() else np.nan
-            said.append(f"between {what}: {tau_cell(mean)} ({len(got)} pairs)")
+            said.append(f"between {what}: {tau_cell(mean)} ({len(got)} of them)")
     return "Mean τ " + "; ".join(said) + "." if said else "No two draws to compare."
 
 
@@ -343,7 +343,8 @@ def render(stored: dict, got: dict) -> str:
     labels, tau = taus(stored)
     lines += [
         "Kendall's τ between the methods' rankings by sibling accuracy, each policy and draw on "
-        "its own (random and VinePPO left out):",
+        "its own (random and VinePPO left out; n/a: a draw whose methods all tie, or without a "
+        "separated pair):",
         "",
         "| | " + " | ".join(labels) + " |",
         "|---|" + "---|" * len(labels),
@@ -407,9 +408,9 @@ def worked_example(stored: dict) -> str:
     gap = a["a_star"] - b["a_star"]
     lines = [
         "",
-        f"Worked example: one branch point ({a['policy']}, draw {a['draw']}, prompt {a['prompt']},"
-        f" the context before steps {a['id']} and {b['id']}, at turn {a['depth']}; V̂(s) = "
-        f"{a['v_before']:.3f}). A*(a) − A*(b) = {gap:.3f} > {CLEAR:g} × "
+        f"Worked example ({a['policy']}, draw {a['draw']}, prompt {a['prompt']}): the branch point "
+        f"before steps {a['id']} and {b['id']}, at turn {a['depth']}.",
+        f"V̂(s) = {a['v_before']:.3f}; A*(a) − A*(b) = {gap:.3f} > {CLEAR:g} × "
         f"{math.hypot(a['se_after'], b['se_after']):.3f}: separated, a is the better.",
         "",
         f"| | a: {said(a)} | b: {said(b)} | orders them as A* |",
@@ -458,7 +459,7 @@ def figure(stored: dict, got: dict, path: str):
     axes[0].set_yticks(y, names)
     axes[0].set(xlabel="sibling ranking accuracy (95% CI); chance 0.5")
     axes[1].set(xlabel="Spearman ρ(credit, A*) (95% CI); dashed: noise ceiling")
-    axes[0].legend(fontsize=8, loc="lower right")
+    axes[0].legend(fontsize=8, loc="lower left")
     fig.suptitle(
         f"Credit against Monte Carlo truth on {stored['sets']['shared']} trees"
         + " (--quick)" * stored["args"]["quick"],

@@ -1,13 +1,14 @@
 """benchmarks/credit_truth.py: the Monte Carlo ground truth recovers A* where V is known exactly,
 each credit's statistics on hand-built trees and pairs match the arithmetic written below (sibling
-ranking accuracy, its ties and its boundary, rho, Kendall's tau), and --report writes the tables
-again byte for byte."""
+ranking accuracy, its ties and its boundary, rho, Kendall's tau), --report writes the tables
+again byte for byte, and the committed run's tables and worked example are its JSON's."""
 
 import json
 import math
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,15 +23,20 @@ from benchmarks.credit_truth_report import (
     columns,
     kendall,
     measures,
+    render,
     report_file,
     sibling_pairs,
+    tables,
     taus,
     with_intervals,
+    worked_example,
     write,
 )
 from infra.engines import Completion
 from rollout import ALGOS, Agent, AgentConfig, RolloutConfig, tree_grpo
 from tree import Tree, walk
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 # ---- (a) a world whose values are written by hand --------------------------------------------
 # The first step searches "ab" or "zz" with probability 1/2 each; after the "ab" passages the
@@ -337,6 +343,16 @@ def test_report_writes_the_table_again_byte_for_byte(tmp_path):
     assert "| CARL | shared: Tree-GRPO (2,1,1) | 4 | 0.50 [" in text
     assert "| | warm start 0 |" in text  # the tau table of the one draw
     assert (tmp_path / "again" / "credit_truth.png").stat().st_size > 0
+
+
+def test_the_committed_run_gives_its_tables_and_worked_example_byte_for_byte():
+    # docs/credit_truth.md is results.md of docs/credit_truth.json; docs/credit.md quotes its
+    # worked example (one branch point, both siblings' continuations and every credit)
+    stored = json.loads((DOCS / "credit_truth.json").read_text())
+    text = render(stored, tables(stored)) + "\n"
+    assert (DOCS / "credit_truth.md").read_text() == text
+    example = worked_example(stored)
+    assert example.strip() and example.strip() in (DOCS / "credit.md").read_text()
 
 
 def test_the_script_runs_end_to_end_with_a_tiny_budget(env, tmp_path):
