@@ -310,7 +310,7 @@ def stored_hand(tmp_path=None) -> dict:
     rows += [dict(r, prompt=1, a_star=-r["a_star"]) for r in rows]  # two prompts to resample
     rows = [dict(r, credit=r["credit"] | {FLOOR: 0.0, CEILING: r["a_star"]}) for r in rows]
     return {
-        "args": {"prompts": 2, "draws": 1, "K": 4, "vine_K": 4, "bootstrap": 50, "quick": False},
+        "args": {"prompts": 2, "draws": 1, "K": 4, "bootstrap": 50, "quick": False},
         "sets": {"shared": "Tree-GRPO (2,1,1)"},
         "policies": {"warm start": "hand-built"},
         "seed": 0,
@@ -360,7 +360,7 @@ def test_the_script_runs_end_to_end_with_a_tiny_budget(env, tmp_path):
     policy = ["--warm_start", str(env / "tiny"), "--trained", str(env / "tiny")]
     done = subprocess.run(
         [sys.executable, "benchmarks/credit_truth.py", "--prompts", "2", "--K", "2"]
-        + ["--draws", "2", "--vine_K", "2", "--bootstrap", "20", "--out", str(tmp_path)]
+        + ["--draws", "2", "--bootstrap", "20", "--out", str(tmp_path)]
         + policy
         + [f"--train_flags={flags}"],
         capture_output=True,
