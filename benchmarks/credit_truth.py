@@ -36,8 +36,9 @@ only). This isolates credit from rollout. Two reference rows: "random", a seeded
 (the floor: chance), and "VinePPO, K = 4", the registry's VinePPO credit (A = V(s') - V(s)) from 4
 continuations per context of its own, drawn apart from A*'s (how close a cheap Monte Carlo estimate
 comes). --own adds each method on its own strategy's trees at the comparison's matched budget
-(benchmarks/compare_arms.py's MATCHED). A method's credit on a step is what its tokens receive in the loss (`tree.step_credit`: the sum over
-the trajectories that train it); a step it does not train has credit 0.
+(benchmarks/compare_arms.py's MATCHED). A method's credit on a step is what its tokens receive in
+the loss (`tree.step_credit`: the sum over the trajectories that train it); a step it does not
+train has credit 0.
 
 Statistics, tables and figure: benchmarks/credit_truth_report.py (the headline: sibling ranking
 accuracy at branch points). Outputs in --out: results.json (every step: policy, draw, prompt, id,
