@@ -583,7 +583,8 @@ def test_settings_apply_to_every_arm_and_warm_start_and_leave_the_default_as_it_
     # hard: the agent's flags in the arms' and the warm start's, --train_flags / --warm_flags after
     hard = compare_arms.SETTINGS["hard"]
     a, arms, shared = compare.configure(compare.Args(setting="hard", warm_flags="--val_n 10"))
-    assert shared == hard["agent"] + " --eval_every 5" and len(arms) == 18
+    # the 18 arms of the comparison and the 2 ceiling arms (VinePPO)
+    assert shared == hard["agent"] + " --eval_every 5" and len(arms) == 20
     assert a.warm_flags == hard["agent"] + " " + hard["warm"] + " --val_n 10"
     assert a.out.endswith("out/compare-hard")
     a, _, shared = compare.configure(compare.Args(setting="hard", quick=True))
@@ -729,7 +730,7 @@ def test_merge_adds_seeds_of_the_matched_arms_evaluated_at_0_and_15_only(tmp_pat
     a, chosen, _ = compare.configure(compare.Args(setting="hard", arms=["matched"], train_flags=""))
     matched = ["GRPO G=4", "Tree-GRPO (2,1,1)", "Tree-GRPO (2,2,1)", "BranPO N=2", "CARL (1,6)"]
     assert list(chosen) == [*matched, "TreePS (3,2)"] and "--eval_every" not in a.train_flags
-    with pytest.raises(SystemExit, match=r"the sets \['matched', 'later'\]"):
+    with pytest.raises(SystemExit, match=r"the sets \['matched', 'later', 'ceiling'\]"):
         compare.configure(compare.Args(arms=["matchd"]))
     full = ROOT / "docs" / "comparison_hard.json"
     d = json.loads(full.read_text())
