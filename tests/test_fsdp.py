@@ -323,7 +323,10 @@ def test_fsdp2_update_equals_one_process_on_the_same_samples(env, tmp_path):
             torch.testing.assert_close(two[agg]["weights"][k], w, atol=1e-5, rtol=1e-4)
             moved = max(moved, (w - one["start"][k]).abs().max().item())
         assert moved > 5e-3  # the updates moved the weights (500 times the tolerance)
-        assert two[agg]["norms"] == pytest.approx(one[agg]["norms"], rel=1e-5)
+        # the norms to the weights' rtol: FSDP2 sums the squared gradients shard by shard, one
+        # process whole, and float32 rounds the two orders apart (1.13e-5 relative on one
+        # machine's CPU, the same before and after the restructure that moved the partition)
+        assert two[agg]["norms"] == pytest.approx(one[agg]["norms"], rel=1e-4)
 
 
 # ---- the probe: this file as a script under the launcher ----------------------------------------
