@@ -427,6 +427,7 @@ def main(a: Args):
             ),
         ],
     )
+    torch.set_num_threads(a.threads)
     t0 = time.perf_counter()
     world = os.path.join(targs.out_dir, "world") if not (targs.data and targs.corpus) else ""
     if world:
@@ -446,11 +447,7 @@ def main(a: Args):
     search, where = retriever.connect(
         retriever_cfg, targs.corpus or os.path.join(world, "corpus.jsonl")
     )
-    # a warm start made here is train.py's (it lands where train.py looks): made on the threads
-    # train.py gives one process, as the thread count changes its bits; --threads only after
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
     found = policies(a, targs, world, warm, agent_cfg, search)
-    torch.set_num_threads(a.threads)
     print(f"retriever: {where}; {a.draws} draw(s) of {a.prompts} prompts, K = {a.K}", flush=True)
     steps = []
     for name, (model_path, _) in found.items():
