@@ -79,9 +79,7 @@ from tree import (
 CORRECT_F1 = 0.8  # BranPO App. A.1: "an F1 score of 0.8 is used as a threshold" for correctness
 AT2PO_ALPHA = 0.05  # AT2PO: branching penalty per existing sibling (official code's constant)
 ARPO_BEAM, ARPO_BETA, ARPO_TAU = 2, 0.2, 0.5  # ARPO: beam size, ΔH weight, threshold (official run)
-# wave w samples with seed + 7919 w, vLLM's completion i with that + i: a wave of fewer completions
-# shares no seed with the next; a prime, as infra/run.py's RANK_SEED (no rank meets another's)
-WAVE_SEED_STEP = 7919
+WAVE_SEED_STEP = 7919  # wave w samples with seed + 7919 w (vLLM's rows: engines.row_seeds); a prime
 
 
 # --------------------------------------------------------------------------------------------------
@@ -504,12 +502,13 @@ def at2po(agent: Agent, examples, rng: random.Random, cfg: AT2PORollout) -> list
 
 
 def arpo_branch(heads: list, made: list[int], roots: list[Node], M: int, rng: random.Random):
-    """ARPO's adaptive beaming (official "Apply beam search" block), after a wave. heads: the open
-    (prompt, step, first), first the first step of its chain or branch; made: trajectories started
-    per prompt, updated. Prompt by prompt (first appearance), while fewer than M, each step draws
-    U = rng.random() once and, if U - beta ΔH <= tau (ΔH = H(step) - H(first), H = `action_nll`),
-    branches ARPO_BEAM - 1 times, as many as M leaves room for; a prompt with no open step starts
-    a chain. Returns the new heads."""
+    """ARPO §3, entropy-based adaptive rollout (equation numbers unchecked: no copy of the paper is
+    kept), as its official code's "Apply beam search" block, after a wave. heads: the open (prompt,
+    step, first), first the first step of its chain or branch; made: trajectories started per
+    prompt, updated. Prompt by prompt (first appearance), while fewer than M, each step draws U =
+    rng.random() once and, if U - beta ΔH <= tau (ΔH = H(step) - H(first), H = `action_nll`),
+    branches ARPO_BEAM - 1 times, as many as M leaves room for; a prompt with no open step starts a
+    chain. Returns the new heads."""
     new = []
     for i in dict.fromkeys(i for i, _, _ in heads):
         for step, first in [(s, f) for j, s, f in heads if j == i]:
@@ -541,10 +540,11 @@ def arpo(agent: Agent, examples, rng: random.Random, cfg: ARPORollout) -> list[l
 
 
 def vineppo(agent: Agent, examples, rng: random.Random, cfg: VinePPORollout) -> list[list[Tree]]:
-    """VinePPO §4 (official code: MathEpisodeGeneratorWithMCAdvantages), one tree per prompt: G =
-    grpo_G chains, their leaves marked `sampled` (trained), then K = vineppo_K full continuations,
-    never trained, from the root and each step but the last of every chain neither discarded nor
-    truncated, all in one batch: advantages.vineppo's samples of V(s) (vineppo-contexts)."""
+    """VinePPO §4 (official code: MathEpisodeGeneratorWithMCAdvantages; equation numbers unchecked:
+    no copy of the paper is kept), one tree per prompt: G = grpo_G chains, their leaves marked
+    `sampled` (trained), then K = vineppo_K full continuations, never trained, from the root and
+    each step but the last of every chain neither discarded nor truncated, in one batch:
+    advantages.vineppo's V(s) (vineppo-contexts)."""
     trees = [agent.new_tree(ex, f"p{i}") for i, ex in enumerate(examples)]
     chains = [t for t in trees for _ in range(cfg.grpo_G)]  # each chain's tree
     contexts: dict[Node, Tree] = {}  # s_t -> its tree, once: the root's K serve all its chains

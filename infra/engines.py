@@ -39,7 +39,7 @@ class Sampling:
     # Stop strings, matched on the decoded completion alone (prompt excluded), across tokens, as
     # vLLM does; the token that completes one is kept.
     stop: list[str] = field(default_factory=list)
-    # seed for this call (None: the engine's running RNG); vLLM: seed + i for prompt i
+    # seed for this call (None: the engine's running RNG); vLLM seeds row i apart (`row_seeds`)
     seed: int | None = None
     # The caller's rule for a sampled token's log-prob: (B, V) raw float32 logits, (B,) ids -> (B,)
     # (rollout.rollout_logprob); HF calls it as it samples (None: no log-probs). vLLM runs no Python
@@ -312,6 +312,18 @@ class HFEngine:
 # vLLM engine
 
 
+ROW_SEEDS = 2**20  # vLLM: the most rows one call seeds apart from every other call's (`row_seeds`)
+
+
+def row_seeds(seed: int, n: int) -> list[int]:
+    """vLLM's per-row seeds of a call seeded `seed`: seed x ROW_SEEDS + i for row i, so that two
+    calls of different seeds share none (seed + i would: the row i + 1 of seed s is the row i of
+    s + 1, and two agents seeded s and s + 1 sampling one prompt drew the same completion)."""
+    if n > ROW_SEEDS:
+        raise ValueError(f"{n} rows in one vLLM call: at most {ROW_SEEDS} are seeded apart")
+    return [seed * ROW_SEEDS + i for i in range(n)]
+
+
 class VLLMEngine:
     """Offline `vllm.LLM` fed token ids, with prefix caching and an in-process weight update."""
 
@@ -397,12 +409,12 @@ class VLLMEngine:
             stop=list(sampling.stop) or None,
             include_stop_str_in_output=True,
         )
-        # seed + i for prompt i, so that a node's identical branch prompts differ; one call is then
+        # a seed per row, so that a node's identical branch prompts differ; one call is then
         # reproducible on this engine, its samples differ from HF's.
         sampling_params = (
             SamplingParams(**common, seed=None)
             if sampling.seed is None
-            else [SamplingParams(**common, seed=sampling.seed + i) for i in range(len(prompts))]
+            else [SamplingParams(**common, seed=s) for s in row_seeds(sampling.seed, len(prompts))]
         )
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],

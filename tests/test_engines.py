@@ -106,6 +106,17 @@ def test_sampling_rejects_bad_values():
         Sampling(stop="</search>", max_tokens=8)
 
 
+def test_vllm_row_seeds_of_two_calls_never_meet():
+    # seed + i would give seed 1's row 0 the seed of seed 0's row 1 (1 + 0 = 0 + 1): two agents
+    # seeded s and s + 1 drew the same completions of one prompt. seed x 2^20 + i: 2^20 + 0 for
+    # seed 1's row 0, beyond seed 0's 1,000 rows (0 ... 999)
+    assert engines.row_seeds(0, 3) == [0, 1, 2] and engines.row_seeds(1, 1) == [2**20]
+    calls = [set(engines.row_seeds(s, 1000)) for s in (0, 1, 2, 7919, 7920)]
+    assert sum(map(len, calls)) == len(set().union(*calls)) == 5000
+    with pytest.raises(ValueError, match="at most 1048576"):
+        engines.row_seeds(0, 2**20 + 1)
+
+
 def test_hf_left_padding_matches_single_prompts(hf):
     model, tok = hf
     engine = HFEngine(model, tok)
