@@ -195,7 +195,7 @@ def run_tasks(tasks: list[Task], a, sitting: Sitting):
     for t in tasks:  # an arm of an earlier sitting may be finishing its step: refused, not touched
         if t.run and os.path.exists(os.path.join(t.run, "run.lock")):
             where = f"{t.label}: its run directory {t.run}"
-            files.hold_lock(os.path.join(t.run, "run.lock"), where).close()
+            files.refuse_if_held(os.path.join(t.run, "run.lock"), where)
     keys, stored = [t.key(a.threads) for t in tasks], [load(t) for t in tasks]
     stale = [
         f"{t.label}: {differences(s['key'], k)}"

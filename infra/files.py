@@ -127,15 +127,29 @@ def hold_lock(path, what: str):
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = open(path).read().strip() or "?"
         lock.close()
-        raise SystemExit(
-            f"{what} is in use by process {holder} ({path}): wait for it to end or stop it "
-            f"(kill {holder.split()[0]})"
-        ) from None
+        _in_use(path, what)
     lock.truncate(0)
     print(os.getpid(), socket.gethostname(), file=lock, flush=True)
     return lock
+
+
+def refuse_if_held(path, what: str):
+    """Refuse, as `hold_lock` does, when a live process holds the lock on the existing file
+    `path`; else return, having taken and written nothing (the file keeps "PID HOST" as it was)."""
+    with open(path) as probe:
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _in_use(path, what)
+
+
+def _in_use(path, what: str):
+    holder = open(path).read().strip() or "?"
+    raise SystemExit(
+        f"{what} is in use by process {holder} ({path}): wait for it to end or stop it "
+        f"(kill {holder.split()[0]})"
+    ) from None
 
 
 def remove(path):

@@ -184,6 +184,35 @@ def test_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["config.json", "final"]
 
 
+def test_a_lock_probe_refuses_a_held_lock_and_writes_nothing(tmp_path):
+    # before: compare.py probed a running arm's run.lock with hold_lock, which truncates the file
+    # and writes its own PID in it when the lock is free
+    lock = tmp_path / "run.lock"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; from infra import files; "
+            f"f = files.hold_lock({str(lock)!r}, 'a run'); print('held', flush=True); "
+            "time.sleep(60)",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        was = lock.read_text()
+        with pytest.raises(SystemExit, match=rf"a run is in use by process {holder.pid} "):
+            files.refuse_if_held(lock, "a run")
+        assert lock.read_text() == was
+    finally:
+        holder.kill()
+        holder.wait()
+    files.refuse_if_held(lock, "a run")  # free now: nothing refused, nothing written
+    assert lock.read_text() == was
+
+
 def test_a_directory_write_killed_between_its_renames_is_finished(tmp_path):
     # before: after a SIGKILL between the two renames only final.old and final.tmp remained: the
     # run looked unfinished and the next write deleted both
