@@ -506,9 +506,11 @@ def at2po(trees: list[Tree], cfg: AT2POCredit) -> list[Trajectory]:
 
 
 def vineppo(trees: list[Tree], cfg: object) -> list[Trajectory]:
-    """VinePPO (Kazemnejad et al. 2025, §4) on the prompt's trees. The leaves marked `sampled` end
-    the trained paths (rollout.vineppo's chains; none marked: every leaf); every other child of a
-    step's context starts a Monte Carlo continuation η_k ~ π(·|s), never trained. Step t of a path
+    """VinePPO (Kazemnejad et al. 2025, §4, its Monte Carlo values in PPO's advantage; the equation
+    numbers are not checked: this project keeps no copy of the paper's text, and the oracle test
+    checks the formula against the official code) on the prompt's trees. The leaves marked `sampled`
+    end the trained paths (rollout.vineppo's chains; none marked: every leaf); every other child of
+    a step's context starts a Monte Carlo continuation η_k ~ π(·|s), never trained. Step t of a path
     is taken in context s_t (the root, then the step before it) and leads to s_{t+1}:
         V̂(s)          = (1/K) Σ_k R(η_k), over s's continuations whose reward counts
         A(s_t, a_t)    = V̂(s_{t+1}) - V̂(s_t);   A(s_T, a_T) = R - V̂(s_T) for the last step

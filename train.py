@@ -387,7 +387,7 @@ class FilterReport:
     """What `reject_sampling_filter` kept and dropped."""
 
     total: int  # questions given
-    kept: int  # questions whose group has mixed rewards (they carry a GRPO signal)
+    kept: int  # questions whose group is neither all 0 nor all 1 (mixed, or kept_constant)
     # groups with every reward 0: too hard, bad label, or retrieval finds nothing
     dropped_all_zero: int
     dropped_all_one: int  # groups with every reward 1: too easy, no multi-turn search needed

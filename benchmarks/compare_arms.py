@@ -54,7 +54,7 @@ MATCHED = {
     "arpo": "--algo arpo --grpo_G 2 --arpo_M 5",  # -3%; (2,4) -13%, (3,5) +13%
     # the ceiling, matched per step, with fewer prompts: VinePPO (G, K) = (4, 4) generates 1770
     # tokens per prompt per step against GRPO G=4's 256 (6.9x, +591%; 3 steps on seed 0); at 1
-    # prompt a step that is 1770 against 8 x 256 = 2049 tokens per step, -14%; at 2, +73%
+    # prompt a step that is 1770 against 8 x 256 = 2048 tokens per step, -14%; at 2, +73%
     "vineppo": vine(4, 4, VINE_PROMPTS),
 }
 AT2PO = [(2, 2, 1), (3, 1, 1), (2, 1, 2)]  # --calibrate's AT2PO (M, N, L): 4 leaves each

@@ -25,7 +25,7 @@ nodes are continued, then the continuations removed), by the same agent, engine,
 retriever that grew the trees; a step that ended has V(s') = its reward, no estimate needed. Nodes
 share contexts (a prompt's trees share the prompt), so each context is sampled once (keyed by a
 hash of its ids). SE(A*) = sqrt(SE(V(s'))^2 + SE(V(s))^2), each the K rewards' std / sqrt(K), that
-std never below a smoothed binomial one (se-floor, `mean_se`: K equal rewards are no exact value).
+std never below a smoothed binomial one (`mean_se`: K equal rewards are no exact value).
 
 One set of trees per prompt ("shared"), grown by --trees (bushier than any method's matched budget:
 many sibling actions at many contexts), is credited by every credit function that can read it:
@@ -71,6 +71,7 @@ from benchmarks.credit_truth_report import (  # noqa: E402
     CEILING,
     FLOOR,
     REFERENCES,
+    VINE_K,
     report_file,
     write,
 )
@@ -103,7 +104,7 @@ class Args:
     """The warm start alone, where no RL-trained policy is at hand (tau: between its draws)."""
     quick: bool = False
     """A smaller run that prints the table in ~5 min on 2 cores, with wider intervals: QUICK's
-    values for the flags not given."""
+    values for the flags left at their defaults (--quick --prompts 24 is --quick)."""
     own: bool = False
     """Also each method on the trees of its own strategy at the matched budget (~2.5x the time)."""
     bootstrap: int = 1000
@@ -150,7 +151,6 @@ OWN = {  # --own: the credit each strategy's trees are trained with
     "arpo": "Tree-GRPO inter",  # ARPO's soft credit (its default) is Tree-GRPO's inter
     "vineppo": "VinePPO",
 }
-VINE_K = 4  # the VinePPO row's continuations per context (CEILING names it)
 GROUP_ROWS = 512  # continuations sampled together (one agent.run): prompts are grouped to ~this
 HF_BATCH = 256  # rows per HF generate call (train.py's engine: 32); larger, the same distribution
 DRAW_SEED = 100  # draw d samples with --seed + DRAW_SEED d (+ 1: A*, + 2: VinePPO)
@@ -211,7 +211,7 @@ def continue_from(agent: Agent, jobs: list[tuple[Tree, Node]], K: int) -> dict[s
 
 def mean_se(rewards: list[float]) -> tuple[float, float]:
     """The mean of n rewards in [0, 1] and its standard error sqrt(v / n), v their unbiased
-    variance but never below p(1 - p) at the smoothed mean p = (sum + 1/2) / (n + 1) (se-floor: n
+    variance but never below p(1 - p) at the smoothed mean p = (sum + 1/2) / (n + 1) (so that n
     equal rewards, 16 zeros say, do not claim an exact value; for rewards of 0 or 1 it is the
     binomial variance, Jeffreys-smoothed)."""
     n = len(rewards)
@@ -240,8 +240,9 @@ def vineppo_credits(agent: Agent, tree_groups: list[list[Tree]], K: int) -> list
     registry's VinePPO (`advantages.vineppo`: V(s) the mean reward of s's Monte Carlo
     continuations, A = V(s') - V(s), R - V(s) for a step that ended; a step trained once) on a copy
     of the trees whose every leaf is marked the end of a trained path, with K continuations
-    sampled by `agent` (apart from A*'s) from every context of a step, each tree's own
-    (vineppo-no-merge), in one `agent.run`. The trees given are left as they were."""
+    sampled by `agent` (apart from A*'s) from every context of a step, each tree's own (equal
+    contexts of two trees not merged, as rollout.vineppo's chains), in one `agent.run`. The trees
+    given are left as they were."""
     copies = [[Tree.from_dict(t.to_dict()) for t in trees] for trees in tree_groups]
     contexts = []
     for t in (t for trees in copies for t in trees):
@@ -402,7 +403,7 @@ def main(a: Args):
     if a.report:
         print(report_file(a.report, a.out or "out/credit_truth"))
         return
-    if a.quick:  # QUICK's values where the flag was not given (left at its default)
+    if a.quick:  # QUICK's values where the flag is at its default (given or not)
         a = replace(a, **{k: v for k, v in QUICK.items() if getattr(a, k) == getattr(Args(), k)})
     out = a.out or "out/credit_truth" + "-quick" * a.quick
     configs = parse_train(a.train_flags)

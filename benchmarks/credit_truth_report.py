@@ -29,7 +29,8 @@ from infra import files
 CLEAR = 2.0  # two estimates differ where they are more than CLEAR x their combined SE apart
 CI = (2.5, 97.5)
 FLOOR = "random"  # a seeded N(0, 1) per step: what chance scores
-CEILING = "VinePPO, K = 4"  # A = V(s') - V(s) from 4 continuations of its own: a cheap truth
+VINE_K = 4  # the VinePPO row's continuations per context (credit_truth.py draws them)
+CEILING = f"VinePPO, K = {VINE_K}"  # A = V(s') - V(s) from continuations of its own: a cheap truth
 REFERENCES = (FLOOR, CEILING)  # the two rows that are no method: left out of Kendall's tau
 
 

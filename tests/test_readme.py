@@ -3,6 +3,7 @@
 main job's result table adding up (its mean ± std row recomputed from its per-seed rows), and the
 comparison's and the credit benchmark's figures those of their committed runs."""
 
+import json
 import re
 import statistics
 from pathlib import Path
@@ -138,27 +139,14 @@ def test_the_reading_path_figures_are_the_tools():
         assert re.search(rf"\b{lines}( lines for)? {re.escape(names[algo])}\b", text), algo
 
 
-def test_the_credit_truth_table_is_the_committed_runs():
-    # each README row's ρ and zero-credit share, as docs/credit_truth_v1.md (the first measure's
-    # run, made by the code of its commit) has them
-    doc = (ROOT / "docs" / "credit_truth_v1.md").read_text().splitlines()
-    cells = lambda line: [c.strip() for c in line.strip("|").split("|")]
-    rows = {cells(r)[0].split(" (")[0]: cells(r) for r in doc if r.startswith("| ") and "[" in r}
-    names = {
-        "GRPO, the paths as chains": "GRPO",
-        "Tree-GRPO (intra + inter)": "Tree-GRPO",
-        "Tree-GRPO intra": "Tree-GRPO intra",
-        "CARL": "CARL",
-        "TreePS-RAG": "TreePS",
-        "GiGPO": "GiGPO",
-        "AT2PO": "AT2PO",
-    }
-    shown = [cells(r) for r in README.splitlines() if r.startswith("| ") and "ρ" not in r]
-    shown = [c for c in shown if c[0] in names]
-    assert len(shown) == len(names)
-    for label, rho, zero in shown:
-        row = rows[names[label]]
-        assert rho == row[3] and zero == row[-1].split(" [")[0], label
+def test_the_credit_truth_table_is_the_committed_run():
+    # the README's table is credit_truth_report.headline of docs/credit_truth.json (the run that
+    # docs/credit_truth.md is made from, byte for byte: tests/test_credit_truth.py), row for row
+    from benchmarks.credit_truth_report import headline, tables
+
+    stored = json.loads((ROOT / "docs" / "credit_truth.json").read_text())
+    table = headline(stored, tables(stored))
+    assert table in README
 
 
 def test_the_comparison_paragraph_is_the_committed_runs():

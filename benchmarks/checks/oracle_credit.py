@@ -2,10 +2,10 @@
 run on seeded random prompts built as our Trees, their inputs and outputs side by side.
 
     python benchmarks/checks/oracle_credit.py \\
-        --gigpo /tmp/oracle/core_gigpo.py --gigpo_from "OWNER/REPO PATH COMMIT" \\
-        --at2po /tmp/oracle/ATPO --at2po_from "OWNER/REPO PATH COMMIT" \\
-        --treepo /tmp/oracle/core_algos.py --treepo_from "OWNER/REPO PATH COMMIT" \\
-        --vineppo /tmp/oracle/math_episode_generator_with_mc_advantages.py \\
+        --gigpo ORACLE_DIR/core_gigpo.py --gigpo_from "OWNER/REPO PATH COMMIT" \\
+        --at2po ORACLE_DIR/ATPO --at2po_from "OWNER/REPO PATH COMMIT" \\
+        --treepo ORACLE_DIR/core_algos.py --treepo_from "OWNER/REPO PATH COMMIT" \\
+        --vineppo ORACLE_DIR/math_episode_generator_with_mc_advantages.py \\
         --vineppo_from "OWNER/REPO PATH COMMIT"
 
 A method left out keeps its entry of the fixture as it is. The official files are local copies
@@ -451,10 +451,13 @@ def main():
     )
     fixture = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
     fixture["about"] = (
-        "written by benchmarks/checks/oracle_credit.py, read by tests/test_beyond_credit.py"
+        "written by benchmarks/checks/oracle_credit.py, read by tests/test_beyond_credit.py and "
+        "tests/test_vineppo.py"
     )
     fixture.setdefault("sources", {}).update({m: source(getattr(args, m + "_from")) for m in given})
-    rng = random.Random(args.seed)  # GiGPO's, then AT2PO's, then TreePO's cases: one stream
+    # GiGPO's, then AT2PO's, then TreePO's cases: one stream, so a method given alone draws other
+    # cases than in a full run (VinePPO's stream is its own)
+    rng = random.Random(args.seed)
     if args.gigpo:
         gigpo_ns = load_gigpo(args.gigpo)
         fixture["gigpo"] = [

@@ -4,11 +4,11 @@ ARPO on seeded random inputs, which tests/test_beyond_rollout.py checks `rollout
 project: this script runs it from local copies of its files, given on the command line.
 
     git -C ATPO_GIT show HEAD:ATPO/verl_atpo/verl/workers/rollout/vllm_rollout/\\
-vllm_rollout_with_tools_tree_offline.py > /tmp/atpo.py
+vllm_rollout_with_tools_tree_offline.py > ATPO_COPY.py
     git -C ARPO_GIT show HEAD:ARPO/verl_arpo_entropy/verl/workers/rollout/vllm_rollout/\\
-vllm_rollout_with_tools.py > /tmp/arpo.py
-    python benchmarks/checks/oracle_rollout.py --atpo /tmp/atpo.py --atpo_git ATPO_GIT \\
-        --arpo /tmp/arpo.py --arpo_git ARPO_GIT
+vllm_rollout_with_tools.py > ARPO_COPY.py
+    python benchmarks/checks/oracle_rollout.py --atpo ATPO_COPY.py --atpo_git ATPO_GIT \\
+        --arpo ARPO_COPY.py --arpo_git ARPO_GIT
 
 ATPO_GIT and ARPO_GIT are git directories of zzfoutofspace/ATPO and dongguanting/ARPO (a bare
 mirror will do): each copy must be its file at that directory's HEAD, whose commit the fixture

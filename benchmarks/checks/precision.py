@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from infra import flags
 
 ROOT = Path(__file__).resolve().parents[2]
-# tests/test_train.py's FAST and TINY_WARM (tests/test_precision_help.py keeps them equal)
+# tests/test_train.py's FAST and TINY_WARM (tests/test_gpu_memory.py keeps them equal)
 FAST = (
     "--prompts_per_step 2 --max_step_tokens 12 --max_turns 2 --eval_n 2 --grpo_G 3 --branpo_N 2 "
     "--carl_N 2 --treeps_N 3 --micro_batch_size 4"
