@@ -200,6 +200,15 @@ def test_a_family_of_two_arms_is_the_paired_test():
             "0, 15",
             "| later | ARPO (2,5) | GRPO G=4 | +0.005 ± 0.009 | [-0.020, +0.030] | 0.602 | 0.828 |",
         ),
+        # the ceiling: VinePPO's two arms and GRPO G=4, seeds 0 and 1 (two sittings)
+        (
+            "comparison_ceiling",
+            ["comparison_ceiling_seed0", "comparison_ceiling_seed1"],
+            2,
+            3,
+            "0, 5, 10, 15",
+            "| ceiling | VinePPO G=4 K=4 | GRPO G=4 | -0.005 ± 0.029 | [-0.380, +0.369] | 0.883 | 0.958 |",
+        ),
         # and to hard's six matched arms over seeds 0-7
         (
             "comparison_later_hard",
