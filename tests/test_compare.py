@@ -207,7 +207,8 @@ def test_a_family_of_two_arms_is_the_paired_test():
             2,
             3,
             "0, 5, 10, 15",
-            "| ceiling | VinePPO G=4 K=4 | GRPO G=4 | -0.005 ± 0.029 | [-0.380, +0.369] | 0.883 | 0.958 |",
+            "| ceiling | VinePPO G=4 K=4 | GRPO G=4 | -0.005 ± 0.029 | [-0.380, +0.369] | 0.883 | "
+            "0.958 |",
         ),
         # and to hard's six matched arms over seeds 0-7
         (
