@@ -145,6 +145,7 @@ def refuse_if_held(path, what: str):
 
 
 def _in_use(path, what: str):
+    """Stop with the message naming the lock's holder ("PID HOST" in `path`) and what to do."""
     holder = open(path).read().strip() or "?"
     raise SystemExit(
         f"{what} is in use by process {holder} ({path}): wait for it to end or stop it "
