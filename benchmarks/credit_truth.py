@@ -3,8 +3,9 @@ estimate of the step's true advantage under the policy that grew the trees, in t
 
     python benchmarks/credit_truth.py --quick    # the tables in ~5 min on 2 cores, wider
                                                  # intervals: out/credit_truth-quick
-    python benchmarks/credit_truth.py            # the full run, 40-55 min on 2 cores:
-                                                 # out/credit_truth (docs/credit_truth.md)
+    python benchmarks/credit_truth.py            # the full run, ~55 min on 2 cores (the two
+                                                 # policies at once): out/credit_truth
+                                                 # (docs/credit_truth.md)
     python benchmarks/credit_truth.py --own      # also each method on the trees of its own strategy
     python benchmarks/credit_truth.py --warm_start DIR --trained DIR    # other policies
     python benchmarks/credit_truth.py --warm_only   # no RL-trained policy at hand
@@ -49,12 +50,14 @@ credit_truth.png.
 
 import hashlib
 import math
+import multiprocessing
 import os
 import random
 import subprocess
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, fields, replace
 
 import torch
@@ -85,7 +88,7 @@ from tree import Node, Tree, context_ids, path, scored_leaves, step_credit, walk
 class Args:
     """What to measure; the world, agent and retriever settings are train.py's."""
 
-    prompts: int = 24
+    prompts: int = 40
     """P: train questions per draw (draw d: the d-th P in train.py's order for --seed)."""
     draws: int = 2
     """Independent draws per policy: their own prompts, trees and continuations."""
@@ -104,14 +107,18 @@ class Args:
     """The warm start alone, where no RL-trained policy is at hand (tau: between its draws)."""
     quick: bool = False
     """A smaller run that prints the table in ~5 min on 2 cores, with wider intervals: QUICK's
-    values for the flags left at their defaults (--quick --prompts 24 is --quick)."""
+    values for the flags left at their defaults (--quick --prompts 40 is --quick)."""
     own: bool = False
     """Also each method on the trees of its own strategy at the matched budget (~2.5x the time)."""
     bootstrap: int = 1000
     """Bootstrap resamples of the prompts, for every interval."""
     threads: int = 1
-    """Torch threads: on shared cores a second one made --quick about 4x slower (and the tiny
-    model's training 5-15x: docs/comparison.md); more where the cores are this run's alone."""
+    """Torch threads per policy: on shared cores a second one made --quick about 4x slower (and
+    the tiny model's training 5-15x: docs/comparison.md); more where the cores are this run's
+    alone."""
+    jobs: int = 2
+    """Policies measured at once, each in a process of its own with --threads threads (the rows
+    are the same for any --jobs: every sampling call is seeded)."""
     train_flags: str = ""
     """train.py flags (--seed, --out_dir, agent and retriever settings), as --train_flags="...";
     no --model (the policies: --warm_start, --trained) and no algorithm knobs."""
@@ -352,10 +359,14 @@ def policies(a: Args, targs, world: str, warm, agent_cfg, search) -> dict[str, t
     }
 
 
-def measure(a: Args, targs, agent_cfg, search, model_path: str, draws: list) -> list[dict]:
-    """The rows of one policy (at `model_path`): for each draw (its examples, its seed), the
-    shared trees (and with --own each method's), then A* and VinePPO's continuations of every
-    context, a group of prompts at a time."""
+def measure(a: Args, targs, agent_cfg, retriever_cfg, corpus: str, policy_: tuple, draws: list):
+    """The rows of one policy (`policy_`: its name, its path, its bar's line) for each draw (its
+    examples, its seed): the shared trees (and with --own each method's), then A* and VinePPO's
+    continuations of every context, a group of prompts at a time. A process of its own
+    (--jobs): --threads torch threads, its own retriever."""
+    name, model_path, line = policy_
+    torch.set_num_threads(a.threads)
+    search, _ = retriever.connect(retriever_cfg, corpus)
     model, tok = policy.load_policy(model_path, targs.gguf_file or None)
     kw = dict(dtype=targs.vllm_dtype, gpu_memory_utilization=targs.vllm_gpu_memory_utilization)
     engine = engines.make_engine(targs.engine, model.eval(), tok, model_path, HF_BATCH, **kw)
@@ -366,7 +377,7 @@ def measure(a: Args, targs, agent_cfg, search, model_path: str, draws: list) -> 
         if a.own:
             for algo, name in OWN.items():
                 sets[algo] = (grow(grower, examples, MATCHED[algo], seed), [name])
-        print(f"draw {d}: trees grown in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"{name}, draw {d}: trees grown in {time.perf_counter() - t0:.0f} s", flush=True)
         agents = (
             Agent(engine, search, tok, agent_cfg, seed + 1),  # their own sampling streams
             Agent(engine, search, tok, agent_cfg, seed + 2),
@@ -376,11 +387,12 @@ def measure(a: Args, targs, agent_cfg, search, model_path: str, draws: list) -> 
             for s, (prompts, names) in sets.items()
             for i in range(len(examples))
         ]
-        bar = flags.progress(_groups(jobs, a.K), desc=f"draw {d}: A* and VinePPO")
+        desc = f"{name}, draw {d}: A* and VinePPO"
+        bar = flags.progress(_groups(jobs, a.K), desc=desc, position=line)
         for group in bar:
             floor = random.Random(f"{FLOOR} {seed} {group[0][1]}")  # one stream per group
             got = step_rows(agents, floor, group, a.K, VINE_K)
-            steps += [dict(r, draw=d) for r in got]
+            steps += [dict(r, draw=d, policy=name) for r in got]
             bar.set_postfix(steps=len(steps), refresh=False)
     return steps
 
@@ -412,7 +424,7 @@ def main(a: Args):
     taken = [x for x in a.train_flags.split() if x.lstrip("-").removeprefix("no_") in algo_flags]
     flags.check(
         a,
-        [("prompts draws bootstrap threads", "an integer >= 1", lambda v: v >= 1)]
+        [("prompts draws bootstrap threads jobs", "an integer >= 1", lambda v: v >= 1)]
         + [("K", "an integer >= 2 (two halves)", lambda v: v >= 2)],
         [
             (bool(taken), f"--train_flags sets {taken}: the algorithm knobs are --trees'"),
@@ -445,16 +457,23 @@ def main(a: Args):
         ([rows[i] for i in order[d * a.prompts : (d + 1) * a.prompts]], targs.seed + DRAW_SEED * d)
         for d in range(a.draws)
     ]
-    search, where = retriever.connect(
-        retriever_cfg, targs.corpus or os.path.join(world, "corpus.jsonl")
-    )
+    corpus = targs.corpus or os.path.join(world, "corpus.jsonl")
+    search, where = retriever.connect(retriever_cfg, corpus)
     found = policies(a, targs, world, warm, agent_cfg, search)
     print(f"retriever: {where}; {a.draws} draw(s) of {a.prompts} prompts, K = {a.K}", flush=True)
-    steps = []
     for name, (model_path, _) in found.items():
         print(f"policy {name}: {model_path}", flush=True)
-        got = measure(a, targs, agent_cfg, search, model_path, draws)
-        steps += [dict(r, policy=name) for r in got]
+    tasks = [
+        (a, targs, agent_cfg, retriever_cfg, corpus, (name, path, line), draws)
+        for line, (name, (path, _)) in enumerate(found.items())
+    ]
+    if min(a.jobs, len(tasks)) > 1:  # spawned: a forked child of a running torch can hang
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(min(a.jobs, len(tasks)), mp_context=spawn) as pool:
+            measured = list(pool.map(measure, *zip(*tasks)))
+    else:
+        measured = [measure(*task) for task in tasks]
+    steps = [row for rows in measured for row in rows]
     stored = {
         "args": asdict(a) | {"out": None, "report": None, "warm_start": None, "trained": None},
         "sets": {"shared": arm_name(a.trees)}

@@ -315,6 +315,7 @@ def render(stored: dict, got: dict) -> str:
     example; `got`: tables(stored)."""
     a = stored["args"]
     quick = a["quick"]
+    jobs = min(a.get("jobs", 1), len(stored["policies"]))  # runs before --jobs: one at a time
     lines = [
         "Credit against Monte Carlo truth"
         + " (--quick)" * quick
@@ -324,7 +325,9 @@ def render(stored: dict, got: dict) -> str:
         f"draw(s) of {a['prompts']} train prompts; shared trees {stored['sets']['shared']}; "
         f"K = {a['K']} continuations per context for A* (VinePPO's 4 drawn apart); "
         f"{a['bootstrap']} bootstrap resamples of the prompts (95% intervals); commit "
-        f"{stored['commit']}, {stored['wall_s'] / 60:.0f} min.",
+        f"{stored['commit']}, {stored['wall_s'] / 60:.0f} min"
+        + f" ({jobs} policies at once)" * (jobs > 1)
+        + ".",
         "",
     ]
     if quick:

@@ -354,20 +354,27 @@ def test_the_committed_run_gives_its_tables_and_worked_example_byte_for_byte():
     assert example.strip() and example.strip() in (DOCS / "credit.md").read_text()
 
 
-def test_the_script_runs_end_to_end_with_a_tiny_budget(env, tmp_path):
+def test_the_script_runs_end_to_end_with_a_tiny_budget_and_any_jobs_gives_the_same_rows(
+    env, tmp_path
+):
     flags = f"--out_dir {env / 'out'} --max_turns 1 --max_step_tokens 8"
     policy = ["--warm_start", str(env / "tiny"), "--trained", str(env / "tiny")]
-    done = subprocess.run(
-        [sys.executable, "benchmarks/credit_truth.py", "--prompts", "2", "--K", "2"]
-        + ["--draws", "2", "--bootstrap", "20", "--out", str(tmp_path)]
-        + policy
-        + [f"--train_flags={flags}"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    stored = json.loads((tmp_path / "results.json").read_text())
+    runs = {}
+    for jobs in (2, 1):  # the two policies in two spawned processes, then one after the other
+        done = subprocess.run(
+            [sys.executable, "benchmarks/credit_truth.py", "--prompts", "2", "--K", "2"]
+            + ["--draws", "2", "--bootstrap", "20", "--jobs", str(jobs)]
+            + ["--out", str(tmp_path / f"jobs{jobs}")]
+            + policy
+            + [f"--train_flags={flags}"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[jobs] = json.loads((tmp_path / f"jobs{jobs}" / "results.json").read_text())
+    assert runs[1]["steps"] == runs[2]["steps"]  # every sampling call is seeded
+    stored, tmp_path = runs[2], tmp_path / "jobs2"
     assert stored["args"]["K"] == 2 and {s["prompt"] for s in stored["steps"]} <= {0, 1}
     assert list(stored["policies"]) == ["warm start", "RL-trained"]
     assert {(s["policy"], s["draw"]) for s in stored["steps"]} == {
