@@ -3,7 +3,7 @@ estimate of the step's true advantage under the policy that grew the trees, in t
 
     python benchmarks/credit_truth.py --quick    # the tables in ~5 min on 2 cores, wider
                                                  # intervals: out/credit_truth-quick
-    python benchmarks/credit_truth.py            # the full run, ~55 min on 2 cores (the two
+    python benchmarks/credit_truth.py            # the full run, ~30 min on 2 cores (the two
                                                  # policies at once): out/credit_truth
                                                  # (docs/credit_truth.md)
     python benchmarks/credit_truth.py --own      # also each method on the trees of its own strategy
