@@ -37,7 +37,7 @@ import retriever
 import rollout
 from advantages import CreditConfig
 from eval import evaluate
-from infra import flags, policy, protocol, run, rundir, shard, startup
+from infra import flags, pack, policy, protocol, run, rundir, shard, startup
 from infra.bookkeeping import Book
 from infra.warmstart import WarmConfig
 from retriever import RetrieverConfig
@@ -70,6 +70,10 @@ class PPOConfig:
     """How per-token losses are averaged."""
     grad_clip: float = 1.0
     """Gradient-norm clip."""
+    pack_trees: bool = False
+    """Lay each micro-batch's rows out once as their prefix tree: a shared prefix is computed
+    once, the loss the same up to rounding (infra/pack.py; off: the main job's bits are the path
+    form's)."""
 
 
 @dataclass
@@ -207,9 +211,12 @@ class TokenLogp(torch.autograd.Function):
         return out, None, None
 
 
-def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, entropy: bool = False):
+def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, entropy=False, packed=None):
     """Per-token log pi(token_t | tokens_<t), aligned with `ids` (entry 0 is 0); with `entropy`,
-    also the policy's entropy at t (no gradient), else None. Chunk by chunk (TokenLogp)."""
+    also the policy's entropy at t (no gradient), else None. Chunk by chunk (TokenLogp); the rows
+    `packed` as one prefix tree (--pack_trees), where given."""
+    if packed is not None:
+        return pack.token_logprobs(model, packed, TokenLogp.apply, entropy)
     logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits  # (B, T, V)
     B, T, V = logits.shape
     targets = ids.roll(-1, 1)  # (B, T): the next token; each row's last is a dummy, dropped below
@@ -310,8 +317,9 @@ def micro_batches(samples, counts, accelerator, args: PPOConfig, pad_id) -> list
         )
     rows = shard.deal(parts, counts, accelerator.process_index, size)  # this rank's, per mini-batch
     to_device = lambda b: {k: v.to(accelerator.device) for k, v in b.items()}  # (B, T) each
+    packed = lambda b: b | {"packed": pack.pack(b["ids"], b["attn"])} if args.pack_trees else b
     return [
-        [to_device(collate([samples[i] for i in micro] or [padding], pad_id)) for micro in mini]
+        [packed(to_device(collate([samples[i] for i in m] or [padding], pad_id))) for m in mini]
         for mini in rows
     ]
 
@@ -323,7 +331,7 @@ def add_old_and_ref_logprobs(minis, accelerator, model, ref_model, old_from_engi
     model.eval()
     for b in (b for mini in minis for b in mini):
         with torch.no_grad():
-            logprobs = partial(token_logprobs, ids=b["ids"], attn=b["attn"])  # (B, T), None
+            logprobs = partial(token_logprobs, ids=b["ids"], attn=b["attn"], packed=b.get("packed"))
             b["old_logp"] = b["rollout_logp"] if old_from_engine else logprobs(model)[0]
             with accelerator.autocast():  # the prepared policy's forward runs under this
                 b["ref_logp"], _ = logprobs(ref_model)
@@ -355,7 +363,9 @@ def update(minis, accelerator, model, optimizer, scheduler, args: PPOConfig) -> 
             for i, b in enumerate(mb):
                 # gradients reduced over ranks once, at the mini-batch's last micro-batch
                 with shard.accumulate(accelerator, model, sync=i == len(mb) - 1):
-                    logp, entropy = token_logprobs(model, b["ids"], b["attn"], entropy=True)
+                    logp, entropy = token_logprobs(
+                        model, b["ids"], b["attn"], entropy=True, packed=b.get("packed")
+                    )
                     inputs = {k: b[k] for k in LOSS_INPUTS}  # (B, T) each, by ppo_loss's names
                     loss, s = ppo_loss(logp=logp, **inputs, args=args, denom=denom)
                     accelerator.backward(loss)

@@ -61,6 +61,7 @@ MACHINERY = {
     "infra.server": "the retrieval server and its client",
     "infra.flags": "flag parsing",
     "infra.shard": "DDP / FSDP2: collectives, gathering, the ranks' padding",
+    "infra.pack": "--pack_trees: the rows as one prefix tree (the log-prob rule is train.py's)",
     "infra.startup": "start-up on several processes",
     "infra.data": "the embedded world",
     "infra.loaders": "data loaders",
@@ -80,7 +81,7 @@ MACHINERY |= BOOKKEEPING
 # the shared core's bounds (each paper's knobs are its own class, on its path alone)
 CORE_MAX = {"code lines": 600, "definitions": 60, "files": 6}
 # the honest walk's core (into infra/ everywhere but BOOKKEEPING)
-HONEST_MAX = {"code lines": 680, "files": 9}
+HONEST_MAX = {"code lines": 770, "files": 10}  # 680 and 9 before --pack_trees' infra/pack.py
 LOOP_MODULE, LOOP_FUNCTION, LOOP_VARIABLE = "train", "main", "step"
 MAX_LINE = 100  # characters: pyproject.toml's line-length
 FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef)

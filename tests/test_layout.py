@@ -137,11 +137,12 @@ def test_the_shared_core_of_the_reading_path_stays_within_its_bounds():
     size = reading_path.size(core)
     assert all(size[k] <= bound for k, bound in reading_path.CORE_MAX.items()), size
     assert reading_path.CORE_MAX == {"code lines": 600, "definitions": 60, "files": 6}
-    # followed into infra/ everywhere but the bookkeeping: 680 lines in 9 files
+    # followed into infra/ everywhere but the bookkeeping: 770 lines in 10 files (680 and 9 before
+    # --pack_trees' infra/pack.py, which the shared core stops at)
     honest, _ = reading_path.core_and_own(modules, reading_path.BOOKKEEPING)
     size = reading_path.size(honest)
     assert all(size[k] <= bound for k, bound in reading_path.HONEST_MAX.items()), size
-    assert reading_path.HONEST_MAX == {"code lines": 680, "files": 9}
+    assert reading_path.HONEST_MAX == {"code lines": 770, "files": 10}
 
 
 def test_no_file_over_600_lines():
