@@ -168,3 +168,25 @@ def test_a_whole_update_with_packing_moves_the_weights_as_the_path_form(env):
         for name, w in path_w.items():
             moved = w - start.state_dict()[name]
             assert_close(packed_w[name] - start.state_dict()[name], moved, f"{agg}: {name} moved")
+
+
+def test_the_tree_training_benchmark_prints_its_table_with_a_tiny_budget(env, tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "benchmarks/tree_train.py", "--algos", "grpo", "carl", "--no_bushier"]
+        + ["--prompts", "2", "--repeats", "2", "--policy", str(env / "tiny")]
+        + ["--out", str(tmp_path), f"--train_flags=--out_dir {env / 'out'} --max_turns 1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = (tmp_path / "results.md").read_text()
+    assert text.startswith("Tree training: --pack_trees against the path form, 2 prompts a row")
+    rows = [line for line in text.splitlines() if line.startswith(("| grpo |", "| carl |"))]
+    assert len(rows) == 2, text
+    for row in rows:  # path tokens > packed tokens: the rows share their prompt at least
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert int(cells[2]) > int(cells[3]) and cells[4].endswith("x"), row
