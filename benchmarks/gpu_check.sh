@@ -9,7 +9,8 @@
 # what the check is for (the deadline cuts from the end):
 #   device       nvidia-smi, torch / accelerate / transformers versions
 #   test_gpu     pytest tests/test_gpu.py (FSDP2 train -> save -> resume, checkpointing gradients,
-#                bf16 step 1, the HF engine's log-probs bit for bit output_logits' under bf16)
+#                --pack_trees on Qwen2 under bf16 against the path form, bf16 step 1, the HF
+#                engine's log-probs bit for bit output_logits' under bf16)
 #   rollout_hf   benchmarks/gpu_memory.py --rollout: the HF engine at the 3B shape, 32 prompts of
 #                3,500 ids, 500 new tokens, bf16 autocast: its peak above resident beside the
 #                plan's, max_memory_reserved, seconds

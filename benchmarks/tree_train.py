@@ -42,7 +42,7 @@ import rollout  # noqa: E402
 import train  # noqa: E402
 from benchmarks import memory_plan  # noqa: E402
 from benchmarks.compare import parse_train  # noqa: E402
-from benchmarks.compare_arms import algo_config, tree  # noqa: E402
+from benchmarks.compare_arms import algo_config, arm_name, tree  # noqa: E402
 from infra import data, engines, flags, loaders, pack, policy  # noqa: E402
 from rollout import Agent  # noqa: E402
 from scripts import warmstart  # noqa: E402
@@ -177,12 +177,12 @@ def main(a: Args):
     ref = policy.load_policy(start)[0].requires_grad_(False)
     engine = engines.make_engine("hf", model.eval(), tok, start, 32)
     examples = loaders.load_rows(world, "train")[: a.prompts]
-    settings = [(algo, f"--algo {algo}") for algo in a.algos]
-    settings += [("tree_grpo " + f.split("--tree_M ")[1], f) for f in BUSHIER * a.bushier]
+    settings = [f"--algo {algo}" for algo in a.algos] + BUSHIER * a.bushier
     accelerator, rows = Accelerator(cpu=True), []
-    for name, flags_ in flags.progress(settings, desc="tree training"):
+    for flags_ in flags.progress(settings, desc="tree training"):
         agent = Agent(engine, search, tok, agent_cfg, targs.seed)
         samples = grow_samples(agent, examples, flags_, targs.seed)
+        name = arm_name(flags_)  # the method and its knobs, as the comparison names its arms
         rows.append(measure(name, samples, model, ref, a, accelerator, tok.pad_token_id))
     text = table(rows, a)
     os.makedirs(a.out, exist_ok=True)

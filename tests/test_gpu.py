@@ -1,5 +1,6 @@
 """What only a GPU can show, skipped without CUDA (benchmarks/gpu_check.sh runs this file first):
-activation checkpointing's gradients under bf16 kernels, bf16's first step, train.py under
+activation checkpointing's gradients under bf16 kernels, --pack_trees on the GPU recipe's model
+class (Qwen2) under bf16, bf16's first step, train.py under
 Accelerate's own FSDP2 plugin (benchmarks/fsdp2.yaml), trained, saved and resumed, and the HF
 engine's log-probs, kept as generate goes, equal to the bit to output_logits' under bf16."""
 
@@ -15,6 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_loss import checkpointing_gradients
+from test_pack_trees import packed_against_path, tiny_qwen2
 from test_train import metrics, train_command
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -39,6 +41,13 @@ def test_gradient_checkpointing_gives_the_same_gradients_on_the_gpu():
     off, on = checkpointing_gradients("cuda", torch.bfloat16)
     for name in off:
         torch.testing.assert_close(on[name], off[name], rtol=2e-2, atol=1e-4)
+
+
+def test_packed_trees_on_the_gpu_recipes_model_class_under_bf16():
+    # --pack_trees on CUDA: SDPA given the 4-D mask leaves the flash kernel for the memory-efficient
+    # one, and bf16 sums the attention in another order than the path form's; bf16's rounding
+    errors = packed_against_path(tiny_qwen2().cuda().train(), "cuda", torch.bfloat16)
+    assert max(errors.values()) <= 2e-2, errors
 
 
 @pytest.mark.parametrize("ref_dtype", ["float32", "compute"])
