@@ -88,10 +88,8 @@ def mask_for(model, sees: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         )
     if kind == "sdpa":
         return sees[None, None]
-    lowest = torch.finfo(dtype).min
-    return torch.zeros(sees.shape, dtype=dtype, device=sees.device).masked_fill(~sees, lowest)[
-        None, None
-    ]
+    additive = torch.zeros(sees.shape, dtype=dtype, device=sees.device)  # (N, N)
+    return additive.masked_fill(~sees, torch.finfo(dtype).min)[None, None]
 
 
 def token_logprobs(model, packed: Packed, logp_of, entropy: bool = False):

@@ -258,3 +258,16 @@ def test_packing_runs_on_the_gpu_recipes_model_class_qwen2():
     # position ids as the tiny Llama does: float32, within 1e-5
     errors = packed_against_path(tiny_qwen2().train(), "cpu", torch.float32)
     assert max(errors.values()) <= RTOL, errors
+
+
+def test_packing_under_eager_attention_adds_the_mask_to_the_scores():
+    # eager attention adds the mask to the scores: 0 where a node sees, float32's lowest elsewhere
+    tok = warmstart.world_tokenizer()
+    torch.manual_seed(0)
+    model = warmstart.tiny_llama(tok, hidden=32, layers=2, heads=2)
+    model.config._attn_implementation = "eager"
+    mask = pack.mask_for(model, torch.tensor([[True, False], [True, True]]), torch.float32)
+    assert mask.shape == (1, 1, 2, 2) and mask[0, 0, 1].tolist() == [0.0, 0.0]
+    assert mask[0, 0, 0, 1].item() == torch.finfo(torch.float32).min
+    errors = packed_against_path(model.train(), "cpu", torch.float32)
+    assert max(errors.values()) <= RTOL, errors
