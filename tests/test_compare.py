@@ -200,15 +200,19 @@ def test_a_family_of_two_arms_is_the_paired_test():
             "0, 15",
             "| later | ARPO (2,5) | GRPO G=4 | +0.005 ± 0.009 | [-0.020, +0.030] | 0.602 | 0.828 |",
         ),
-        # the ceiling: VinePPO's two arms and GRPO G=4, seeds 0 and 1 (two sittings)
+        # the ceiling: VinePPO's two arms and GRPO G=4, seeds 0-4 (three sittings, two machines)
         (
             "comparison_ceiling",
-            ["comparison_ceiling_seed0", "comparison_ceiling_seed1"],
-            2,
+            [
+                "comparison_ceiling_seed0",
+                "comparison_ceiling_seed1",
+                "comparison_ceiling_seeds2-4",
+            ],
+            5,
             3,
             "0, 5, 10, 15",
-            "| ceiling | VinePPO G=4 K=4 | GRPO G=4 | -0.005 ± 0.029 | [-0.380, +0.369] | 0.883 | "
-            "0.958 |",
+            "| ceiling | VinePPO G=4 K=4 | GRPO G=4 | +0.006 ± 0.011 | [-0.025, +0.038] | 0.612 | "
+            "0.940 |",
         ),
         # and to hard's six matched arms over seeds 0-7
         (
