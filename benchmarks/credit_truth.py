@@ -1,7 +1,7 @@
 """Which credit is closest to the truth? Every method's per-step credit set against a Monte Carlo
 estimate of the step's true advantage under the policy that grew the trees, in two policies.
 
-    python benchmarks/credit_truth.py --quick    # the tables in ~5 min on 2 cores, wider
+    python benchmarks/credit_truth.py --quick    # the tables in ~2 min on 2 cores, wider
                                                  # intervals: out/credit_truth-quick
     python benchmarks/credit_truth.py            # the full run, ~30 min on 2 cores (the two
                                                  # policies at once): out/credit_truth
@@ -106,7 +106,7 @@ class Args:
     warm_only: bool = False
     """The warm start alone, where no RL-trained policy is at hand (tau: between its draws)."""
     quick: bool = False
-    """A smaller run that prints the table in ~5 min on 2 cores, with wider intervals: QUICK's
+    """A smaller run that prints the table in ~2 min on 2 cores, with wider intervals: QUICK's
     values for the flags left at their defaults (--quick --prompts 40 is --quick)."""
     own: bool = False
     """Also each method on the trees of its own strategy at the matched budget (~2.5x the time)."""
@@ -129,7 +129,7 @@ class Args:
     """Instead: the table and figure again from a results.json, results.md byte for byte."""
 
 
-QUICK = dict(prompts=2, bootstrap=200)  # --quick: ~5 min on 2 cores, two draws as the full run
+QUICK = dict(prompts=2, bootstrap=200)  # --quick: ~2 min on 2 cores, two draws as the full run
 
 # credit name -> (credit function in rollout.ALGOS, its options): every one that reads any tree
 SHARED = {
