@@ -3,7 +3,7 @@ estimate of the step's true advantage under the policy that grew the trees, in t
 
     python benchmarks/credit_truth.py --quick    # the tables in ~2 min on 2 cores, wider
                                                  # intervals: out/credit_truth-quick
-    python benchmarks/credit_truth.py            # the full run, ~30 min on 2 cores (the two
+    python benchmarks/credit_truth.py            # the full run, ~45 min on 2 cores (the two
                                                  # policies at once): out/credit_truth
                                                  # (docs/credit_truth.md)
     python benchmarks/credit_truth.py --own      # also each method on the trees of its own strategy
@@ -88,7 +88,7 @@ from tree import Node, Tree, context_ids, path, scored_leaves, step_credit, walk
 class Args:
     """What to measure; the world, agent and retriever settings are train.py's."""
 
-    prompts: int = 40
+    prompts: int = 64
     """P: train questions per draw (draw d: the d-th P in train.py's order for --seed)."""
     draws: int = 2
     """Independent draws per policy: their own prompts, trees and continuations."""
@@ -107,7 +107,7 @@ class Args:
     """The warm start alone, where no RL-trained policy is at hand (tau: between its draws)."""
     quick: bool = False
     """A smaller run that prints the table in ~2 min on 2 cores, with wider intervals: QUICK's
-    values for the flags left at their defaults (--quick --prompts 40 is --quick)."""
+    values for the flags left at their defaults (--quick --prompts 64 is --quick)."""
     own: bool = False
     """Also each method on the trees of its own strategy at the matched budget (~2.5x the time)."""
     bootstrap: int = 1000
