@@ -55,6 +55,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
@@ -397,6 +398,18 @@ def measure(a: Args, targs, agent_cfg, retriever_cfg, corpus: str, policy_: tupl
     return steps
 
 
+def exit_with_parent(parent: int):
+    """A --jobs worker's start: a thread that ends the worker once its parent `parent` is gone (a
+    killed run's spawned workers would otherwise measure on, unseen, on the cores)."""
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(2)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def _groups(jobs: list, K: int) -> list[list]:
     """`jobs` (tree set, prompt, trees, names) in consecutive groups of about GROUP_ROWS
     continuations (K per open context; a larger job alone)."""
@@ -469,7 +482,8 @@ def main(a: Args):
     ]
     if min(a.jobs, len(tasks)) > 1:  # spawned: a forked child of a running torch can hang
         spawn = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(min(a.jobs, len(tasks)), mp_context=spawn) as pool:
+        workers = min(a.jobs, len(tasks))
+        with ProcessPoolExecutor(workers, spawn, exit_with_parent, (os.getpid(),)) as pool:
             measured = list(pool.map(measure, *zip(*tasks)))
     else:
         measured = [measure(*task) for task in tasks]

@@ -381,3 +381,32 @@ def test_the_script_runs_end_to_end_with_a_tiny_budget_and_any_jobs_gives_the_sa
         (p, d) for p in ("warm start", "RL-trained") for d in (0, 1)
     }
     assert (tmp_path / "results.md").read_text().startswith("Credit against Monte Carlo truth")
+
+
+def test_a_killed_runs_spawned_workers_end_with_it(env, tmp_path):
+    # SIGKILL of the run (no cleanup of its own) takes its --jobs workers down: each watches its
+    # parent (credit_truth.exit_with_parent) instead of measuring on, unseen
+    import signal
+    import time
+
+    import psutil
+
+    flags = f"--out_dir {env / 'out'} --max_turns 1 --max_step_tokens 8"
+    run = subprocess.Popen(
+        [sys.executable, "benchmarks/credit_truth.py", "--prompts", "2", "--K", "2"]
+        + ["--warm_start", str(env / "tiny"), "--trained", str(env / "tiny")]
+        + ["--out", str(tmp_path), f"--train_flags={flags}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    parent, workers = psutil.Process(run.pid), []
+    deadline = time.monotonic() + 120
+    while len(workers) < 2 and time.monotonic() < deadline:  # the two policies' workers
+        workers = [p for p in parent.children() if "spawn_main" in " ".join(p.cmdline())]
+        time.sleep(0.5)
+    assert len(workers) == 2, "the run did not start its two workers within 120 s"
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    # a worker still importing its modules watches from when it is up: allow for a loaded machine
+    gone, alive = psutil.wait_procs(workers, timeout=180)
+    assert not alive, f"workers still running 180 s after their parent was killed: {alive}"
