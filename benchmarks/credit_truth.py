@@ -480,9 +480,9 @@ def main(a: Args):
         (a, targs, agent_cfg, retriever_cfg, corpus, (name, path, line), draws)
         for line, (name, (path, _)) in enumerate(found.items())
     ]
-    if min(a.jobs, len(tasks)) > 1:  # spawned: a forked child of a running torch can hang
+    workers = min(a.jobs, len(tasks))
+    if workers > 1:  # spawned: a forked child of a running torch can hang
         spawn = multiprocessing.get_context("spawn")
-        workers = min(a.jobs, len(tasks))
         with ProcessPoolExecutor(workers, spawn, exit_with_parent, (os.getpid(),)) as pool:
             measured = list(pool.map(measure, *zip(*tasks)))
     else:

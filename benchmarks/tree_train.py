@@ -96,8 +96,9 @@ def step_time(model, ref, samples, args: train.Args, accelerator, pad_id: int) -
     return seconds
 
 
-def measure(name, samples, model, ref, a: Args, accelerator, pad_id) -> dict:
-    """One row: the tokens, the paired time ratios, the activation memory at 3 B."""
+def measure(name, samples, model, ref, a: Args, accelerator, pad_id, per_token: float) -> dict:
+    """One row: the tokens, the paired time ratios, the activation memory at 3 B (`per_token`:
+    the plan's activation GiB per token)."""
     path_tokens = packed_tokens = 0
     for i in range(0, len(samples), a.micro_batch_size):
         b = train.collate(samples[i : i + a.micro_batch_size], pad_id)
@@ -112,7 +113,6 @@ def measure(name, samples, model, ref, a: Args, accelerator, pad_id) -> dict:
             times[packing].append(pair[packing])
         ratios.append(pair[True] / pair[False])
     sharing = path_tokens / packed_tokens
-    per_token = plan_gib_per_token()
     packed_3b = PLAN_TOKENS / sharing
     return {
         "row": name,
@@ -178,12 +178,12 @@ def main(a: Args):
     engine = engines.make_engine("hf", model.eval(), tok, start, 32)
     examples = loaders.load_rows(world, "train")[: a.prompts]
     settings = [f"--algo {algo}" for algo in a.algos] + BUSHIER * a.bushier
-    accelerator, rows = Accelerator(cpu=True), []
+    accelerator, rows, per_token = Accelerator(cpu=True), [], plan_gib_per_token()
     for flags_ in flags.progress(settings, desc="tree training"):
         agent = Agent(engine, search, tok, agent_cfg, targs.seed)
         samples = grow_samples(agent, examples, flags_, targs.seed)
         name = arm_name(flags_)  # the method and its knobs, as the comparison names its arms
-        rows.append(measure(name, samples, model, ref, a, accelerator, tok.pad_token_id))
+        rows.append(measure(name, samples, model, ref, a, accelerator, tok.pad_token_id, per_token))
     text = table(rows, a)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "results.md"), "w") as f:

@@ -53,17 +53,18 @@ def pack(ids: torch.Tensor, attn: torch.Tensor) -> Packed:
     rows = [row[: int(n)].tolist() for row, n in zip(ids, attn.sum(-1))]
     node: dict[tuple[int, int], int] = {}  # (parent node, token) -> node index
     tokens, depth, parent = [], [], []
-    where = torch.zeros(ids.shape, dtype=torch.long)  # (B, T)
-    for b, row in enumerate(rows):
-        up = -1
+    where = []  # per row, the node at each position
+    for row in rows:
+        up, at = -1, []
         for t, token in enumerate(row):
             if (up, token) not in node:
                 node[up, token] = len(tokens)
                 tokens.append(token)
                 depth.append(t)
                 parent.append(up)
-            up = where[b, t] = node[up, token]
-        where[b, len(row) :] = up  # padding reads its row's last node; the loss masks it out
+            up = node[up, token]
+            at.append(up)
+        where.append(at + [up] * (ids.shape[1] - len(row)))  # padding: the row's last node
     n = len(tokens)
     sees = torch.zeros(n, n, dtype=torch.bool)  # (N, N)
     for i, p in enumerate(parent):  # a parent's row is complete before its children's (pre-order)
@@ -71,7 +72,7 @@ def pack(ids: torch.Tensor, attn: torch.Tensor) -> Packed:
             sees[i] = sees[p]
         sees[i, i] = True
     long = lambda x: torch.tensor(x, dtype=torch.long)
-    moved = [x.to(ids.device) for x in (long(tokens), long(depth), long(parent), where, sees)]
+    moved = [long(x).to(ids.device) for x in (tokens, depth, parent, where)] + [sees.to(ids.device)]
     return Packed(*moved, sum(map(len, rows)))
 
 
