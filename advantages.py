@@ -1,10 +1,10 @@
 """Credit assignment: one function per paper, from the rollout trees of ONE prompt to per-step
 advantages.
 
-Each function (grpo, gigpo, tree_grpo, arpo, branpo, carl, treeps, at2po, vineppo) returns one
-`Trajectory` per trained leaf: the advantage multiplying each step's tokens in that trajectory's
-loss, None where the step is not trained there. They are not pure: each also writes, on the trees
-it is given, and nothing else,
+Each function (grpo, gigpo, tree_grpo, arpo, branpo, carl, treeps, at2po, vineppo; turns.py's igpo
+and mtgrpo too) returns one `Trajectory` per trained leaf: the advantage multiplying each step's
+tokens in that trajectory's loss, None where the step is not trained there. They are not pure: each
+also writes, on the trees it is given, and nothing else,
 - `value` on every node: its method's V(n) where it defines one (BranPO's r_base on a prefix end,
   CARL's, TreePS-RAG's and AT2PO's V on every node, VinePPO's on each step's context), else None;
 - `advantage` on every node: the one advantage every trajectory that trains it uses, else None;
@@ -47,13 +47,13 @@ from infra import flags
 from tree import Node, Trajectory, Tree, action_nll, leaves, path, scored_leaves, truncated, walk
 
 
-def group_normalize(rewards: list[float]) -> list[float]:
-    """(r_i - mean) / (std + 1e-6) with the unbiased std, as verl and Tree-GRPO's code; a group of
+def group_normalize(rewards: list[float], eps: float = 1e-6) -> list[float]:
+    """(r_i - mean) / (std + eps) with the unbiased std, as verl and Tree-GRPO's code; a group of
     one gets 0 (group-of-one)."""
     if len(rewards) < 2:
         return [0.0] * len(rewards)
     r = torch.tensor(rewards, dtype=torch.float64)  # (G,)
-    return ((r - r.mean()) / (r.std() + 1e-6)).tolist()
+    return ((r - r.mean()) / (r.std() + eps)).tolist()
 
 
 def _clear_then_scored_leaves(trees: list[Tree]) -> list[Node]:
@@ -538,11 +538,42 @@ def vineppo(trees: list[Tree], cfg: object) -> list[Trajectory]:
     )
 
 
+# The options of turns.py's credits (a reward at every turn: IGPO, MT-GRPO), kept here with every
+# other paper's for CreditConfig (turns.py builds on this module, so not the other way round)
+
+
+@dataclass
+class IGPOCredit:
+    """IGPO's credit options (turns.igpo)."""
+
+    igpo_gain: Literal["prob", "logprob"] = "prob"
+    """IGPO: a turn's gain in P(gold) (the paper) or in its mean log-prob (the official run)."""
+    igpo_order: Literal["normalize", "discount"] = "normalize"
+    """IGPO: z-score the turn rewards, then discount (paper, code since IGPO #5) or the reverse."""
+
+
+@dataclass
+class MTGRPOCredit:
+    """MT-GRPO's credit option (turns.mtgrpo)."""
+
+    mtgrpo_baseline: Literal["biased", "unbiased"] = "biased"
+    """MT-GRPO: z-score each turn's reward per turn index (paper) or each return to go (ours)."""
+
+
 @dataclass
 class CreditConfig(
-    ARPOCredit, AT2POCredit, GiGPOCredit, TreePSCredit, CARLCredit, BranPOCredit, TreeGRPOCredit
+    MTGRPOCredit,
+    IGPOCredit,
+    ARPOCredit,
+    AT2POCredit,
+    GiGPOCredit,
+    TreePSCredit,
+    CARLCredit,
+    BranPOCredit,
+    TreeGRPOCredit,
 ):
-    """Every paper's credit options, each paper's class beside its credit function above (the last
+    """Every paper's credit options, each paper's class beside its credit function above or in
+    turns.py (the last
     base's flags come first; --algo and the rollout knobs: rollout.RolloutConfig)."""
 
     __post_init__ = flags.check_choices  # a choice no field has: refused, in Python calls too

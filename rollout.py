@@ -1,8 +1,8 @@
 """Rollout: the outcome reward, the multi-turn search agent, every paper's tree-building strategy.
 
 The agent speaks Search-R1's protocol (<think>, <search> query </search>, <information> ...
-</information>, <answer> ... </answer>; its settings and texts: infra/protocol.py; `parse_action`
-below reads a step's text into its action).
+</information>, <answer> ... </answer>; its settings, its texts, and `parse_action`, which reads a
+step's text into its action: infra/protocol.py).
 `Agent.step` advances a frontier of nodes across all prompts by one step with ONE batched engine
 call and ONE batched retriever call; `Agent.run` steps until every branch has ended. A strategy
 (one per paper, `chain` for GRPO and GiGPO) picks the nodes to continue from; a chain is the
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -50,9 +49,10 @@ from scipy.cluster.hierarchy import cut_tree, linkage
 from scipy.spatial.distance import squareform
 
 import advantages
+import turns
 from infra import protocol
 from infra.engines import Sampling
-from infra.protocol import RETRY, AgentConfig, encode, format_passages
+from infra.protocol import RETRY, AgentConfig, encode, format_passages, parse_action, query_key
 from infra.squad import exact_match, token_f1  # the outcome reward's EM and F1 (squad-reward)
 from retriever import RetrievalError
 from tree import (
@@ -79,33 +79,13 @@ from tree import (
 CORRECT_F1 = 0.8  # BranPO App. A.1: "an F1 score of 0.8 is used as a threshold" for correctness
 AT2PO_ALPHA = 0.05  # AT2PO: branching penalty per existing sibling (official code's constant)
 ARPO_BEAM, ARPO_BETA, ARPO_TAU = 2, 0.2, 0.5  # ARPO: beam size, ΔH weight, threshold (official run)
-WAVE_SEED_STEP = 7919  # wave w samples with seed + 7919 w (vLLM's rows: engines.row_seeds); a prime
+WAVE_SEED_STEP = (
+    7919  # wave w samples with seed + 7919 w (vLLM's rows: vllm_engine.row_seeds); a prime
+)
 
 
 # --------------------------------------------------------------------------------------------------
-# The agent: how a step's text is read, and the step
-
-
-def parse_action(text: str, think: str, max_calls: int) -> tuple[str, str | None, str | None]:
-    """One step's (action, content, abnormal flag): "search" or "answer" for the FIRST complete tag,
-    else "invalid" with too_many_calls (> max_calls <search> tags) or parse_error (no tag, unclosed
-    tag, empty, unbalanced think)."""
-    if text.count("<search>") > max_calls:
-        return "invalid", None, "too_many_calls"
-    found = [(text.find(f"<{tag}>"), tag) for tag in ("search", "answer") if f"<{tag}>" in text]
-    if text.count(f"<{think}>") != text.count(f"</{think}>") or not found:
-        return "invalid", None, "parse_error"
-    start, tag = min(found)
-    end = text.find(f"</{tag}>", start)
-    content = text[start + len(tag) + 2 : end].strip()
-    if end < 0 or not content:
-        return "invalid", None, "parse_error"
-    return tag, content, None
-
-
-def query_key(query: str) -> str:
-    """A query as the repeated_query check compares it: lowercased, whitespace collapsed."""
-    return re.sub(r"\s+", " ", query.strip().lower())
+# The agent and its step
 
 
 def rollout_logprob(logits, tokens):  # (B, V) float32, (B,) -> (B,)
@@ -225,6 +205,17 @@ class Agent:
         """<information> body </information> as token ids, the body cut to fit max_obs_tokens."""
         room = self.cfg.max_obs_tokens - len(self.obs_open) - len(self.obs_close)
         return self.obs_open + encode(self.tok, body)[: max(room, 0)] + self.obs_close
+
+    def believe(self, trees: list[Tree]) -> None:
+        """IGPO §3's P (no copy of the paper is kept): `gold_logp` on each node with children, the
+        first gold's (turns.py: igpo-first-gold) mean log-prob forced after its context (protocol's
+        FORCED_ANSWER), in one `engine.score` call; no prompt sampled from ever holds it."""
+        nodes = [(t, n) for t in trees for n in walk(t.root) if n.children]
+        tok, think = self.tok, self.cfg.think_tag
+        forced = [protocol.forced_answer_ids(tok, think, t.golden_answers[0]) for t, _ in nodes]
+        contexts = [context_ids(n) + head for (_, n), (head, _) in zip(nodes, forced)]
+        for (_, n), lp in zip(nodes, self.engine.score(contexts, [g for _, g in forced])):
+            n.gold_logp = sum(lp) / len(lp)
 
     def run(self, frontier: list[tuple[Tree, Node]]) -> list[Node]:
         """Run each frontier entry to its end, one `step` per wave; the leaves in frontier order."""
@@ -556,6 +547,13 @@ def vineppo(agent: Agent, examples, rng: random.Random, cfg: VinePPORollout) -> 
     return [[t] for t in trees]
 
 
+def igpo(agent: Agent, examples, rng: random.Random, cfg: GRPORollout) -> list[list[Tree]]:
+    """IGPO §3: GRPO's grpo_G chains per prompt, then each node's gold-answer log-prob."""
+    tree_groups = chain(agent, examples, rng, cfg)
+    agent.believe([t for trees in tree_groups for t in trees])
+    return tree_groups
+
+
 # --------------------------------------------------------------------------------------------------
 # The algorithm registry: --algo picks one entry, train.py's loop calls it.
 
@@ -578,6 +576,8 @@ ALGOS = {
     "at2po": Algo(at2po, advantages.at2po),
     "arpo": Algo(arpo, advantages.arpo),
     "vineppo": Algo(vineppo, advantages.vineppo),
+    "igpo": Algo(igpo, turns.igpo),
+    "mtgrpo": Algo(chain, turns.mtgrpo),  # its turn rewards: read off GRPO's chains
 }
 
 

@@ -2,7 +2,8 @@
 Accelerate.
 
     python train.py --algo tree_grpo             # --algo: grpo, tree_grpo, branpo, carl, treeps,
-                                                 # gigpo, at2po, arpo, vineppo (rollout.ALGOS)
+                                                 # gigpo, at2po, arpo, vineppo, igpo, mtgrpo
+                                                 # (rollout.ALGOS)
     accelerate launch train.py --algo tree_grpo  # under your `accelerate config` (DDP, ...)
     python train.py warmstart --out DIR --world DIR  # only the embedded default's warm start,
                                                      # retrained into DIR

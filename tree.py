@@ -59,6 +59,7 @@ class Node:
     phase1: bool = False  # CARL: a step of the N0 chains sampled before any fork (App. C.1)
     entropy: float | None = None  # CARL: H(s), mean length-normalised NLL of its actions (Eq. 6-8)
     n_sampled: int = 0  # children sampled, pruned ones too: CARL's n(s) (Eq. 12); names children
+    gold_logp: float | None = None  # IGPO: mean log-prob of the gold answer forced after this node
 
     @property
     def depth(self) -> int:

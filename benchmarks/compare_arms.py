@@ -56,6 +56,9 @@ MATCHED = {
     # tokens per prompt per step against GRPO G=4's 256 (6.9x, +591%; 3 steps on seed 0); at 1
     # prompt a step that is 1770 against 8 x 256 = 2048 tokens per step, -14%; at 2, +73%
     "vineppo": vine(4, 4, VINE_PROMPTS),
+    # the turn-level credits: GRPO's chains (IGPO adds one teacher-forced pass, no sampled token)
+    "igpo": "--algo igpo --grpo_G 4",
+    "mtgrpo": "--algo mtgrpo --grpo_G 4",
 }
 AT2PO = [(2, 2, 1), (3, 1, 1), (2, 1, 2)]  # --calibrate's AT2PO (M, N, L): 4 leaves each
 CANDIDATES = {  # --calibrate's knobs per method; the budget grows with G, trees, N, forks, nodes
@@ -71,6 +74,8 @@ CANDIDATES = {  # --calibrate's knobs per method; the budget grows with G, trees
     "arpo": [f"--algo arpo --grpo_G {g} --arpo_M {m}" for g, m in ((2, 4), (2, 5), (3, 5))],
     # VinePPO at the shared prompts per step (its token multiple), then at fewer
     "vineppo": [vine(4, 4), *(vine(4, 4, p) for p in (1, 2))],
+    "igpo": ["--algo igpo --grpo_G 4"],
+    "mtgrpo": ["--algo mtgrpo --grpo_G 4"],
 }
 TREE, G4 = MATCHED["tree_grpo"], grpo(4)
 GROUPS = [  # (title, [(an arm's flags, the arms it is compared with, paired by seed)]); an ablation
@@ -119,6 +124,20 @@ GROUPS = [  # (title, [(an arm's flags, the arms it is compared with, paired by 
         "step (fewer prompts)",
         [(G4, ()), (vine(4, 4), (G4,)), (MATCHED["vineppo"], (G4,))],
     ),
+    (
+        "the turn-level credits at GRPO G=4's budget (IGPO; MT-GRPO with the paper's baseline per "
+        "turn index and with our unbiased one: added after every other arm, over its seeds and "
+        "warm starts)",
+        [(G4, ())]
+        + [
+            (f, (G4,))
+            for f in (
+                MATCHED["igpo"],
+                MATCHED["mtgrpo"],
+                MATCHED["mtgrpo"] + " --mtgrpo_baseline unbiased",
+            )
+        ],
+    ),
 ]
 FAMILIES = [  # (name, title, the GROUPS whose pairings it tests, Dunnett's test (else Holm's))
     ("primary", "the five methods against GRPO G=4", (1,), True),
@@ -126,11 +145,13 @@ FAMILIES = [  # (name, title, the GROUPS whose pairings it tests, Dunnett's test
     ("sweep", "Tree-GRPO's Table 3 sweep, each tree against its chains", (0,), False),
     ("ablation", "each ablation against the method it ablates", (3, 4), False),
     ("ceiling", "VinePPO against GRPO G=4, a family of its own: can credit win here?", (5,), True),
+    ("turn", "the turn-level credits against GRPO G=4, a family of their own", (6,), True),
 ]
 SETS = {  # --arms NAME: a group's arms (with "matched", 1 h per pair of hard-setting seeds)
     "matched": [f for f, _ in GROUPS[1][1]],  # the five methods at GRPO G=4's budget
     "later": [f for f, _ in GROUPS[2][1]],  # the later methods and GRPO G=4
     "ceiling": [f for f, _ in GROUPS[5][1]],  # VinePPO's two arms and GRPO G=4
+    "turn": [f for f, _ in GROUPS[6][1]],  # IGPO, MT-GRPO both ways and GRPO G=4
 }
 CLAIMS = [  # (a paper's claim, its numbers; arm; reference; measure(); the sign it claims)
     (
@@ -259,6 +280,10 @@ def arm_name(flags: str) -> str:
         "arpo": f"ARPO ({r.grpo_G},{r.arpo_M})" + " hard" * (c.arpo_credit == "hard"),
         "vineppo": f"VinePPO G={r.grpo_G} K={r.vineppo_K}"
         + f", {arm_prompts(flags)} prompts/step" * (arm_prompts(flags) > 0),
+        "igpo": f"IGPO G={r.grpo_G}"
+        + " log-prob gain" * (c.igpo_gain == "logprob")
+        + " discount first" * (c.igpo_order == "discount"),
+        "mtgrpo": f"MT-GRPO G={r.grpo_G}" + " unbiased" * (c.mtgrpo_baseline == "unbiased"),
     }[r.algo]
 
 

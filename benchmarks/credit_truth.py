@@ -31,12 +31,15 @@ std never below a smoothed binomial one (`mean_se`: K equal rewards are no exact
 One set of trees per prompt ("shared"), grown by --trees (bushier than any method's matched budget:
 many sibling actions at many contexts), is credited by every credit function that can read it:
 GRPO (the trees' root-to-leaf paths copied into chains, as `python advantages.py --demo` does),
-Tree-GRPO both / intra / inter (inter is ARPO's soft credit), CARL, TreePS-RAG, GiGPO (on the
-chains, as GRPO), AT2PO, ARPO hard, TreePO, and BranPO where `prefix_end` marks exist (its own trees
+Tree-GRPO both / intra / inter (inter is ARPO's soft credit), CARL, TreePS-RAG, GiGPO, IGPO and
+MT-GRPO both ways (on the chains, as GRPO; IGPO from the trees' gold-answer log-probs,
+`Agent.believe`), AT2PO, ARPO hard, TreePO, and BranPO where `prefix_end` marks exist (its own trees
 only). This isolates credit from rollout. Two reference rows: "random", a seeded N(0, 1) per step
 (the floor: chance), and "VinePPO, K = 4", the registry's VinePPO credit (A = V(s') - V(s)) from 4
 continuations per context of its own, drawn apart from A*'s (how close a cheap Monte Carlo estimate
-comes). --own adds each method on its own strategy's trees at the comparison's matched budget
+comes). "IGPO gain" is IGPO's raw turn reward, P(gold) after the step minus before (after a step
+that ended, its reward): is the information gain a proxy for A* = V(s') - V(s)? --own adds each
+method on its own strategy's trees at the comparison's matched budget
 (benchmarks/compare_arms.py's MATCHED). A method's credit on a step is what its tokens receive in
 the loss (`tree.step_credit`: the sum over the trajectories that train it); a step it does not
 train has credit 0.
@@ -145,9 +148,13 @@ SHARED = {
     "AT2PO": ("at2po", CreditConfig()),
     "ARPO hard": ("arpo", CreditConfig(arpo_credit="hard")),  # ARPO soft: Tree-GRPO inter
     "TreePO": ("tree_grpo", CreditConfig(tree_mode="treepo")),
+    "IGPO": ("igpo", CreditConfig()),  # on the chains; the trees' gold log-probs (Agent.believe)
+    "MT-GRPO": ("mtgrpo", CreditConfig()),  # on the chains, as GRPO
+    "MT-GRPO unbiased": ("mtgrpo", CreditConfig(mtgrpo_baseline="unbiased")),
 }
+GAIN = "IGPO gain"  # IGPO's raw turn reward P(s') - P(s), P after a step that ended its reward
 ONLY_OWN = {"VinePPO": ("vineppo", CreditConfig())}  # reads its continuations: on its trees only
-ON_CHAINS = ("grpo", "gigpo")  # the credits of GRPO chains: given the trees' paths as chains
+ON_CHAINS = ("grpo", "gigpo", "igpo", "mtgrpo")  # credits of GRPO chains: the paths as chains
 OWN = {  # --own: the credit each strategy's trees are trained with
     "grpo": "GRPO",
     "tree_grpo": "Tree-GRPO",
@@ -158,6 +165,8 @@ OWN = {  # --own: the credit each strategy's trees are trained with
     "at2po": "AT2PO",
     "arpo": "Tree-GRPO inter",  # ARPO's soft credit (its default) is Tree-GRPO's inter
     "vineppo": "VinePPO",
+    "igpo": "IGPO",
+    "mtgrpo": "MT-GRPO",
 }
 GROUP_ROWS = 512  # continuations sampled together (one agent.run): prompts are grouped to ~this
 HF_BATCH = 256  # rows per HF generate call (train.py's engine: 32); larger, the same distribution
@@ -183,13 +192,23 @@ def credits(trees: list[Tree], names: list[str]) -> dict[str, dict[str, float]]:
     `prefix_end` marks."""
     marked = any(n.prefix_end for t in trees for n in walk(t.root))
     out = {}
-    for name in (n for n in names if n not in REFERENCES):
+    for name in (n for n in names if n not in REFERENCES and n != GAIN):
         algo, cfg = (SHARED | ONLY_OWN)[name]
         if algo == "branpo" and not marked:
             continue
         chains = as_chains(trees) if algo in ON_CHAINS else trees
         out[name] = step_credit(rollout.ALGOS[algo].credit(chains, cfg))
+    if GAIN in names:  # on the steps some credit trains
+        trained = {i for c in out.values() for i in c}
+        out[GAIN] = {n.id: gain(n) for t in trees for n in walk(t.root) if n.id in trained}
     return out
+
+
+def gain(step: Node) -> float:
+    """IGPO's information gain of `step`, its P(gold) after minus before (P = exp of the nodes'
+    `gold_logp`), read as a value: after a step that ended, P is its reward (IGPO's last turn)."""
+    P = lambda n: n.reward if n.ended else math.exp(n.gold_logp)
+    return P(step) - P(step.parent)
 
 
 def context_key(node: Node) -> str:
@@ -374,7 +393,9 @@ def measure(a: Args, targs, agent_cfg, retriever_cfg, corpus: str, policy_: tupl
     steps = []
     for d, (examples, seed) in enumerate(draws):
         t0, grower = time.perf_counter(), Agent(engine, search, tok, agent_cfg, seed)
-        sets = {"shared": (grow(grower, examples, a.trees, seed), [*SHARED, *REFERENCES])}
+        shared = grow(grower, examples, a.trees, seed)
+        grower.believe([t for trees in shared for t in trees])  # IGPO's P(gold): samples nothing
+        sets = {"shared": (shared, [*SHARED, GAIN, *REFERENCES])}
         if a.own:
             for algo, name in OWN.items():
                 sets[algo] = (grow(grower, examples, MATCHED[algo], seed), [name])

@@ -142,7 +142,7 @@ if __name__ == "__main__":
                 "CPU machine)"
             )
         else:
-            from infra.engines import VLLMEngine
+            from infra.vllm_engine import VLLMEngine
 
             start = time.perf_counter()
             vllm_engine = VLLMEngine(

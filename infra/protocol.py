@@ -2,11 +2,12 @@
 evaluation and dumps: the agent's settings (`AgentConfig`, the same in every script), the
 instruction it is prompted with (Search-R1's, or a short one for the embedded default's tokenizer),
 the message that follows an invalid action (--retry_invalid), the observation body made of
-retrieved passages, a user turn through the tokenizer's chat template, and the abnormal outcomes a
-step can end with (FLAGS). How a step's text is read into an action is rollout.py's
-(`parse_action`, beside the agent's step).
+retrieved passages, a user turn through the tokenizer's chat template, IGPO's teacher-forced
+answer, the abnormal outcomes a step can end with (FLAGS), and how a step's text is read into its
+action (`parse_action`) and its query compared (`query_key`).
 """
 
+import re
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -37,6 +38,8 @@ RETRY = (
     "<answer> and </answer>. Let me try again.\n"
 )
 INSTRUCTIONS = {"search_r1": INSTRUCTION, "short": SHORT_INSTRUCTION}
+# IGPO's teacher-forced answer (its official code's words, in a step of our own): the gold follows
+FORCED_ANSWER = "<{think}>\nNow there's enough information to answer\n</{think}>\n<answer> "
 
 
 @dataclass
@@ -106,6 +109,12 @@ def encode(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+def forced_answer_ids(tokenizer, think: str, gold: str) -> tuple[list[int], list[int]]:
+    """IGPO's teacher-forced answer after a context: (FORCED_ANSWER's ids, the gold's ids), encoded
+    apart so that the gold's own tokens are known; only the gold's are scored."""
+    return encode(tokenizer, FORCED_ANSWER.format(think=think)), encode(tokenizer, gold.strip())
+
+
 def format_passages(passages) -> str:
     """Search-R1's observation body: 'Doc i(Title: t) text' per passage."""
     return "\n".join(f"Doc {i + 1}(Title: {p.title}) {p.text}" for i, p in enumerate(passages))
@@ -119,3 +128,25 @@ def user_turn_ids(tokenizer, text: str) -> list[int]:
     turn = [{"role": "user", "content": text}]
     kw = {"tokenize": True, "add_generation_prompt": True, "return_dict": False}
     return list(tokenizer.apply_chat_template(turn, **kw))
+
+
+def parse_action(text: str, think: str, max_calls: int) -> tuple[str, str | None, str | None]:
+    """One step's (action, content, abnormal flag): "search" or "answer" for the FIRST complete tag,
+    else "invalid" with too_many_calls (> max_calls <search> tags) or parse_error (no tag, unclosed
+    tag, empty, unbalanced think)."""
+    if text.count("<search>") > max_calls:
+        return "invalid", None, "too_many_calls"
+    found = [(text.find(f"<{tag}>"), tag) for tag in ("search", "answer") if f"<{tag}>" in text]
+    if text.count(f"<{think}>") != text.count(f"</{think}>") or not found:
+        return "invalid", None, "parse_error"
+    start, tag = min(found)
+    end = text.find(f"</{tag}>", start)
+    content = text[start + len(tag) + 2 : end].strip()
+    if end < 0 or not content:
+        return "invalid", None, "parse_error"
+    return tag, content, None
+
+
+def query_key(query: str) -> str:
+    """A query as the repeated_query check compares it: lowercased, whitespace collapsed."""
+    return re.sub(r"\s+", " ", query.strip().lower())

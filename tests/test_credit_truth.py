@@ -15,7 +15,7 @@ import pytest
 from test_rollout import EX, TOK, MemoryRetriever
 
 from benchmarks.compare_arms import MATCHED, algo_config
-from benchmarks.credit_truth import ONLY_OWN, OWN, SHARED, credits, mean_se, step_rows
+from benchmarks.credit_truth import GAIN, ONLY_OWN, OWN, SHARED, credits, mean_se, step_rows
 from benchmarks.credit_truth_report import (
     CEILING,
     FLOOR,
@@ -65,6 +65,15 @@ class CoinEngine:
             outs.append(Completion(tokens, [-0.7] * len(tokens), "stop"))
         return outs
 
+    def score(self, prompts, continuations):
+        """IGPO's P(gold) after a context: here, the chance of answering right from it, its value
+        (0.5 at the prompt), spread evenly over the gold's tokens."""
+        out = []
+        for ids, gold in zip(prompts, continuations):
+            seen = [k for k in P_RIGHT if k in TOK.decode(ids)]
+            out.append([math.log(P_RIGHT[seen[0]] if seen else 0.5)] * len(gold))
+        return out
+
 
 def true_a_star(step) -> float:
     if step.action == "search":
@@ -77,13 +86,13 @@ def test_ground_truth_and_vineppo_recover_the_hand_written_advantages_within_4_s
     cfg = AgentConfig(topk=1, max_obs_tokens=40)
     agent = Agent(CoinEngine(), MemoryRetriever(), TOK, cfg, seed=0)
     [trees] = tree_grpo(agent, [EX], random.Random(0), RolloutConfig(tree_M=2, tree_N=1))
+    agent.believe(trees)  # IGPO's P(gold) on the inner nodes: this world's V
     shape = lambda: [(n.id, n.n_sampled, dict(t.stats)) for t in trees for n in walk(t.root)]
     before = shape()
     truth, vine = (Agent(CoinEngine(), MemoryRetriever(), TOK, cfg, seed=s) for s in (1, 2))
     K = 200
-    rows = step_rows(
-        (truth, vine), random.Random(0), [("shared", 0, trees, [*SHARED, *REFERENCES])], K, K
-    )
+    names = [*SHARED, GAIN, *REFERENCES]
+    rows = step_rows((truth, vine), random.Random(0), [("shared", 0, trees, names)], K, K)
     assert shape() == before  # the continuations removed, the counts restored
     steps = {n.id: n for t in trees for n in walk(t.root)}
     assert len(rows) == len(steps) - 2  # every step is trained by some credit (2 roots)
@@ -96,6 +105,9 @@ def test_ground_truth_and_vineppo_recover_the_hand_written_advantages_within_4_s
         # VinePPO's row (the registry's credit): the same A*, from K continuations of its own
         assert abs(r["credit"][CEILING] - want) < 4 * r["se"], (r, want)
         assert len(r["k_after"]) == (0 if steps[r["id"]].ended else K)
+        # IGPO's information gain, read as a value (P after an answer: its reward), where the gold
+        # probability is the value: A* exactly, e.g. search ab 0.8 - 0.5, answer Oda 0 - 0.8
+        assert r["credit"][GAIN] == pytest.approx(want, abs=1e-12), (r, want)
     # the M = 2 trees' first steps are siblings: taken from the one context, the prompt
     first = [r for r in rows if r["depth"] == 1]
     assert len(first) >= 2 and len({r["from"] for r in first}) == 1
@@ -122,17 +134,25 @@ HALVES = [[0.2, 0.4], [0.6, 0.4], [-0.4, -0.6], [-0.2, -0.4], [0.0, -0.2]]
 
 
 def hand_tree() -> Tree:
+    """The tree above, with IGPO's P(gold) 0.4 at the prompt, 0.7 after q.0, 0.1 after q.1."""
     answer = lambda i, r: {"id": i, "action": "answer", "reward": r}
     return Tree.from_dict(
         {
             "id": "q",
+            "gold_logp": math.log(0.4),
             "children": [
                 {
                     "id": "q.0",
                     "action": "search",
+                    "gold_logp": math.log(0.7),
                     "children": [answer("q.0.0", 1.0), answer("q.0.1", 0.0)],
                 },
-                {"id": "q.1", "action": "search", "children": [answer("q.1.0", 0.0)]},
+                {
+                    "id": "q.1",
+                    "action": "search",
+                    "gold_logp": math.log(0.1),
+                    "children": [answer("q.1.0", 0.0)],
+                },
             ],
         }
     )

@@ -31,7 +31,7 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from infra import engines
+from infra import engines, vllm_engine
 from infra.engines import HFEngine, _StopOnText, make_engine
 from infra.policy import model_problem
 from rollout import rollout_logprob
@@ -110,11 +110,11 @@ def test_vllm_row_seeds_of_two_calls_never_meet():
     # seed + i would give seed 1's row 0 the seed of seed 0's row 1 (1 + 0 = 0 + 1): two agents
     # seeded s and s + 1 drew the same completions of one prompt. seed x 2^20 + i: 2^20 + 0 for
     # seed 1's row 0, beyond seed 0's 1,000 rows (0 ... 999)
-    assert engines.row_seeds(0, 3) == [0, 1, 2] and engines.row_seeds(1, 1) == [2**20]
-    calls = [set(engines.row_seeds(s, 1000)) for s in (0, 1, 2, 7919, 7920)]
+    assert vllm_engine.row_seeds(0, 3) == [0, 1, 2] and vllm_engine.row_seeds(1, 1) == [2**20]
+    calls = [set(vllm_engine.row_seeds(s, 1000)) for s in (0, 1, 2, 7919, 7920)]
     assert sum(map(len, calls)) == len(set().union(*calls)) == 5000
     with pytest.raises(ValueError, match="at most 1048576"):
-        engines.row_seeds(0, 2**20 + 1)
+        vllm_engine.row_seeds(0, 2**20 + 1)
 
 
 def test_hf_left_padding_matches_single_prompts(hf):
@@ -357,7 +357,7 @@ def test_model_problem_names_what_a_model_directory_lacks(model_dir, tmp_path, m
 def test_vllm_refuses_to_start_on_cpu_with_llvmlite_loaded(monkeypatch):
     # vLLM 0.32's CPU start crashes on llvmlite's objects; the engine names the cause
     # (VLLMEngine.__init__)
-    from infra.engines import VLLMEngine
+    from infra.vllm_engine import VLLMEngine
 
     monkeypatch.setitem(sys.modules, "llvmlite", types.ModuleType("llvmlite"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -383,7 +383,7 @@ def engine_scores(engine, prompt: list[int], completion: list[int]) -> torch.Ten
 
 def test_vllm_matches_hf_and_follows_weight_updates(model_dir, hf, monkeypatch):
     pytest.importorskip("vllm")
-    from infra.engines import VLLMEngine
+    from infra.vllm_engine import VLLMEngine
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; only read by the CPU build
@@ -525,7 +525,7 @@ def test_vllm_load_weights_takes_a_stream_a_tensor_at_a_time_in_its_dtype(hf):
     # each is cast to the engine's dtype as vLLM's workers take it, and dropped before the next
     # (no full copy, in any dtype); the non-finite check is made as they pass
     from infra import shard
-    from infra.engines import VLLMEngine
+    from infra.vllm_engine import VLLMEngine
 
     model, _ = hf
     model = copy.deepcopy(model)
@@ -609,7 +609,7 @@ def test_vllm_sleep_wakes_in_verls_order_into_an_emptied_cache(monkeypatch):
     # it: the weights wake alone into an emptied cache, take the new weights (streamed, nothing
     # left of them), then the KV cache wakes into a cache emptied again (a wake of both at once,
     # or without emptying, asks for the update's memory while torch still holds it)
-    from infra.engines import VLLMEngine
+    from infra.vllm_engine import VLLMEngine
 
     calls = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))

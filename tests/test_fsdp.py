@@ -233,7 +233,7 @@ def sync_probe(out: Path):
     from transformers import get_constant_schedule
 
     from infra import run, shard, warmstart
-    from infra.engines import VLLMEngine
+    from infra.vllm_engine import VLLMEngine
 
     shard_in_prepare()
     accelerator = Accelerator()

@@ -155,10 +155,9 @@ def test_each_algo_path_holds_its_own_strategy_and_credit_and_no_other_credit(al
     )
     assert ("train", "main (the loop)") in names
     assert ("rollout", rollout.ALGOS[algo].grow.__name__) in names
-    credits = {entry.credit.__name__ for entry in rollout.ALGOS.values()}
-    assert {n for m, n in names if m == "advantages"} & credits == {
-        rollout.ALGOS[algo].credit.__name__
-    }
+    credits = {(e.credit.__module__, e.credit.__name__) for e in rollout.ALGOS.values()}
+    mine = rollout.ALGOS[algo].credit
+    assert names & credits == {(mine.__module__, mine.__name__)}
     assert stops and all(s.rsplit(".", 1)[0].split(".")[0] == "infra" for s in stops)
     # where it stops is machinery only: never a paper's rule (reward, parsing, log-probs, loss)
     assert {s.split(".")[1] for s in stops} <= {m.split(".")[1] for m in reading_path.MACHINERY}
@@ -209,16 +208,18 @@ def test_the_shared_core_is_within_its_bounds_and_each_algo_owns_its_paper():
     names = {(d.module, d.name) for d in core}
     assert ("train", "main (the loop)") in names and ("train", "ppo_loss") in names
     assert ("rollout", "Agent.step") in names and ("tree", "to_samples") in names
-    # the step's own code is home: log-probs beside the update, the parser beside the agent
+    # the step's own code is home: log-probs beside the update, the parser beside the protocol's
+    # tags (infra/ but not machinery: counted)
     assert {
         ("train", "TokenLogp.forward"),
         ("train", "collate"),
-        ("rollout", "parse_action"),
+        ("infra.protocol", "parse_action"),
     } <= names
     assert ("infra.squad", "token_f1") in names  # the reward is counted, wherever it lives
     for algo, entry in rollout.ALGOS.items():  # the paper's strategy and credit: its own
         mine = {(d.module, d.name) for d in own[algo]}
-        assert ("rollout", entry.grow.__name__) in mine and ("advantages", algo) in mine
+        credit = (entry.credit.__module__, algo)  # advantages.py's, or turns.py's
+        assert ("rollout", entry.grow.__name__) in mine and credit in mine, (algo, mine)
     # each paper's knobs are its own class, on its path alone: no config every path reads
     assert not {"RolloutConfig", "CreditConfig"} & {n for _, n in names}
     mine = {(d.module, d.name) for d in own["tree_grpo"]}

@@ -11,6 +11,7 @@ import advantages
 from advantages import CreditConfig
 from infra.engines import Completion
 from infra.health import metrics
+from infra.protocol import parse_action
 from infra.search import Passage
 from retriever import Refiner, RetrievalError
 from rollout import (
@@ -19,7 +20,6 @@ from rollout import (
     AgentConfig,
     RolloutConfig,
     jaccard_prune,
-    parse_action,
 )
 from tree import Node, context_ids, depth_rule, path, to_samples, walk
 

@@ -69,7 +69,7 @@ def steps_of(agent, ids, mask):
         if i == len(ids) or mask[i] != mask[start]:
             runs.append((mask[start], ids[start:i]))
             start = i
-    actions = [rollout.parse_action(agent.tok.decode(seg), "think", 1) for m, seg in runs if m]
+    actions = [protocol.parse_action(agent.tok.decode(seg), "think", 1) for m, seg in runs if m]
     observations = [seg for m, seg in runs[1:] if not m]
     return runs, actions, observations
 
