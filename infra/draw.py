@@ -69,6 +69,16 @@ PANELS = {  # method -> (title, what its credit is, the marks it draws)
         "V(next context) - V(context), V the\nmean of K continuations (grey)",
         ("sampled",),
     ),
+    "igpo": (
+        "IGPO",
+        "z-scored gains in P(gold) per turn, the\noutcome last, summed to go (chains)",
+        (),
+    ),
+    "mtgrpo": (
+        "MT-GRPO",
+        "outcome z + turn rewards (gold in the\ninformation) z-scored per turn index",
+        (),
+    ),
 }
 
 

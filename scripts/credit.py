@@ -208,6 +208,14 @@ def tree_grpo_budget(M: int, N: int, L: int) -> tuple[int, float]:
     return M * (L * N + 1), M * (1 + L * N / 2)
 
 
+ON_CHAINS = (
+    "grpo",
+    "gigpo",
+    "igpo",
+    "mtgrpo",
+)  # credits of GRPO chains: the demo's paths as chains
+
+
 def vineppo_chain(worked: tree.Tree) -> tree.Tree:
     """The worked tree as VinePPO reads it: a copy whose first path, q.0 -> q.0.0, is the trained
     chain (its leaf marked `sampled`); the other paths are its Monte Carlo continuations, one from
@@ -219,19 +227,23 @@ def vineppo_chain(worked: tree.Tree) -> tree.Tree:
 
 def demo(credits: dict, cfg):
     """A worked tree (one prompt, two original trajectories: one with branches and a redundant step,
-    one split at its last step with no branch kept) and every method's trajectories on it (GRPO's
-    and GiGPO's on the tree's root-to-leaf paths, each copied into a chain of its own; VinePPO's on
-    `vineppo_chain`). `credits`: name -> credit function (advantages.py's), each run with `cfg` (a
-    CreditConfig: the command's credit flags)."""
+    one split at its last step with no branch kept) and every method's trajectories on it (GRPO's,
+    GiGPO's, IGPO's and MT-GRPO's on the tree's root-to-leaf paths, each copied into a chain of its
+    own; VinePPO's on `vineppo_chain`). `credits`: name -> credit function (advantages.py's or
+    turns.py's), each run with `cfg` (a CreditConfig: the command's credit flags)."""
     worked = tree.Tree.from_dict(
         {
             "id": "q",
-            "children": [
+            "question": "Who founded Acme?",
+            "golden_answers": ["Ivo"],
+            "gold_logp": math.log(0.3),  # IGPO's P(gold): 0.3 at the prompt, 0.8 after q.0,
+            "children": [  # 0.85 after q.0.1, 0.1 after q.1
                 {
                     "id": "q.0",
                     "action": "search",
                     "query": "who founded Acme",
                     "obs_text": "<information>Acme was founded by Ivo Ra.</information>",
+                    "gold_logp": math.log(0.8),
                     "prefix_end": True,
                     "children": [
                         {"id": "q.0.0", "action": "answer", "answer": "Ivo", "reward": 1.0},
@@ -239,6 +251,7 @@ def demo(credits: dict, cfg):
                             "id": "q.0.1",
                             "action": "search",
                             "query": "Ivo Ra birthplace",
+                            "gold_logp": math.log(0.85),
                             "redundant": True,
                             "children": [
                                 {
@@ -257,6 +270,7 @@ def demo(credits: dict, cfg):
                     "action": "search",
                     "query": "Acme founder",
                     "obs_text": "<information>Acme: a firm in Oda.</information>",
+                    "gold_logp": math.log(0.1),
                     "prefix_end": True,
                     "children": [
                         {"id": "q.1.0", "action": "answer", "answer": "Oda", "reward": 0.0}
@@ -270,7 +284,7 @@ def demo(credits: dict, cfg):
     for chain, leaf in zip(chains, leaves):
         for step in tree.path(chain.find(leaf.id)):
             step.parent.children = [step]  # prune the copy to the root-to-leaf path
-    given = {"grpo": chains, "gigpo": chains, "vineppo": [vineppo_chain(worked)]}
+    given = {name: chains for name in ON_CHAINS} | {"vineppo": [vineppo_chain(worked)]}
     runs = {name: fn(given.get(name, [worked]), cfg) for name, fn in credits.items()}
     return worked, runs
 
@@ -365,7 +379,7 @@ def main():
             worked, runs = demo(credits, cfg)
             chains = "the tree's 4 paths as 4 chains:\na step adds up the chains through it"
             vine = "the chain: to the green square; the\nother paths: its continuations"
-            notes = {"grpo": chains, "gigpo": chains, "vineppo": vine}
+            notes = {name: chains for name in ON_CHAINS} | {"vineppo": vine}
             drawn = {"vineppo": [vineppo_chain(worked)]}  # its `sampled` mark shown
             panels = [
                 {

@@ -728,7 +728,20 @@ def test_demo_credit_per_step_hand_computed():
     # VinePPO (scripts.credit.vineppo_chain: q.0 -> q.0.0 the chain, the rest its continuations):
     # V(q) = q.1.0's reward = 0, V(q.0) = mean(q.0.1.0, q.0.2) = (1 + 0) / 2 = 1/2;
     # A(q.0) = 1/2 - 0, A(q.0.0) = 1 - 1/2; the continuations are not trained
+    # IGPO (on the 4 chains; P(gold) 0.3 at q, 0.8 after q.0, 0.85 after q.0.1, 0.1 after q.1):
+    # gains [q.0 0.5 (x3 chains), q.0.1 0.05, q.1 -0.2], mean 0.27, population var 0.428 / 5 =
+    # 0.0856: z = (g - 0.27) / (sqrt(0.0856 + 1e-8) + 1e-6); outcomes [1, 1, 0, 0]: +-0.5 / 0.5
+    zg = lambda g: (g - 0.27) / (math.sqrt(0.0856 + 1e-8) + 1e-6)
+    zo = 0.5 / (math.sqrt(0.25 + 1e-8) + 1e-6)
+    # sums to go; q.0 in three chains: (zg(.5) + zo) + (zg(.5) + zg(.05) + zo) + (zg(.5) - zo)
+    igpo_q0 = 3 * zg(0.5) + zg(0.05) + zo
+    # MT-GRPO (biased): turn rewards 0.5 where the information holds "Ivo" (q.0), else 0; turn 1
+    # over the 4 chains [0.5, 0.5, 0.5, 0]: mean 0.375, std 0.25; turn 2 (q.0.1, alone): 0;
+    # outcomes: mean 0.5, std 1/sqrt3; each + 1e-4
+    m1, mO = 0.125 / 0.2501, 0.5 / (1 / S3 + 1e-4)
     want = {
+        "igpo": [igpo_q0, zo, zg(0.05) + zo, zo, -zo, zg(-0.2) - zo, -zo],
+        "mtgrpo": [3 * m1 + mO, mO, mO, mO, -mO, -0.375 / 0.2501 - mO, -mO],
         "grpo": [a, a, a, a, -a, -a, -a],
         "gigpo": [a + sum(z1[:3]), a + z2[0], a + z2[1], a, -a + z2[2], -a + z1[3], -a],
         "at2po": [a, a, a, a, -a, -a, -a],
@@ -837,11 +850,11 @@ def test_cli_refuses_bad_flags_saying_what_is_allowed(args, message):
 
 def chain_json(depth: int) -> str:
     """A trees file holding one chain of `depth` steps, the last rewarded (written as text: a deep
-    chain is deeper than json.dumps may recurse)."""
+    chain is deeper than json.dumps may recurse); each inner node with IGPO's gold log-prob."""
     node = f'{{"id": "r.{depth}", "reward": 1.0}}'
     for i in range(depth - 1, 0, -1):
-        node = f'{{"id": "r.{i}", "children": [{node}]}}'
-    return f'[{{"id": "r", "children": [{node}]}}]'
+        node = f'{{"id": "r.{i}", "gold_logp": -1.0, "children": [{node}]}}'
+    return f'[{{"id": "r", "gold_logp": -1.0, "children": [{node}]}}]'
 
 
 @pytest.mark.parametrize(

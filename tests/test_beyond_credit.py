@@ -414,10 +414,11 @@ def oracle():
 
 
 def test_the_oracle_fixture_names_its_sources(oracle):
-    assert set(oracle["sources"]) == {"gigpo", "at2po", "treepo", "vineppo"}
+    methods = {"gigpo", "at2po", "treepo", "vineppo", "igpo", "igpo_first", "mtgrpo"}
+    assert set(oracle["sources"]) == methods
     for src in oracle["sources"].values():
         assert set(src) == {"repo", "path", "commit"} and len(src["commit"]) == 40
-    assert all(len(oracle[k]) >= 8 for k in ("gigpo", "at2po", "treepo", "vineppo"))
+    assert all(len(oracle[k]) >= 8 for k in methods - {"igpo_first"})  # both IGPOs: "igpo"
 
 
 def test_gigpo_matches_the_official_code(oracle):

@@ -106,6 +106,24 @@ def test_sampling_rejects_bad_values():
         Sampling(stop="</search>", max_tokens=8)
 
 
+def test_hf_score_is_the_trainers_teacher_forced_log_prob_in_padded_chunks(hf):
+    # IGPO's pass: prompts of different lengths, continuations of different lengths, chunks of 2
+    model, tok = hf
+    prompts = PROMPTS + [[1] + tok.encode("a longer prompt than the others, by far")]
+    golds = [tok.encode(g) for g in ("Ivo", "Mount Oda", "x", "Ivo Oda", "in 1907")]
+    got = HFEngine(model, tok, max_batch_size=2).score(prompts, golds)
+    assert [len(g) for g in got] == [len(g) for g in golds]
+    for prompt, gold, lp in zip(prompts, golds, got):
+        want = teacher_forced_logprobs(model, prompt, gold)
+        torch.testing.assert_close(torch.tensor(lp), want, atol=1e-5, rtol=0)
+    model.train()  # the model's mode is restored
+    HFEngine(model, tok).score(prompts[:1], golds[:1])
+    assert model.training
+    model.eval()
+    with pytest.raises(ValueError, match="prompt 0 is empty"):
+        HFEngine(model, tok).score([[]], [golds[0]])
+
+
 def test_vllm_row_seeds_of_two_calls_never_meet():
     # seed + i would give seed 1's row 0 the seed of seed 0's row 1 (1 + 0 = 0 + 1): two agents
     # seeded s and s + 1 drew the same completions of one prompt. seed x 2^20 + i: 2^20 + 0 for
@@ -369,16 +387,8 @@ def test_vllm_refuses_to_start_on_cpu_with_llvmlite_loaded(monkeypatch):
 
 
 def engine_scores(engine, prompt: list[int], completion: list[int]) -> torch.Tensor:
-    """The vLLM engine's own log-probs of given tokens (prompt log-probs of prompt + completion)."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0)
-    (out,) = engine.llm.generate(
-        [TokensPrompt(prompt_token_ids=prompt + completion)], params, use_tqdm=False
-    )
-    positions = out.prompt_logprobs[len(prompt) :]  # one {token id: Logprob} per completion token
-    return torch.tensor([pos[t].logprob for pos, t in zip(positions, completion)])  # (N,)
+    """An engine's own teacher-forced log-probs of given tokens (`score`)."""
+    return torch.tensor(engine.score([prompt], [completion])[0])  # (N,)
 
 
 def test_vllm_matches_hf_and_follows_weight_updates(model_dir, hf, monkeypatch):

@@ -11,7 +11,8 @@ credit
 - is invariant to the order of sibling subtrees and of the trees of a group;
 - is unchanged when the discarded (env_error) trajectories are removed, and gives no signal on ties;
 - is invariant to a shift of every reward, and to a positive scale (whitened) or scales with it
-  (a mean baseline);
+  (a mean baseline), or neither (mixed: IGPO and MT-GRPO sum R with turn rewards of their own,
+  which also keep a signal where every outcome ties);
 - obeys its paper's identities, each written beside its source.
 A method newly registered fails `test_every_registered_credit_has_a_contract` until it is given a
 `Contract`: the groups it takes, its refusal, how it treats rewards, its identities.
@@ -188,6 +189,21 @@ def vines(draw, rewards=REWARDS) -> Group:
         for _ in range(draw(INTS[0, 2])):
             _end(draw, _chain(draw, s, draw(INTS[1, 2])), rewards).sampled = False
     return Group([Tree(root)])
+
+
+GOLD_LOGPS = st.sampled_from([math.log(0.1), math.log(0.5), math.log(0.9), 0.0, -30.0])
+
+
+@st.composite
+def turn_chains(draw, rewards=REWARDS) -> Group:
+    """IGPO's and MT-GRPO's groups: `chains`, each tree's gold answer "x" (a step's observation "x"
+    holds it: MT-GRPO's turn reward), IGPO's gold_logp on the root and every inner step."""
+    group = draw(chains(rewards))
+    for t in group:
+        t.golden_answers = ["x"]
+        for n in walk(t.root):
+            n.gold_logp = draw(GOLD_LOGPS) if n.children or n.parent is None else None
+    return group
 
 
 def configs(tree_mode: str | None) -> st.SearchStrategy:
@@ -490,6 +506,66 @@ def vineppo_identities(group, cfg, trajectories, tol):
         assert n == (after(s) is not None and V(s.parent) is not None), s.id  # vineppo-no-estimate
 
 
+def zscore(values: list[float], eps: float, population: bool = False) -> list[float]:
+    """(v - mean) / (std + eps), written apart; the unbiased std (0 for a group of one), or IGPO's
+    population one, sqrt(var + 1e-8), 1 for a group of one."""
+    if not values:
+        return []
+    m = fmean(values)
+    if population:
+        s = math.sqrt(fmean((v - m) ** 2 for v in values) + 1e-8) if len(values) > 1 else 1.0
+    elif len(values) < 2:
+        return [0.0] * len(values)
+    else:
+        s = stdev(values)
+    return [(v - m) / (s + eps) for v in values]
+
+
+def igpo_identities(group, cfg, trajectories, tol):
+    """IGPO §3: r_t = P_t - P_{t-1} (P = exp(gold_logp), or its log with igpo_gain "logprob"), the
+    outcome R last; normalise (gains apart from outcomes, Eq. 6), then A_t = Σ_{j>=t} r̂_j (Eq. 7,
+    γ = 1); or (igpo_order "discount") the raw sums to go z-scored by the group's first ones."""
+    P = (lambda n: math.exp(n.gold_logp)) if cfg.igpo_gain == "prob" else lambda n: n.gold_logp
+    L = [t.leaf for t in trajectories]
+    r = {x: [P(s) - P(s.parent) for s in path(x)[:-1]] + [x.reward] for x in L}
+    to_go = lambda v: [sum(v[i:]) for i in range(len(v))]
+    if cfg.igpo_order == "discount":
+        G = {x: to_go(r[x]) for x in L}
+        firsts = [G[x][0] for x in L]
+        m, sd = fmean(firsts) if L else 0.0, stdev(firsts) if len(L) > 1 else math.inf
+        want = {x: [(g - m) / (sd + 1e-6) for g in G[x]] for x in L}
+    else:
+        gains = iter(zscore([g for x in L for g in r[x][:-1]], 1e-6, population=True))
+        ends = dict(zip(L, zscore(rewards(L), 1e-6, population=True)))
+        want = {x: to_go([next(gains) for _ in r[x][:-1]] + [ends[x]]) for x in L}
+    for t in trajectories:
+        near(t.advantages, want[t.leaf], tol * max(1, t.leaf.depth), t.leaf.id)
+
+
+def mtgrpo_identities(group, cfg, trajectories, tol):
+    """MT-GRPO (its per-turn-index form, and ours): turn rewards 0.5 where a step's information
+    holds the gold; biased: the last step z_O(R) and each earlier one adds its own turn's z_k(r) (so
+    A_k - A_{k+1} = z_k); unbiased: A_k = z_k(sum to go) over the chains that reached turn k, so
+    each turn's advantages sum to 0."""
+    L = [t.leaf for t in trajectories]
+    r = {x: [0.5 if "x" in s.obs_text.lower() else 0.0 for s in path(x)[:-1]] for x in L}
+    A = {t.leaf: t.advantages for t in trajectories}
+    z_O = dict(zip(L, zscore(rewards(L), 1e-4)))
+    for k in range(max((x.depth for x in L), default=0)):
+        if cfg.mtgrpo_baseline == "biased":
+            at = [x for x in L if len(r[x]) > k]
+            for x, z in zip(at, zscore([r[x][k] for x in at], 1e-4)):
+                assert abs(A[x][k] - A[x][k + 1] - z) <= 2 * tol * max(1, x.depth), (x.id, k)
+        else:
+            at = [x for x in L if x.depth > k]
+            G = [sum(r[x][k:]) + x.reward for x in at]
+            near([A[x][k] for x in at], zscore(G, 1e-4), tol, f"turn {k}")
+            assert abs(sum(A[x][k] for x in at)) <= tol * max(1, len(at))
+    if cfg.mtgrpo_baseline == "biased":
+        for x in L:
+            assert abs(A[x][-1] - z_O[x]) <= tol, x.id
+
+
 # ---- the registry's contracts --------------------------------------------------------------------
 
 
@@ -531,7 +607,22 @@ CONTRACTS = {
     "at2po": Contract(trees, "", lambda c: "whitened", at2po_identities),
     "arpo": Contract(trees, "", lambda c: "whitened", arpo_identities),
     "vineppo": Contract(vines, "", lambda c: "baseline", vineppo_identities, vineppo_ends),
+    # a reward at every turn: the turn rewards (IGPO's gains, MT-GRPO's) do not move with R, so a
+    # sum of them and R ("mixed") is shift-invariant and not scale-invariant
+    "igpo": Contract(
+        turn_chains,
+        CHAINS_ONLY.replace("; use tree_grpo", "") + "|has no gold_logp",
+        lambda c: "mixed" if c.igpo_order == "discount" else "whitened",
+        igpo_identities,
+    ),
+    "mtgrpo": Contract(
+        turn_chains,
+        CHAINS_ONLY,
+        lambda c: "mixed" if c.mtgrpo_baseline == "unbiased" else "whitened",
+        mtgrpo_identities,
+    ),
 }
+TURN_REWARDS = ("igpo", "mtgrpo")  # a signal where every outcome ties: their turn rewards
 TREE_MODES = typing.get_args(typing.get_type_hints(CreditConfig)["tree_mode"])
 VARIANTS = [
     pytest.param(algo, mode, id=f"{algo}-{mode}" if mode else algo)
@@ -553,7 +644,7 @@ def tolerance(algo: str, cfg: CreditConfig, group: list[Tree]) -> float:
 def test_every_registered_credit_has_a_contract():
     assert set(CONTRACTS) == set(rollout.ALGOS), "give each registered credit a Contract"
     for name, c in CONTRACTS.items():
-        assert c.rewards(CreditConfig()) in ("whitened", "baseline", "discounted"), name
+        assert c.rewards(CreditConfig()) in ("whitened", "baseline", "discounted", "mixed"), name
     configs(None)  # every CreditConfig field has its choices here (else: a TypeError)
 
 
@@ -624,9 +715,13 @@ def test_every_credit_is_unchanged_without_its_discarded_trajectories(algo, mode
 def test_every_credit_gives_no_signal_when_every_reward_ties(algo, mode, data):
     # GRPO's Eq. 3 (and each method's mean baseline): equal rewards, nothing to prefer. GiGPO ties
     # at 0 only: its step groups compare γ^(T - t) R (Eq. 5), unequal along a chain for R != 0
+    # IGPO and MT-GRPO: their turn rewards are the signal that survives tied outcomes (IGPO's
+    # "advantage collapse"); what ties is their outcome term, asserted with the turn rewards zeroed
     tie = data.draw(st.sampled_from([0.0, -0.0] if algo == "gigpo" else EDGES), label="tie")
     group = data.draw(CONTRACTS[algo].groups(rewards=st.just(tie)), label="group")
     cfg = data.draw(configs(mode), label="cfg")
+    for n in (n for t in group for n in walk(t.root) if algo in TURN_REWARDS):
+        n.gold_logp, n.obs_text = (None if n.gold_logp is None else 0.0), ""  # no gain, no gold
     for t in credit(algo, group, cfg):
         near(t.advantages, [None if a is None else 0.0 for a in t.advantages], 1e-9)
 
@@ -662,8 +757,10 @@ def test_a_positive_scale_leaves_a_whitened_credit_unchanged_and_scales_a_baseli
     # apart, groups of <= 24 leaves, BranPO's means of <= 3), so the change stays below 1e-3; far
     # below ε it does not hold at all (test_the_std_epsilon_...). A baseline (R minus means)
     # scales with c
-    group = data.draw(CONTRACTS[algo].groups(rewards=SEPARATED), label="group")
     cfg = data.draw(configs(mode), label="cfg")
+    if CONTRACTS[algo].rewards(cfg) == "mixed":
+        pytest.skip("IGPO discounted first, MT-GRPO unbiased: R summed with turn rewards unscaled")
+    group = data.draw(CONTRACTS[algo].groups(rewards=SEPARATED), label="group")
     c = data.draw(st.sampled_from([2.0, 10.0, 1e3]), label="scale")
     scaled = copy(group, a=c)
     baseline = CONTRACTS[algo].rewards(cfg) == "baseline"
