@@ -79,9 +79,7 @@ from tree import (
 CORRECT_F1 = 0.8  # BranPO App. A.1: "an F1 score of 0.8 is used as a threshold" for correctness
 AT2PO_ALPHA = 0.05  # AT2PO: branching penalty per existing sibling (official code's constant)
 ARPO_BEAM, ARPO_BETA, ARPO_TAU = 2, 0.2, 0.5  # ARPO: beam size, ΔH weight, threshold (official run)
-WAVE_SEED_STEP = (
-    7919  # wave w samples with seed + 7919 w (vLLM's rows: vllm_engine.row_seeds); a prime
-)
+WAVE_SEED_STEP = 7919  # a prime: wave w samples with seed + 7919 w (vLLM: vllm_engine.row_seeds)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -207,15 +205,16 @@ class Agent:
         return self.obs_open + encode(self.tok, body)[: max(room, 0)] + self.obs_close
 
     def believe(self, trees: list[Tree]) -> None:
-        """IGPO §3's P (no copy of the paper is kept): `gold_logp` on each node with children, the
-        first gold's (turns.py: igpo-first-gold) mean log-prob forced after its context (protocol's
-        FORCED_ANSWER), in one `engine.score` call; no prompt sampled from ever holds it."""
+        """IGPO §3's P: `gold_logp` on each node with children, the first gold's (igpo-first-gold)
+        mean log-prob forced after its context (FORCED_ANSWER), one `engine.score` call for all."""
         nodes = [(t, n) for t in trees for n in walk(t.root) if n.children]
-        tok, think = self.tok, self.cfg.think_tag
+        tok, think, t0 = self.tok, self.cfg.think_tag, time.perf_counter()
         forced = [protocol.forced_answer_ids(tok, think, t.golden_answers[0]) for t, _ in nodes]
         contexts = [context_ids(n) + head for (_, n), (head, _) in zip(nodes, forced)]
-        for (_, n), lp in zip(nodes, self.engine.score(contexts, [g for _, g in forced])):
-            n.gold_logp = sum(lp) / len(lp)
+        lps = self.engine.score(contexts, [g for _, g in forced])
+        dt = (time.perf_counter() - t0) / max(len(nodes), 1)  # the call's time, shared evenly
+        for (t, n), lp in zip(nodes, lps):
+            n.gold_logp, t.stats["gold_seconds"] = sum(lp) / len(lp), t.stats["gold_seconds"] + dt
 
     def run(self, frontier: list[tuple[Tree, Node]]) -> list[Node]:
         """Run each frontier entry to its end, one `step` per wave; the leaves in frontier order."""

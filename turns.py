@@ -10,18 +10,14 @@ Both train GRPO's chains (rollout.igpo's, rollout.chain's).
 
 Deviations from the papers, each cited by its name (argued in docs/paper_code.md):
 - igpo-first-gold: P is the first gold answer's (rollout.py), as IGPO's official code
-- mtgrpo-k-turns: MT-GRPO's two fixed turns generalised to K by a sum to go per turn index; a chain
-  with no search gets z_O alone (official code: the z-scored sum of its turn and outcome rewards)
-- mtgrpo-no-exec-reward: MT-GRPO's turn reward leaves out its +0.2 x tool-call success (every search
-  that is not discarded succeeds here: a bonus for searching, not for finding)
-- mtgrpo-unbiased: the unbiased baseline is ours, derived from verl #7244's diagnosis (its fix is
-  not in any text this project could read)
+- igpo-forced-step: the forced answer is a step of its own (its think tag opened), as our agent's
+- mtgrpo-k-turns: MT-GRPO's two fixed turns generalised to K turns by a sum to go per turn index
+- mtgrpo-no-exec-reward: MT-GRPO's turn reward without its +0.2 for a tool call that executed
+- mtgrpo-unbiased: the unbiased baseline is ours, from verl #7244's diagnosis (its fix unread)
 """
 
 import math
-from statistics import fmean
-
-import torch
+from statistics import fmean, stdev
 
 from advantages import (
     IGPOCredit,
@@ -77,15 +73,14 @@ def igpo(trees: list[Tree], cfg: IGPOCredit) -> list[Trajectory]:
     r = {x: [P(s) - P(s.parent) for s in path(x)[:-1]] + [x.reward] for x in scored}
     if cfg.igpo_order == "discount":
         G = {x: _returns(r[x], IGPO_GAMMA) for x in scored}
-        first = torch.tensor([G[x][0] for x in scored], dtype=torch.float64)  # (G,)
-        mean, std = first.mean().item(), first.std().item() if len(scored) > 1 else math.inf
+        first = [G[x][0] for x in scored]  # each chain's whole return
+        mean, std = fmean(first or [0.0]), stdev(first) if len(first) > 1 else math.inf
         A = {x: [(g - mean) / (std + 1e-6) for g in G[x]] for x in scored}
     else:
         gains = iter(_igpo_z([g for x in scored for g in r[x][:-1]]))
         ends = iter(_igpo_z([x.reward for x in scored]))
-        A = {
-            x: _returns([next(gains) for _ in r[x][:-1]] + [next(ends)], IGPO_GAMMA) for x in scored
-        }
+        normalized = {x: [next(gains) for _ in r[x][:-1]] + [next(ends)] for x in scored}
+        A = {x: _returns(normalized[x], IGPO_GAMMA) for x in scored}
     return _with_node_advantages_marked([Trajectory(x, A[x]) for x in scored])
 
 
@@ -118,20 +113,26 @@ def mtgrpo(trees: list[Tree], cfg: MTGRPOCredit) -> list[Trajectory]:
     _refuse_branching(trees, "mtgrpo")
     golds = {x: t.golden_answers for t in trees for x in scored_leaves(t.root)}
     r = {x: [turn_reward(s, golds[x]) for s in path(x)[:-1]] for x in scored}  # r_{i,k}, k < T_i
-    z = {}  # (leaf, k) -> z_k of its turn-k quantity: r_{i,k} (biased) or G_{i,k} (unbiased)
-    G = {x: [sum(r[x][k:]) + x.reward for k in range(x.depth)] for x in scored}
-    for k in range(max((x.depth for x in scored), default=0)):
-        at = [x for x in scored if (len(r[x]) if cfg.mtgrpo_baseline == "biased" else x.depth) > k]
-        what = r if cfg.mtgrpo_baseline == "biased" else G
-        z |= {(x, k): a for x, a in zip(at, group_normalize([what[x][k] for x in at], MTGRPO_EPS))}
-    z_O = dict(zip(scored, group_normalize([x.reward for x in scored], MTGRPO_EPS)))
-    A = {
-        x: [
-            z_O[x] + sum(z[x, j] for j in range(k, len(r[x])))
-            if cfg.mtgrpo_baseline == "biased"
-            else z[x, k]
-            for k in range(x.depth)
-        ]
-        for x in scored
-    }
+    if cfg.mtgrpo_baseline == "biased":
+        z, z_O = _per_turn(r), group_normalize([x.reward for x in scored], MTGRPO_EPS)
+        A = {
+            x: [o + sum(z[x, j] for j in range(k, len(r[x]))) for k in range(x.depth)]
+            for x, o in zip(scored, z_O)
+        }
+    else:
+        G = {x: [sum(r[x][k:]) + x.reward for k in range(x.depth)] for x in scored}  # G_{i,k}
+        z = _per_turn(G)
+        A = {x: [z[x, k] for k in range(x.depth)] for x in scored}
     return _with_node_advantages_marked([Trajectory(x, A[x]) for x in scored])
+
+
+def _per_turn(values: dict[Node, list[float]]) -> dict[tuple[Node, int], float]:
+    """MT-GRPO's per-turn-index statistics: (chain, k) -> the z-score of values[chain][k] among the
+    chains that have a k-th value (std unbiased, + MTGRPO_EPS)."""
+    z = {}
+    for k in range(max(map(len, values.values()), default=0)):
+        at = [x for x in values if len(values[x]) > k]
+        z |= dict(
+            zip([(x, k) for x in at], group_normalize([values[x][k] for x in at], MTGRPO_EPS))
+        )
+    return z

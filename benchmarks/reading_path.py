@@ -56,7 +56,8 @@ PACKAGE = "infra"  # the infrastructure package: walked, but for its MACHINERY
 SCRIPTS = "scripts"  # the command lines: never on a step's path
 # Where the path stops: machinery another RL project could reuse unchanged
 MACHINERY = {
-    "infra.engines": "the rollout engines' generate (HF, vLLM) and their sampling settings",
+    "infra.engines": "the rollout engines' protocol, the HF engine and their sampling settings",
+    "infra.vllm_engine": "the vLLM engine",
     "infra.search": "search indexes (BM25, dense)",
     "infra.server": "the retrieval server and its client",
     "infra.flags": "flag parsing",

@@ -71,12 +71,12 @@ PANELS = {  # method -> (title, what its credit is, the marks it draws)
     ),
     "igpo": (
         "IGPO",
-        "z-scored gains in P(gold) per turn, the\noutcome last, summed to go (chains)",
+        "gains in P(gold), outcome last:\nz-scored, summed to go",
         (),
     ),
     "mtgrpo": (
         "MT-GRPO",
-        "outcome z + turn rewards (gold in the\ninformation) z-scored per turn index",
+        "outcome z + turn z (gold in the\ninformation), per turn index",
         (),
     ),
 }

@@ -53,6 +53,7 @@ def metrics(tree_groups: list[list]) -> dict[str, float]:
             "tree/leaves_per_prompt": len(leaves) / n,
             "rollout/gen_seconds_per_prompt": stat("gen_seconds"),
             "rollout/retrieval_seconds_per_prompt": stat("retrieval_seconds"),
+            "rollout/gold_seconds_per_prompt": stat("gold_seconds"),  # IGPO's teacher forcing
             "rollout/retrieval_failed_queries": stat("failed_queries") * n,
         }
     )
