@@ -133,7 +133,7 @@ def test_the_reading_path_figures_are_the_tools():
     assert said and [int(x) for x in said.groups()] == [size["code lines"], size["files"]]
     names = {"grpo": "GRPO", "tree_grpo": "Tree-GRPO", "branpo": "BranPO", "carl": "CARL"}
     names |= {"treeps": "TreePS-RAG", "gigpo": "GiGPO", "at2po": "AT2PO", "arpo": "ARPO"}
-    names |= {"vineppo": "VinePPO"}
+    names |= {"vineppo": "VinePPO", "igpo": "IGPO", "mtgrpo": "MT-GRPO"}
     for algo in rollout.ALGOS:
         lines = rp.size(own[algo])["code lines"]
         assert re.search(rf"\b{lines}( lines for)? {re.escape(names[algo])}\b", text), algo
