@@ -98,8 +98,8 @@ class Args:
     """Seeds: each its own warm start, every arm trained from it."""
     arms: list[str] = field(default_factory=list)
     """Only these arms (names as the tables print them, e.g. "GRPO G=4", or a set's: "matched",
-    the five methods at GRPO G=4's budget; "later", the three later ones; "ceiling", VinePPO's
-    two); empty = every arm."""
+    the five methods at GRPO G=4's budget; "later", the later ones (IGPO and MT-GRPO among them);
+    "ceiling", VinePPO's two); empty = every arm."""
     train_flags: str = "--eval_every 5"
     """train.py flags of every arm, as --train_flags="..." (agent format: also --warm_flags)."""
     warm_flags: str = ""

@@ -98,9 +98,11 @@ GROUPS = [  # (title, [(an arm's flags, the arms it is compared with, paired by 
         + [(MATCHED[a], (G4,)) for a in ("branpo", "carl", "treeps")],
     ),
     (
-        "the later methods at GRPO G=4's budget (GiGPO, AT2PO, ARPO: added after the five's "
-        "comparison, over its seeds and warm starts)",
-        [(G4, ())] + [(MATCHED[a], (G4,)) for a in ("gigpo", "at2po", "arpo")],
+        "the later methods at GRPO G=4's budget (GiGPO, AT2PO, ARPO; IGPO, MT-GRPO per turn index "
+        "and unbiased: each added after the five's comparison, over its seeds and warm starts)",
+        [(G4, ())]
+        + [(MATCHED[a], (G4,)) for a in ("gigpo", "at2po", "arpo", "igpo", "mtgrpo")]
+        + [(MATCHED["mtgrpo"] + " --mtgrpo_baseline unbiased", (G4,))],
     ),
     (
         "Tree-GRPO's advantage (its Table 4): intra-tree, inter-tree, both",
@@ -124,20 +126,6 @@ GROUPS = [  # (title, [(an arm's flags, the arms it is compared with, paired by 
         "step (fewer prompts)",
         [(G4, ()), (vine(4, 4), (G4,)), (MATCHED["vineppo"], (G4,))],
     ),
-    (
-        "the turn-level credits at GRPO G=4's budget (IGPO; MT-GRPO with the paper's baseline per "
-        "turn index and with our unbiased one: added after every other arm, over its seeds and "
-        "warm starts)",
-        [(G4, ())]
-        + [
-            (f, (G4,))
-            for f in (
-                MATCHED["igpo"],
-                MATCHED["mtgrpo"],
-                MATCHED["mtgrpo"] + " --mtgrpo_baseline unbiased",
-            )
-        ],
-    ),
 ]
 FAMILIES = [  # (name, title, the GROUPS whose pairings it tests, Dunnett's test (else Holm's))
     ("primary", "the five methods against GRPO G=4", (1,), True),
@@ -145,13 +133,11 @@ FAMILIES = [  # (name, title, the GROUPS whose pairings it tests, Dunnett's test
     ("sweep", "Tree-GRPO's Table 3 sweep, each tree against its chains", (0,), False),
     ("ablation", "each ablation against the method it ablates", (3, 4), False),
     ("ceiling", "VinePPO against GRPO G=4, a family of its own: can credit win here?", (5,), True),
-    ("turn", "the turn-level credits against GRPO G=4, a family of their own", (6,), True),
 ]
 SETS = {  # --arms NAME: a group's arms (with "matched", 1 h per pair of hard-setting seeds)
     "matched": [f for f, _ in GROUPS[1][1]],  # the five methods at GRPO G=4's budget
     "later": [f for f, _ in GROUPS[2][1]],  # the later methods and GRPO G=4
     "ceiling": [f for f, _ in GROUPS[5][1]],  # VinePPO's two arms and GRPO G=4
-    "turn": [f for f, _ in GROUPS[6][1]],  # IGPO, MT-GRPO both ways and GRPO G=4
 }
 CLAIMS = [  # (a paper's claim, its numbers; arm; reference; measure(); the sign it claims)
     (

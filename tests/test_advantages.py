@@ -970,13 +970,16 @@ def test_rewards_at_the_largest_magnitude_read_give_finite_advantages(tmp_path):
     f.write_text(
         json.dumps([{"id": "a", "children": [{"id": k, "reward": r} for k, r in rewards.items()]}])
     )
-    chains.write_text(
+    chains.write_text(  # IGPO reads each root's gold log-prob
         json.dumps(
-            [{"id": f"r{k}", "children": [{"id": k, "reward": r}]} for k, r in rewards.items()]
+            [
+                {"id": f"r{k}", "gold_logp": -1.0, "children": [{"id": k, "reward": r}]}
+                for k, r in rewards.items()
+            ]
         )
     )
     for algo, credit in CREDITS.items():
-        on_chains = algo in ("grpo", "gigpo")
+        on_chains = algo in ("grpo", "gigpo", "igpo", "mtgrpo")
         trees = load_trees(str(chains if on_chains else f), None, True)
         trees[0].find("a.0").sampled = algo == "vineppo"  # its chain; a.1, a.2: continuations
         trajectories = credit(trees, C)
