@@ -191,14 +191,15 @@ def test_a_family_of_two_arms_is_the_paired_test():
             "0, 15",
             "seeds 5, 6, 7 from docs/comparison_hard_seeds5-7.json (commit 13b7278",
         ),
-        # the later methods' 3 arms (steps 0 and 15) joined to the default's 15 over seeds 0-4
+        # the later methods' 6 arms (steps 0 and 15; two sittings) joined to the default's 15 over
+        # seeds 0-4
         (
             "comparison_later",
-            ["comparison_default", "comparison_later_default"],
+            ["comparison_default", "comparison_later_default", "comparison_turn_default"],
             5,
-            18,
+            21,
             "0, 15",
-            "| later | ARPO (2,5) | GRPO G=4 | +0.005 ± 0.009 | [-0.020, +0.030] | 0.602 | 0.828 |",
+            "| later | IGPO G=4 | GRPO G=4 | -0.000 ± 0.008 | [-0.023, +0.022] | 0.963 | 1.000 |",
         ),
         # the ceiling: VinePPO's two arms and GRPO G=4, seeds 0-4 (three sittings, two machines)
         (
@@ -343,7 +344,8 @@ def test_the_comparison_result_tables_are_the_committed_numbers():
         assert multi == f"{y.mean:+.3f} ± {y.se:.3f}", arm
 
 
-LATER = ["GiGPO G=4", "AT2PO (3,1,1)", "ARPO (2,5)"]
+LATER = ["GiGPO G=4", "AT2PO (3,1,1)", "ARPO (2,5)"]  # on both settings
+TURN = ["IGPO G=4", "MT-GRPO G=4", "MT-GRPO G=4 unbiased"]  # later still: the default only
 
 
 @functools.cache
@@ -354,7 +356,7 @@ def later() -> dict:
         [str(ROOT / "docs" / f"comparison_{n}.json") for n in names], None
     )[3]
     return {
-        "default": join("default", "later_default"),
+        "default": join("default", "later_default", "turn_default"),
         "hard": join("hard", "later_hard_seeds0-4"),
         "hard8": join("hard", "hard_seeds5-7", "later_hard_seeds0-4", "later_hard_seeds5-7"),
     }
@@ -373,14 +375,19 @@ def test_the_later_methods_table_is_the_committed_numbers():
         return "±0%" if round(100 * x) == 0 else f"{x:+.0%}"
 
     rows = table_rows(COMPARISON, "| arm | tokens: default, hard |")
-    assert [r[0] for r in rows] == LATER
+    assert [r[0] for r in rows] == LATER + TURN
     for arm, tokens, *columns, tost, dunnett in rows:
-        assert tokens == f"{ratio('default', arm)}, {ratio('hard', arm)}"
-        tests = [fam[k]["later"].tests[arm, "GRPO G=4"] for k in ("default", "hard", "hard8")]
-        assert [*columns, tost, dunnett] == family_cells(tests), arm
+        ran = [
+            k for k in ("default", "hard", "hard8") if (arm, "GRPO G=4") in fam[k]["later"].tests
+        ]
+        assert ran == (["default"] if arm in TURN else ["default", "hard", "hard8"]), arm
+        hard = ratio("hard", arm) if "hard" in ran else "not run"
+        assert tokens == f"{ratio('default', arm)}, {hard}"
+        cells = family_cells([fam[k]["later"].tests[arm, "GRPO G=4"] for k in ran])
+        assert [*columns, tost, dunnett] == cells[:1] + ["not run"] * (3 - len(ran)) + cells[1:]
     families = [fam[k]["later"] for k in ("default", "hard", "hard8")]
-    assert [f.df for f in families] == [12, 12, 21]
-    assert family_said(families, "12, 12 and 21") in WORDS
+    assert [f.df for f in families] == [24, 12, 21]
+    assert family_said(families, "24, 12 and 21") in WORDS
     for k in runs:  # evaluated at 0 and 15 only: the step-15 tests are the published ones
         merged, before = fam[k]["primary"].tests, published[k]["primary"].tests
         assert {a: (x.mean, x.p, p) for a, (x, p) in merged.items()} == {
@@ -597,8 +604,8 @@ def test_settings_apply_to_every_arm_and_warm_start_and_leave_the_default_as_it_
     # hard: the agent's flags in the arms' and the warm start's, --train_flags / --warm_flags after
     hard = compare_arms.SETTINGS["hard"]
     a, arms, shared = compare.configure(compare.Args(setting="hard", warm_flags="--val_n 10"))
-    # the 18 arms of the comparison and the 2 ceiling arms (VinePPO)
-    assert shared == hard["agent"] + " --eval_every 5" and len(arms) == 20
+    # the 18 arms of the comparison, the 2 ceiling arms (VinePPO) and the 3 turn-level ones
+    assert shared == hard["agent"] + " --eval_every 5" and len(arms) == 23  # every arm of GROUPS
     assert a.warm_flags == hard["agent"] + " " + hard["warm"] + " --val_n 10"
     assert a.out.endswith("out/compare-hard")
     a, _, shared = compare.configure(compare.Args(setting="hard", quick=True))
