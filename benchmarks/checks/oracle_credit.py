@@ -34,11 +34,11 @@ as written:
   each context's continuations (a discarded one left out), then `_compute_step_advantages` on each
   trained chain's values. The prompt is one state for all its chains, as the official code's
   de-duplication of equal queries makes it.
-- IGPO (`verl/trainer/ppo/core_algos.py`; its part and MT-GRPO's: benchmarks/checks/oracle_turns.py):
-  the maintained `compute_grpo_outcome_advantage` ("separate", gamma 1: z-scored, then
-  discounted) and the first release's `compute_grpo_discounted_advantage` (discounted, then z-scored: IGPO #5) on batches of GRPO
-  chains, a row each, a turn's reward (its gain in P = exp(gold_logp), R at the last) at its last
-  token.
+- IGPO (`verl/trainer/ppo/core_algos.py`; its part and MT-GRPO's:
+  benchmarks/checks/oracle_turns.py): the maintained `compute_grpo_outcome_advantage` ("separate",
+  gamma 1: z-scored, then discounted) and the first release's `compute_grpo_discounted_advantage`
+  (discounted, then z-scored: IGPO #5) on batches of GRPO chains, a row each, a turn's reward (its
+  gain in P = exp(gold_logp), R at the last) at its last token.
 - MT-GRPO (`verifiers/trainers/`): `_compute_normalized_advantages` of the turn and outcome rewards
   (its turn reward: our `turns.turn_reward`), `_find_result_positions` and `_assign_advantages` on
   batches of two-turn chains (search, answer), G a prompt.
